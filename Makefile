@@ -1,0 +1,47 @@
+# Setup, the main job and the tests. Every target installs what it needs first (idempotent).
+SHELL := /bin/bash
+VENV := .venv
+VENV_LATEST := .venv-latest
+PY := $(VENV)/bin/python
+MPIRUN := $(VENV)/bin/mpirun --oversubscribe --bind-to none --map-by slot
+# One TensorFlow thread per rank, so 2 ranks on 2 cores do not fight over them.
+RANK_ENV := -x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL=2
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: install install-latest demo sanity test test-stable test-latest bench clean
+
+install: $(VENV)/.installed
+install-latest: $(VENV_LATEST)/.installed
+
+$(VENV)/.installed: tools/install_env.sh setup.cfg pyproject.toml
+	bash tools/install_env.sh $(VENV) stable
+	touch $@
+
+$(VENV_LATEST)/.installed: tools/install_env.sh setup.cfg pyproject.toml
+	bash tools/install_env.sh $(VENV_LATEST) latest
+	touch $@
+
+# The main job: a real 2-rank data-parallel training run on generated data.
+demo: install
+	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/12ax.py ++use_horovod 1 ++model out/12ax/model
+
+# The first check on a new cluster: every rank reports, every backend reduces exactly.
+sanity: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash demos/demo-horovod-mpi.sh 2
+
+# All tests on TensorFlow 2.15 + Horovod, then the portable ones on the newest TensorFlow.
+test: test-stable test-latest
+
+test-stable: install
+	$(VENV)/bin/pytest tests
+
+test-latest: install-latest
+	$(VENV_LATEST)/bin/pytest -m tf_latest tests
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf out

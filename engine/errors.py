@@ -1,0 +1,26 @@
+"""User-facing errors.
+
+An ``EngineError`` carries one clear paragraph for the user (what is wrong, which file, key or rank,
+what was expected). ``rnn.py`` and the tools print it without a traceback and exit non-zero; anything
+else that escapes is a bug in the engine and is shown with its traceback.
+"""
+
+
+class EngineError(Exception):
+    """An error the user can fix: bad config, bad data, bad command line, a failed rank."""
+
+    exit_code = 1
+
+
+class ConfigError(EngineError):
+    """The config files or the ``++key value`` overrides are wrong."""
+
+    exit_code = 2
+
+
+class DataError(EngineError):
+    """A corpus file or dataset definition is wrong."""
+
+
+class DistributedError(EngineError):
+    """The MPI job is misconfigured, or another rank failed."""

@@ -1,0 +1,37 @@
+"""What the launcher (``mpirun``, ``srun``) tells a process through its environment, before MPI starts.
+
+Used where the engine must know its rank before (or without) initialising MPI: per-rank log files and
+printing a start-up error once rather than once per rank.
+"""
+from __future__ import annotations
+
+import os
+
+# Open MPI, MPICH/Hydra and PMIx launchers, then SLURM's srun.
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def _first_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return default
+
+
+def env_rank() -> int:
+    return _first_int(_RANK_VARS, 0)
+
+
+def env_size() -> int:
+    return _first_int(_SIZE_VARS, 1)
+
+
+def env_local_rank() -> int:
+    return _first_int(_LOCAL_RANK_VARS, 0)
+
+
+def launched_by_mpi() -> bool:
+    return any(name in os.environ for name in _RANK_VARS[:3])

@@ -1,0 +1,93 @@
+"""Logging by verbosity level (RETURNN's ``log_verbosity`` 0..5), log files, and rank-aware stdout.
+
+Levels: 1 error, 2 warning, 3 progress (epoch lines), 4 details, 5 per-step lines and debugging.
+Under MPI only rank 0 prints progress on stdout; other ranks print their errors and warnings prefixed
+with their rank (all their messages with ``log_all_ranks``). Every rank may keep its own log file,
+``<name>.horovod-<rank>-<size><ext>``, so 8 ranks never write into one file.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+ERROR, WARNING, INFO, DEBUG, TRACE = 1, 2, 3, 4, 5
+
+
+class _State:
+    verbosity: int = INFO
+    rank: int = 0
+    size: int = 1
+    all_ranks_stdout: bool = False
+    files: list[TextIO] = []
+
+
+_state = _State()
+
+
+def rank_log_file_name(path: str, rank: int, size: int) -> str:
+    """``train.log`` -> ``train.horovod-1-4.log`` (the per-rank name RETURNN uses under Horovod)."""
+    base, ext = os.path.splitext(path)
+    return f"{base}.horovod-{rank}-{size}{ext}"
+
+
+def init(*, verbosity: int = INFO, files: list[str] | None = None, rank: int = 0, size: int = 1,
+         per_rank_files: bool = False, all_ranks_stdout: bool = False) -> None:
+    """(Re)configure logging; opens ``files`` for appending, renamed per rank when asked."""
+    close()
+    _state.verbosity = verbosity
+    _state.rank, _state.size = rank, size
+    _state.all_ranks_stdout = all_ranks_stdout
+    for path in files or []:
+        if per_rank_files:
+            path = rank_log_file_name(path, rank, size)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        _state.files.append(open(path, "a", encoding="utf-8", buffering=1))
+
+
+def close() -> None:
+    for f in _state.files:
+        f.close()
+    _state.files = []
+
+
+def verbosity() -> int:
+    return _state.verbosity
+
+
+def rank_prefix() -> str:
+    return f"[rank {_state.rank}] " if _state.size > 1 else ""
+
+
+def write(level: int, message: str) -> None:
+    if level > _state.verbosity:
+        return
+    for f in _state.files:
+        f.write(message + "\n")
+    if _state.rank == 0:
+        stream = sys.stdout if level > WARNING else sys.stderr
+        print(message, file=stream, flush=True)
+    elif level <= WARNING or _state.all_ranks_stdout:
+        stream = sys.stdout if level > WARNING else sys.stderr
+        prefix = rank_prefix()
+        print("\n".join(prefix + line for line in message.splitlines() or [""]), file=stream, flush=True)
+
+
+def error(message: str) -> None:
+    write(ERROR, message)
+
+
+def warning(message: str) -> None:
+    write(WARNING, message)
+
+
+def info(message: str) -> None:
+    write(INFO, message)
+
+
+def debug(message: str) -> None:
+    write(DEBUG, message)
+
+
+def trace(message: str) -> None:
+    write(TRACE, message)

