@@ -1,0 +1,17 @@
+"""The data side: datasets (HDF, NumPy, generated), the HDF writer, ordering, batching.
+
+No TensorFlow here: the engine hands the padded NumPy batches to the model.
+"""
+from engine.datasets.base import DataKeyInfo, Dataset
+from engine.datasets.batching import Batch, BatchPrefetcher, generate_batches, plan_batches
+from engine.datasets.factory import DATASET_CLASSES, create_dataset, dataset_from_cli_arg
+from engine.datasets.generated import DummyDataset, Task12AXDataset
+from engine.datasets.hdf_reader import HDFDataset, parse_byte_size
+from engine.datasets.hdf_writer import HDFWriter
+from engine.datasets.npz import NpzDataset
+
+__all__ = [
+    "Batch", "BatchPrefetcher", "DATASET_CLASSES", "DataKeyInfo", "Dataset", "DummyDataset",
+    "HDFDataset", "HDFWriter", "NpzDataset", "Task12AXDataset", "create_dataset", "dataset_from_cli_arg",
+    "generate_batches", "parse_byte_size", "plan_batches",
+]

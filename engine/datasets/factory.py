@@ -1,0 +1,143 @@
+"""Creating datasets from what users write: a dict, an HDF file list, or ``"Class:kw=v,..."``.
+
+``{"class": "HDFDataset", "files": ["a.hdf"], "seq_ordering": "laplace:.100"}`` -- RETURNN's dict form;
+``"a.hdf,b.hdf"`` -- HDF files; ``"Task12AXDataset:num_seqs=1000,seq_ordering=random"`` -- a class
+with keyword arguments, each value a Python literal or else taken as a plain string.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import re
+from typing import Any
+
+import h5py
+
+from engine import log
+from engine.config import Config
+from engine.datasets.base import Dataset
+from engine.datasets.generated import DummyDataset, Task12AXDataset
+from engine.datasets.hdf_reader import HDFDataset
+from engine.datasets.npz import NpzDataset
+from engine.errors import DataError
+
+DATASET_CLASSES: dict[str, type[Dataset]] = {
+    cls.__name__: cls for cls in (HDFDataset, NpzDataset, Task12AXDataset, DummyDataset)}
+# keys RETURNN configs often carry that mean nothing here; accepted with a warning so such configs run
+_IGNORED_KEYS = {"use_cache_manager": "no cluster file cache here", "estimated_num_seqs": "only a hint"}
+
+
+def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None, random_seed_offset: int = 0,
+                   cache_size: int | str | None = None) -> Dataset:
+    """A dataset from a config value. ``random_seed_offset`` is added to the dict's own (per-rank
+    offsets); ``cache_size`` is used by HDF datasets whose dict sets none."""
+    kwargs = spec_to_kwargs(spec)
+    class_name = kwargs.pop("class", None)
+    cls = DATASET_CLASSES.get(class_name) if isinstance(class_name, str) else None
+    if cls is None:
+        raise DataError(f"Unknown dataset class {class_name!r} in {_short(spec)}; known classes: "
+                        f"{', '.join(DATASET_CLASSES)}.")
+    for key, why in _IGNORED_KEYS.items():
+        if kwargs.pop(key, None) is not None:
+            log.warning(f"{class_name}: ignoring '{key}' ({why}).")
+    if "cache_byte_size" in kwargs:  # RETURNN's name for the same thing
+        if "cache_size" in kwargs:
+            raise DataError(f"{class_name}: give either 'cache_size' or 'cache_byte_size', not both.")
+        kwargs["cache_size"] = kwargs.pop("cache_byte_size")
+    if cls is HDFDataset and "cache_size" not in kwargs and cache_size is not None:
+        kwargs["cache_size"] = cache_size
+    if default_seq_ordering and "seq_ordering" not in kwargs:
+        kwargs["seq_ordering"] = default_seq_ordering
+    own_offset = kwargs.get("random_seed_offset") or 0
+    if random_seed_offset and isinstance(own_offset, int):  # a non-int is reported by the dataset
+        kwargs["random_seed_offset"] = own_offset + random_seed_offset
+    _check_kwargs(cls, kwargs)
+    return cls(**kwargs)
+
+
+def spec_to_kwargs(spec: dict | str) -> dict[str, Any]:
+    if isinstance(spec, dict):
+        return dict(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise DataError(f"A dataset must be a dict, a comma-separated HDF file list or 'Class:kw=v,...', "
+                        f"got {spec!r}.")
+    head, sep, rest = spec.partition(":")
+    if sep and re.fullmatch(r"[A-Za-z_]\w*", head.strip()) and not head.strip().lower().endswith("hdf"):
+        kwargs = {"class": head.strip()}
+        for item in _split_top_level(rest):
+            name, eq, text = item.partition("=")
+            if not eq or not re.fullmatch(r"[A-Za-z_]\w*", name.strip()):
+                raise DataError(f"Dataset string {spec!r}: expected 'name=value' items, got {item!r}.")
+            kwargs[name.strip()] = _literal_or_str(text.strip())
+        return kwargs
+    files = [f.strip() for f in spec.split(",") if f.strip()]
+    return {"class": "HDFDataset", "files": files}
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets and quotes: ``files=['a','b'],n=3`` -> two items."""
+    items, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item for item in items if item.strip()]
+
+
+def _literal_or_str(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _check_kwargs(cls: type[Dataset], kwargs: dict[str, Any]) -> None:
+    """Option names against the constructor's (and the base class's common) parameters."""
+    params = {}
+    for klass in (Dataset, cls):
+        params.update((name, p) for name, p in inspect.signature(klass.__init__).parameters.items()
+                      if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise DataError(f"{cls.__name__}: unknown option(s) {', '.join(map(repr, unknown))}; "
+                        f"known: {', '.join(sorted(params))}.")
+    missing = sorted(name for name, p in params.items() if p.default is p.empty and name not in kwargs)
+    if missing:
+        raise DataError(f"{cls.__name__}: required option(s) {', '.join(map(repr, missing))} missing.")
+
+
+def _short(spec: Any) -> str:
+    text = repr(spec)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def dataset_from_cli_arg(arg: str, *, which: str = "train") -> Dataset:
+    """For the tools: a config file (its ``which`` dataset), a dict literal, a ``.npz`` file, an HDF file
+    list or a ``"Class:kw=v"`` string."""
+    if arg.lstrip().startswith("{"):
+        try:
+            spec = ast.literal_eval(arg)
+        except (ValueError, SyntaxError) as exc:
+            raise DataError(f"Dataset dict {arg!r} is not a Python literal: {exc}.") from None
+        return create_dataset(spec)
+    if os.path.isfile(arg) and arg.endswith(".npz"):
+        return create_dataset({"class": "NpzDataset", "file": arg})
+    looks_like_hdf = arg.lower().endswith((".hdf", ".h5", ".hdf5")) or "," in arg
+    if os.path.isfile(arg) and not looks_like_hdf and not h5py.is_hdf5(arg):
+        config = Config.from_sources([arg], [])
+        if not config.has(which):
+            raise DataError(f"Config file '{arg}' defines no '{which}' dataset (its keys: "
+                            f"{', '.join(sorted(config.keys()))}).")
+        return create_dataset(config.typed(which), cache_size=config.value("cache_size"),
+                              default_seq_ordering=config.value("batching") if which == "train" else None)
+    return create_dataset(arg)
