@@ -1,0 +1,110 @@
+"""What the training loop sees of any model: ``SeqModel`` (call + losses) and ``LossResult``.
+
+Losses are returned as sums over non-padded frames together with the frame count, so that the loop can
+reduce across ranks by sum-then-divide and report frame-averaged scores that do not depend on how the
+frames were split into batches or ranks.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from engine.errors import DataError
+
+
+class LossResult(NamedTuple):
+    """Scalar float32 tensors for one batch (a NamedTuple, so it can leave a ``tf.function``).
+
+    ``loss``: sum over loss layers of ``loss_scale`` * cross-entropy summed over non-padded frames.
+    ``error``: frame errors (argmax != target) of the main loss layer, summed over non-padded frames.
+    ``num_frames``: non-padded frames of the main loss layer's target.
+    ``objective``: what to differentiate for one batch on its own: each loss layer's ``loss_scale`` *
+    cross-entropy averaged over its own frames, summed over layers. With one loss layer it equals
+    ``loss / num_frames``.
+    """
+
+    loss: tf.Tensor
+    error: tf.Tensor
+    num_frames: tf.Tensor
+    objective: tf.Tensor
+
+
+def masked_ce_sums(
+    logits: tf.Tensor, labels: tf.Tensor, lengths: tf.Tensor, where: str
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Cross-entropy sum, frame-error sum and frame count over the frames ``t < lengths[b]``.
+
+    ``logits`` (B, T, C), ``labels`` (B, T) int, ``lengths`` (B,). Padded labels may hold anything
+    (even out-of-range ids): they are replaced before the loss op sees them. ``where`` names the layer
+    for error messages.
+    """
+    labels = tf.cast(labels, tf.int32)
+    if labels.shape.rank is not None and labels.shape.rank != 2:
+        raise DataError(
+            f"Loss of layer '{where}': the target must be sparse class ids of shape "
+            f"(batch, time), but it has shape {labels.shape}."
+        )
+    mask = tf.sequence_mask(lengths, tf.shape(logits)[1])
+    safe_labels = tf.where(mask, labels, tf.zeros_like(labels))
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe_labels, logits=logits)
+    zeros = tf.zeros_like(ce)
+    loss_sum = tf.reduce_sum(tf.where(mask, ce, zeros))
+    wrong = tf.not_equal(tf.argmax(logits, axis=-1, output_type=tf.int32), safe_labels)
+    error_sum = tf.reduce_sum(tf.cast(tf.logical_and(mask, wrong), tf.float32))
+    num_frames = tf.reduce_sum(tf.cast(mask, tf.float32))
+    return loss_sum, error_sum, num_frames
+
+
+class SeqModel(tf.Module):
+    """A sequence model the engine can train: all variables exist after construction.
+
+    ``__call__(data, lengths, training)`` takes batch-major ``data`` ((B, T, input_dim) float32, or (B, T)
+    int32 class ids when ``input_sparse``) and ``lengths`` (B,) int32, and returns a dict of layer outputs
+    (B, T, dim); it contains at least ``"output"``. Softmax layers add ``"<name>:logits"``.
+    """
+
+    def __init__(
+        self, *, input_dim: int, input_sparse: bool, target_dims: dict[str, int], name: str | None = None
+    ) -> None:
+        super().__init__(name=name)
+        self.input_dim = int(input_dim)
+        self.input_sparse = bool(input_sparse)
+        self.target_dims = dict(target_dims)
+
+    @property
+    def input_signature(self) -> tuple[tf.TensorSpec, tf.TensorSpec]:
+        """Specs of ``(data, lengths)``, unknown batch and time: for ``tf.function(input_signature=...)``."""
+        if self.input_sparse:
+            data = tf.TensorSpec([None, None], tf.int32, name="data")
+        else:
+            data = tf.TensorSpec([None, None, self.input_dim], tf.float32, name="data")
+        return data, tf.TensorSpec([None], tf.int32, name="lengths")
+
+    def named_variables(self) -> dict[str, tf.Variable]:
+        """All variables by a stable name (same names and order on every rank), for checkpoints."""
+        raise NotImplementedError
+
+    def named_trainable_variables(self) -> dict[str, tf.Variable]:
+        """The trainable ones, in the order of ``trainable_variables`` (build an ``Updater`` from this)."""
+        return {name: v for name, v in self.named_variables().items() if v.trainable}
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        return tuple(self.named_variables().values())
+
+    @property
+    def trainable_variables(self) -> tuple[tf.Variable, ...]:
+        return tuple(self.named_trainable_variables().values())
+
+    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False) -> dict[str, tf.Tensor]:
+        raise NotImplementedError
+
+    def compute_losses(
+        self,
+        model_outputs: dict[str, tf.Tensor],
+        targets: dict[str, tf.Tensor],
+        target_lengths: dict[str, tf.Tensor],
+    ) -> LossResult:
+        raise NotImplementedError

@@ -1,0 +1,136 @@
+"""A user's own model from the config function ``get_model``, wrapped as a ``SeqModel``.
+
+Calling convention (keyword arguments only; accept ``**kwargs`` for forward compatibility)::
+
+    def get_model(*, input_dim, output_dim, input_sparse, target_dims, random_seed, epoch, **kwargs):
+        return keras_model_or_tf_module
+
+``output_dim`` is the dim of the ``classes`` target. The returned object is called as
+``model(data, training=training)``, plus ``lengths=lengths`` when its ``call`` (Keras) or ``__call__``
+(``tf.Module``) takes a ``lengths`` argument; ``data`` and ``lengths`` are as for ``SeqModel``. It must
+return the **logits** for ``classes``, (B, T, output_dim), or a dict with them under ``"output"``. The
+loss is frame-averaged cross-entropy against ``classes`` over the non-padded frames.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from engine.errors import ConfigError
+from engine.model.base import LossResult, SeqModel, masked_ce_sums
+
+TARGET = "classes"
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _as_tf_variable(var: Any) -> tf.Variable:
+    """Keras 3 wraps each ``tf.Variable`` in its own class; the engine works on the ``tf.Variable``."""
+    if isinstance(var, tf.Variable):
+        return var
+    inner = getattr(var, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    raise ConfigError(f"get_model: the model has a variable of unsupported type {type(var).__name__}.")
+
+
+class CustomModel(SeqModel):
+    """Wraps the object ``get_model`` returned; creates its variables with one call on a dummy batch."""
+
+    def __init__(
+        self,
+        get_model: Callable,
+        *,
+        input_dim: int,
+        input_sparse: bool,
+        target_dims: dict[str, int],
+        random_seed: int,
+        epoch: int = 1,
+    ) -> None:
+        super().__init__(
+            input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="custom"
+        )
+        if TARGET not in target_dims:
+            raise ConfigError(
+                f"get_model: the data has no '{TARGET}' target to train against "
+                f"(targets: {sorted(target_dims)})."
+            )
+        tf.keras.utils.set_random_seed(random_seed)  # Keras initialisers draw from the global seed
+        kwargs = dict(
+            input_dim=input_dim,
+            output_dim=target_dims[TARGET],
+            input_sparse=input_sparse,
+            target_dims=dict(target_dims),
+            random_seed=random_seed,
+            epoch=epoch,
+        )
+        try:
+            inspect.signature(get_model).bind(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(
+                f"get_model(...) cannot take the engine's keyword arguments ({exc}); "
+                f"define it as get_model(*, input_dim, output_dim, input_sparse, **kwargs)."
+            ) from None
+        self.model = get_model(**kwargs)
+        if not callable(self.model) or not hasattr(type(self.model), "variables"):  # unbuilt Keras raises
+            raise ConfigError(
+                f"get_model must return a Keras model or tf.Module, got {type(self.model).__name__}."
+            )
+        self._pass_lengths = _accepts(getattr(self.model, "call", self.model.__call__), "lengths")
+        self._pass_training = _accepts(getattr(self.model, "call", self.model.__call__), "training")
+        dummy_shape = [1, 1] if input_sparse else [1, 1, input_dim]
+        outputs = self(
+            tf.zeros(dummy_shape, tf.int32 if input_sparse else tf.float32), tf.ones([1], tf.int32)
+        )
+        if outputs["output"].shape[-1] != target_dims[TARGET]:
+            raise ConfigError(
+                f"get_model: the model's output has dim {outputs['output'].shape[-1]}, but target "
+                f"'{TARGET}' has dim {target_dims[TARGET]}."
+            )
+        self._named = self._name_variables()
+        if not any(v.trainable for v in self._named.values()):
+            raise ConfigError("get_model: the returned model has no trainable variables after a first call.")
+
+    def _name_variables(self) -> dict[str, tf.Variable]:
+        named: dict[str, tf.Variable] = {}
+        for original in self.model.variables:
+            var = _as_tf_variable(original)
+            name = (getattr(original, "path", None) or var.name).split(":")[0]  # Keras 3: "dense/kernel"
+            key, i = name, 1
+            while key in named:  # Keras 2 and 3 may repeat short names across layers
+                key, i = f"{name}_{i}", i + 1
+            named[key] = var
+        return named
+
+    def named_variables(self) -> dict[str, tf.Variable]:
+        return self._named
+
+    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False) -> dict[str, tf.Tensor]:
+        kwargs: dict[str, Any] = {}
+        if self._pass_training:
+            kwargs["training"] = training
+        if self._pass_lengths:
+            kwargs["lengths"] = lengths
+        out = self.model(data, **kwargs)
+        logits = out["output"] if isinstance(out, dict) else out
+        return {"output": tf.nn.softmax(logits), "output:logits": logits}
+
+    def compute_losses(
+        self,
+        model_outputs: dict[str, tf.Tensor],
+        targets: dict[str, tf.Tensor],
+        target_lengths: dict[str, tf.Tensor],
+    ) -> LossResult:
+        ce, err, n = masked_ce_sums(
+            model_outputs["output:logits"], targets[TARGET], target_lengths[TARGET], where="get_model output"
+        )
+        return LossResult(loss=ce, error=err, num_frames=n, objective=ce / tf.maximum(n, 1.0))

@@ -1,0 +1,164 @@
+"""Learning-rate control: constant and newbob decisions on known scores, the history file, resume."""
+
+import math
+import os
+
+import pytest
+
+from engine.config import Config
+from engine.errors import ConfigError
+from engine.training.lr_control import EpochData, LearningRateControl
+
+pytestmark = pytest.mark.tf_latest
+
+
+def run_epochs(control, scores, key="dev_score"):
+    """Epoch e gets its rate, then its score; returns the rates used."""
+    rates = []
+    for epoch, score in enumerate(scores, start=1):
+        rates.append(control.learning_rate_for_epoch(epoch))
+        control.set_epoch_scores(epoch, {key: score, "train_score": 100.0 - epoch})
+    return rates
+
+
+def test_constant_and_learning_rates_list():
+    assert run_epochs(LearningRateControl(default_learning_rate=0.3), [5, 6, 7]) == [0.3, 0.3, 0.3]
+    control = LearningRateControl(default_learning_rate=1.0, learning_rates=[0.1, 0.2])
+    assert run_epochs(control, [5, 6, 7, 8]) == [0.1, 0.2, 0.2, 0.2]  # the last rate used carries on
+
+
+def test_newbob_relative_decisions():
+    # Relative changes (new - old) / |new|: -0.111 keep, -0.0056 decay, -0.119 keep, +0.059 decay, -0.5 keep.
+    control = LearningRateControl("newbob", default_learning_rate=1.0)
+    assert run_epochs(control, [10.0, 9.0, 8.95, 8.0, 8.5, 5.0, 4.0]) == [1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    strict = LearningRateControl(
+        "newbob_rel", default_learning_rate=1.0, relative_error_threshold=-0.2, decay=0.1
+    )
+    assert run_epochs(strict, [10.0, 9.0, 5.0]) == pytest.approx([1.0, 1.0, 0.1])
+
+
+def test_newbob_abs_min_learning_rate_and_warmup():
+    # Absolute changes: -1 keep, -0.005 decay, -0.95 keep, +0.5 decay (clamped at the minimum).
+    control = LearningRateControl("newbob_abs", default_learning_rate=1.0, min_learning_rate=0.4)
+    assert run_epochs(control, [10.0, 9.0, 8.995, 8.045, 8.545, 1.0]) == [1.0, 1.0, 1.0, 0.5, 0.5, 0.4]
+    warmup = LearningRateControl("newbob", default_learning_rate=1.0, learning_rates={1: 0.1, 2: 0.5})
+    assert run_epochs(warmup, [10.0, 9.99, 9.98]) == [0.1, 0.5, 0.25]  # epoch 3 decays from epoch 2's rate
+
+
+def test_which_score_drives_the_control():
+    control = LearningRateControl("newbob")
+    control.set_epoch_scores(1, {"train_score": 2.0, "dev_error": 0.3, "dev_score": 1.0})
+    assert control.score(1) == ("dev_score", 1.0)
+    control.set_epoch_scores(2, {"train_score": 1.0})
+    assert control.score(2) == ("train_score", 1.0)
+    assert control.learning_rate_for_epoch(3) == 1.0  # different keys in epochs 1 and 2: no decision
+    measured = LearningRateControl("newbob", error_measure="dev_error")
+    measured.set_epoch_scores(1, {"dev_error": 0.3, "dev_score": 1.0})
+    assert measured.score(1) == ("dev_error", 0.3)
+    assert LearningRateControl().score(7) == (None, None)
+
+
+def test_history_file_round_trip(tmp_path):
+    path = str(tmp_path / "sub" / "lr.txt")
+    control = LearningRateControl("newbob", default_learning_rate=0.001, filename=path)
+    run_epochs(control, [3.25, 1e-12, -0.5])
+    control.set_epoch_scores(3, {"dev_error": math.inf, "odd": math.nan})
+    control.learning_rate_for_epoch(4)
+    control.save()
+    text = open(path).read()
+    assert text.startswith("{\n    1: EpochData(learningRate=0.001, error={\n        'dev_score': 3.25,")
+    loaded = LearningRateControl("newbob", filename=path)
+    loaded.load()
+    assert sorted(loaded.epoch_data) == [1, 2, 3, 4]
+    for epoch, data in control.epoch_data.items():
+        other = loaded.epoch_data[epoch]
+        assert other.learning_rate == data.learning_rate
+        assert set(other.scores) == set(data.scores)
+        for key, value in data.scores.items():
+            assert other.scores[key] == value or (math.isnan(value) and math.isnan(other.scores[key]))
+    assert sorted(os.listdir(tmp_path / "sub")) == ["lr.txt"]
+
+
+def test_resume_continues_the_decisions_and_keeps_trained_rates(tmp_path):
+    path = str(tmp_path / "lr")
+    config = Config(
+        {
+            "learning_rate_control": "newbob",
+            "learning_rate": 1.0,
+            "learning_rate_file": path,
+            "learning_rates": [0.5],
+            "newbob_learning_rate_decay": 0.1,
+        }
+    )
+    first = LearningRateControl.from_config(config)
+    run_epochs(first, [10.0, 9.999])
+    first.save()
+    config.set("learning_rates", [0.7, 0.7])  # edited before the restart: trained epochs keep their history
+    resumed = LearningRateControl.from_config(config)
+    resumed.load()
+    assert resumed.learning_rate_for_epoch(1) == 0.5 and resumed.learning_rate_for_epoch(2) == 0.5
+    assert resumed.learning_rate_for_epoch(3) == pytest.approx(0.05)  # the decision the first run would make
+    assert first.learning_rate_for_epoch(3) == pytest.approx(0.05)
+
+
+def test_reads_returnn_written_files(tmp_path):
+    path = tmp_path / "newbob.data"
+    path.write_text(
+        "{\n1: EpochData(learningRate=0.0008, error={\n'dev_error': 0.5,\n'dev_score': 2.5,\n"
+        "'train_score': 3.0,\n':meta:effective_learning_rate': 0.0008,\n}),\n"
+        "2: EpochData(0.0004, {'dev_score': inf}),\n"
+        "3: EpochData(learningRate=-1e-3, error=0.25),\n4: EpochData(learningRate=0.001, error={}),\n}\n"
+    )
+    control = LearningRateControl()
+    control.load(str(path))
+    assert control.epoch_data == {
+        1: EpochData(0.0008, {"dev_error": 0.5, "dev_score": 2.5, "train_score": 3.0}),
+        2: EpochData(0.0004, {"dev_score": math.inf}),
+        3: EpochData(-0.001, {"old_format_score": 0.25}),
+        4: EpochData(0.001, {}),
+    }
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    path = str(tmp_path / "lr")
+    control = LearningRateControl(filename=path)
+    run_epochs(control, [1.0])
+    control.save()
+    before = open(path).read()
+    control.set_epoch_scores(2, {"dev_score": 0.5})
+
+    def crash(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError, match="disk full"):
+        control.save()
+    assert open(path).read() == before and os.listdir(tmp_path) == ["lr"]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{1: EpochData(learningRate=0.1", "syntax error at line 1"),
+        ("[1, 2]", "must hold one dict"),
+        ("{1: 0.1}", "epoch 1: EpochData"),
+        ("{'a': EpochData(0.1)}", "epoch number"),
+        ("{1: EpochData(learningRate=__import__('os'))}", "a number was expected"),
+        ("{1: EpochData(learningRate=0.1, error={'x': 1}, extra=2)}", "unexpected or missing"),
+        ("{1: EpochData(learningRate=0.1,\n error={3: 1.0})}", "at line 2: epoch 1: score names"),
+    ],
+)
+def test_bad_history_files_name_the_file(tmp_path, content, message):
+    path = tmp_path / "lr"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=f"'{path}'.*{message}"):
+        LearningRateControl(filename=str(path)).load()
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError, match="unknown value 'newbob_multi'"):
+        LearningRateControl.from_config(Config({"learning_rate_control": "newbob_multi"}))
+    with pytest.raises(ConfigError, match="'learning_rates' must be"):
+        LearningRateControl.from_config(Config({"learning_rates": "fast"}))
+    with pytest.raises(ConfigError, match="cannot be read"):
+        LearningRateControl(filename="/nonexistent/lr").load()
