@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install install-latest demo sanity test test-stable test-latest bench clean
+.PHONY: install install-latest demo blstm sanity test test-stable test-latest bench clean
 
 install: $(VENV)/.installed
 install-latest: $(VENV_LATEST)/.installed
@@ -27,6 +27,13 @@ $(VENV_LATEST)/.installed: tools/install_env.sh setup.cfg pyproject.toml
 demo: install
 	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/12ax.py ++use_horovod 1 ++model out/12ax/model
 
+# A BLSTM on HDF corpora that hdf_dump writes, 2 ranks.
+blstm: install
+	@mkdir -p data
+	[ -f data/train.hdf ] || $(PY) tools/hdf_dump.py "DummyDataset:input_dim=40,output_dim=10,num_seqs=800,seq_len=60,fixed_random_seed=1" data/train.hdf
+	[ -f data/dev.hdf ] || $(PY) tools/hdf_dump.py "DummyDataset:input_dim=40,output_dim=10,num_seqs=100,seq_len=60,fixed_random_seed=1" data/dev.hdf
+	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/blstm_hdf.py ++use_horovod 1
+
 # The first check on a new cluster: every rank reports, every backend reduces exactly.
 sanity: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash demos/demo-horovod-mpi.sh 2
@@ -41,7 +48,9 @@ test-latest: install-latest
 	$(VENV_LATEST)/bin/pytest -m tf_latest tests
 
 bench: install
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/bench_data.py
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_allreduce.py
+	$(PY) benchmarks/bench_train.py
 
 clean:
-	rm -rf out
+	rm -rf out data

@@ -41,6 +41,12 @@ def report_error(exc: EngineError, show_traceback: bool) -> None:
     print(f"{prefix}rnn.py: error: {exc}", file=sys.stderr, flush=True)
 
 
+def distributed_started() -> bool:
+    """Whether a task created a communicator (errors before that are the same on every rank)."""
+    helpers = sys.modules.get("engine.distributed.helpers")
+    return helpers is not None and helpers._state.comm is not None
+
+
 def wants_traceback(config: Config | None) -> bool:
     if config is None:
         return False
@@ -69,6 +75,10 @@ def main(argv: list[str]) -> int:
         run_task(config)
         return 0
     except EngineError as exc:
+        if distributed_started():
+            from engine.distributed import fail  # prints once, aborts the job unless all ranks know
+
+            fail(exc, show_traceback=wants_traceback(config))
         report_error(exc, show_traceback=wants_traceback(config))
         return exc.exit_code
     except KeyboardInterrupt:

@@ -7,9 +7,16 @@ else that escapes is a bug in the engine and is shown with its traceback.
 
 
 class EngineError(Exception):
-    """An error the user can fix: bad config, bad data, bad command line, a failed rank."""
+    """An error the user can fix: bad config, bad data, bad command line, a failed rank.
+
+    ``agreed``: every rank of the job already knows about this failure (it was exchanged in the step
+    signal), so the ranks can exit on their own and nobody needs to abort the MPI job.
+    ``quiet``: exit non-zero without a message, because another rank reports the cause.
+    """
 
     exit_code = 1
+    agreed = False
+    quiet = False
 
 
 class ConfigError(EngineError):

@@ -10,7 +10,6 @@ import os
 # Open MPI, MPICH/Hydra and PMIx launchers, then SLURM's srun.
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
-_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
 
 
 def _first_int(names: tuple[str, ...], default: int) -> int:
@@ -27,10 +26,6 @@ def env_rank() -> int:
 
 def env_size() -> int:
     return _first_int(_SIZE_VARS, 1)
-
-
-def env_local_rank() -> int:
-    return _first_int(_LOCAL_RANK_VARS, 0)
 
 
 def launched_by_mpi() -> bool:

@@ -45,6 +45,11 @@ def init(*, verbosity: int = INFO, files: list[str] | None = None, rank: int = 0
         _state.files.append(open(path, "a", encoding="utf-8", buffering=1))
 
 
+def set_rank(rank: int, size: int) -> None:
+    """Once the communicator exists: the rank decides what reaches stdout and the prefix."""
+    _state.rank, _state.size = rank, size
+
+
 def close() -> None:
     for f in _state.files:
         f.close()

@@ -42,6 +42,7 @@ def dump(args: argparse.Namespace) -> None:
     show_progress = sys.stderr.isatty()
     started = time.monotonic()
     keys = dataset.data_keys
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with HDFWriter(args.out, {key: dataset.key_info(key) for key in keys}, labels=dataset.labels,
                    overwrite=args.overwrite) as writer:
         for done, seq_idx in enumerate(range(args.start_seq, end + 1), 1):

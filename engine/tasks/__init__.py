@@ -12,4 +12,10 @@ def run_task(config: Config) -> None:
     if task not in TASKS:
         raise ConfigError(f"Config key 'task' is {task!r}, which this engine does not know; "
                           f"known tasks: {', '.join(TASKS)}.")
-    raise ConfigError(f"Task {task!r} is not implemented yet in this version of the engine.")
+    if task == "train":
+        from engine.tasks.train import run_train as run
+    elif task == "eval":
+        from engine.tasks.evaluate import run_eval as run
+    else:
+        from engine.tasks.forward import run_forward as run
+    run(config)

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Allreduce of realistic gradient lists with 2 ranks: the engine's backends against raw mpi4py.
+
+    .venv/bin/python benchmarks/bench_allreduce.py            # launches `mpirun -np 2` itself
+
+Gradient lists: the variable shapes of a 2-layer LSTM with 128 units (input 40, 50 classes; 0.9 MB) and
+of a 4-layer BLSTM with 512 units (input 40, 4501 classes; 25.8 M parameters, 103 MB). Methods, timed
+in interleaved rounds (the machine is noisy: read the ratios, not the absolute times):
+
+  raw          mpi4py Allreduce(IN_PLACE) of one preallocated float32 buffer of the same byte count
+  raw-seg      the same buffer, reduced in the engine's segments (what segmenting alone gives)
+  mpi          engine mpi backend, comm.allreduce(list of numpy arrays)  <- the fused path
+  mpi-graph    engine mpi backend, comm.allreduce_tensors inside a tf.function
+  mpi-eager    engine mpi backend from tensors: .numpy() -> comm.allreduce -> tf.convert_to_tensor
+  hvd-graph    engine horovod backend, comm.allreduce_tensors inside a tf.function (grouped allreduce)
+  hvd          engine horovod backend, comm.allreduce(list of numpy arrays)
+
+Phase 1 runs before Horovod is initialised (as a job on the mpi backend runs); phase 2 after
+``hvd.init`` (as a job on the horovod backend runs: Horovod's background thread polls all the time).
+Targets (issue 4): mpi >= 0.9x raw, and at least as fast as Horovod.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lstm_shapes(n_in: int, units: int, layers: int, n_out: int, directions: int = 1) -> list[tuple]:
+    """Keras LSTM variables (kernel, recurrent kernel, bias) per layer and direction, then the softmax."""
+    shapes, dim = [], n_in
+    for _ in range(layers):
+        shapes += [(dim, 4 * units), (units, 4 * units), (4 * units,)] * directions
+        dim = units * directions
+    return shapes + [(dim, n_out), (n_out,)]
+
+
+# name: (title, shapes, reductions per timed block)
+MODELS = {
+    "lstm": ("2-layer LSTM 128 (in 40, out 50)", lstm_shapes(40, 128, 2, 50), 200),
+    "large": ("4-layer BLSTM 512 (in 40, out 4501)", lstm_shapes(40, 512, 4, 4501, directions=2), 6),
+}
+
+
+def launch(args: argparse.Namespace) -> int:
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [str(Path(sys.executable).parent / "mpirun"), "--oversubscribe", "--bind-to", "none",
+           "--map-by", "slot", "-np", str(args.np), sys.executable, __file__, "--worker",
+           "--rounds", str(args.rounds), "--models", args.models]
+    cmd += ["--no-horovod"] if args.no_horovod else []
+    return subprocess.call(cmd, env=env, cwd=ROOT)
+
+
+class Bench:
+    """Builds each model's methods and times them in interleaved rounds on all ranks."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from mpi4py import MPI  # first: MPI is initialised by mpi4py, then shared with Horovod
+
+        import numpy as np
+        import tensorflow as tf
+
+        from engine.distributed import create_communicator
+
+        self.MPI, self.np, self.tf, self.args = MPI, np, tf, args
+        self.world = MPI.COMM_WORLD
+        # One communicator per engine path, as in a job that uses only that path: results handed to
+        # TensorFlow keep their fusion buffer until TensorFlow's deferred release, so paths sharing one
+        # communicator would steal each other's pooled buffers in this interleaved timing.
+        self.comms = {path: create_communicator("mpi") for path in ("mpi", "mpi-graph", "mpi-eager")}
+        self.data = {}
+        for key in args.models.split(","):
+            title, shapes, reps = MODELS[key]
+            rng = np.random.default_rng(self.world.Get_rank())
+            arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+            self.data[key] = (title, reps, arrays, [tf.constant(a) for a in arrays])
+
+    def mpi_methods(self, arrays: list, tensors: list) -> dict[str, Callable]:
+        from engine.distributed.fusion import SEGMENT_BYTES
+
+        MPI, tf, world, comms = self.MPI, self.tf, self.world, self.comms
+        count = sum(a.size for a in arrays)
+        raw, seg = self.np.ones(count, self.np.float32), SEGMENT_BYTES // 4
+
+        def raw_segmented() -> None:
+            for start in range(0, count, seg):
+                world.Allreduce(MPI.IN_PLACE, raw[start:start + seg])
+
+        def mpi_eager() -> None:
+            [tf.convert_to_tensor(r) for r in comms["mpi-eager"].allreduce([t.numpy() for t in tensors])]
+
+        return {"raw": lambda: world.Allreduce(MPI.IN_PLACE, raw), "raw-seg": raw_segmented,
+                "mpi": lambda: comms["mpi"].allreduce(arrays, "sum"),
+                "mpi-graph": tf.function(lambda: comms["mpi-graph"].allreduce_tensors(tensors, "sum")),
+                "mpi-eager": mpi_eager}
+
+    def run_phase(self, make_methods: Callable) -> list[tuple[str, int, dict[str, float]]]:
+        rows = []
+        for title, reps, arrays, tensors in self.data.values():
+            methods = make_methods(arrays, tensors)
+            want = self.world.allreduce(arrays[-2], op=self.MPI.SUM)
+            for name in ("mpi", "mpi-graph", "hvd", "hvd-graph"):
+                if name in methods:
+                    got = self.np.asarray(methods[name]()[-2])
+                    assert self.np.array_equal(got, want), f"{name}: wrong sum"
+            times: dict[str, list[float]] = {name: [] for name in methods}
+            for fn in methods.values():  # warm-up: tracing, buffer allocation
+                self.timed(fn, 2)
+            for _ in range(self.args.rounds):
+                for name, fn in methods.items():
+                    times[name].append(self.timed(fn, reps))
+            medians = {name: statistics.median(t) for name, t in times.items()}
+            rows.append((title, sum(a.size for a in arrays), medians))
+        return rows
+
+    def timed(self, fn: Callable, reps: int) -> float:
+        self.world.Barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        elapsed = (time.perf_counter() - start) / reps
+        return self.world.allreduce(elapsed, op=self.MPI.MAX)  # the slowest rank defines the time
+
+
+def worker(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    from engine.distributed import create_communicator, horovod_import_error
+
+    bench = Bench(args)
+    phases = [("phase 1: Horovod not initialised", bench.run_phase(bench.mpi_methods))]
+    if not args.no_horovod and horovod_import_error() is None:
+        hvd = create_communicator("horovod")
+
+        def with_horovod(arrays: list, tensors: list) -> dict[str, Callable]:
+            methods = bench.mpi_methods(arrays, tensors)
+            methods = {k: methods[k] for k in ("raw", "mpi", "mpi-graph")}
+            methods["hvd-graph"] = bench.tf.function(lambda: hvd.allreduce_tensors(tensors, "sum"))
+            methods["hvd"] = lambda: hvd.allreduce(arrays, "sum")
+            return methods
+
+        phase2 = bench.run_phase(with_horovod)
+        phases.append(("phase 2: Horovod initialised (its background thread runs)", phase2))
+    if bench.world.Get_rank() == 0:
+        report(phases, args, bench.MPI, bench.tf)
+
+
+def report(phases: list, args: argparse.Namespace, MPI, tf) -> None:
+    lib = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
+    print(f"allreduce benchmark: {args.np} ranks, {lib}, TensorFlow {tf.__version__}, "
+          f"median of {args.rounds} interleaved rounds; 'raw/this' > 1 means faster than raw")
+    for phase, rows in phases:
+        print(f"\n{phase}\n{'model':36} {'params':>11} {'MB':>7}  {'method':10} {'time/red':>10} "
+              f"{'alg GB/s':>9} {'raw/this':>9}")
+        for title, count, medians in rows:
+            for name, t in medians.items():
+                print(f"{title:36} {count:>11,} {count * 4 / 1e6:>7.2f}  {name:10} {t * 1e3:>8.3f}ms "
+                      f"{count * 4 / t / 1e9:>9.2f} {medians['raw'] / t:>8.2f}x")
+    print()
+    first = {title: medians for title, _, medians in phases[0][1]}
+    second = {title: medians for title, _, medians in phases[1][1]} if len(phases) > 1 else {}
+    for title, m in first.items():
+        ratio = m["raw"] / m["mpi"]
+        verdict = "ok" if ratio >= 0.9 else "MISSED"
+        print(f"{title}: engine mpi = {ratio:.2f}x raw ({verdict}, target >= 0.9x); "
+              f"tf.function path {m['mpi-graph'] / m['mpi']:.2f}x and eager-from-tensors path "
+              f"{m['mpi-eager'] / m['mpi']:.2f}x the time of the numpy call")
+        if title in second:
+            h = second[title]
+            for mine, theirs in (("mpi", "hvd"), ("mpi-graph", "hvd-graph")):
+                deployed = h[theirs] / m[mine]
+                print(f"{title}: {mine} (phase 1) is {deployed:.2f}x as fast as {theirs} (phase 2) "
+                      f"({'ok' if deployed >= 1 else 'MISSED'}, target >= 1x); in phase 2 side by side: "
+                      f"{h[theirs] / h[mine]:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--models", default="lstm,large", help="comma-separated: " + ", ".join(MODELS))
+    parser.add_argument("--no-horovod", action="store_true", help="skip phase 2")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        sys.exit(launch(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Training throughput: 1 rank against 2 ranks in grad and param mode, on the horovod and mpi backends.
+
+    .venv/bin/python benchmarks/bench_train.py [--seqs 600] [--epochs 3] [--backends horovod,mpi]
+
+A generated HDF corpus (40-dim features, 50 classes, lengths 50-250), a 2-layer LSTM of 128 units,
+batch_size 5000, max_seqs 40, Adam, one TensorFlow thread per rank. Every run trains ``--epochs``
+epochs through ``rnn.py``; the first epoch (graph tracing) is left out and the rest are summed. Prints
+frames/s, the speed-up over 1 rank and the computing-time share, all from this one invocation.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from engine.datasets import DataKeyInfo, HDFWriter  # noqa: E402
+
+CONFIG = """
+train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random"}}
+cache_size = "0"
+network = {{
+    "lstm0": {{"class": "rec", "unit": "NativeLstm2", "n_out": 128}},
+    "lstm1": {{"class": "rec", "unit": "NativeLstm2", "n_out": 128, "from": "lstm0"}},
+    "output": {{"class": "softmax", "loss": "ce", "from": "lstm1"}},
+}}
+batch_size = 5000
+max_seqs = 40
+optimizer = {{"class": "adam"}}
+learning_rate = 0.001
+num_epochs = {epochs}
+log_verbosity = 3
+log_all_ranks = True
+"""
+
+RUNS = [  # (name, ranks, ++ overrides)
+    ("grad", 2, ["++horovod_reduce_type", "grad"]),
+    ("param, sync 100, random_seed_offset", 2,
+     ["++horovod_reduce_type", "param", "++horovod_param_sync_step", "100",
+      "++horovod_dataset_distribution", "random_seed_offset"]),
+]
+
+EPOCH_LINE = re.compile(r"^(?:\[rank (\d+)\] )?train epoch (\d+), finished after (\d+) steps, \S+ elapsed "
+                        r"\(([\d.]+)% computing time\)$", re.M)
+FRAMES_LINE = re.compile(r"^(?:\[rank (\d+)\] )?train epoch (\d+): ([\d.]+) frames/sec \((\d+) frames, "
+                         r"([\d.]+)s computing\)$", re.M)
+
+
+def make_corpus(path: str, num_seqs: int) -> None:
+    rng = np.random.RandomState(0)
+    mapping = rng.standard_normal((40, 50))
+    with HDFWriter(path, {"data": DataKeyInfo(dim=40), "classes": DataKeyInfo(dim=50, sparse=True)}) as writer:
+        for i in range(num_seqs):
+            features = rng.standard_normal((rng.randint(50, 251), 40)).astype(np.float32)
+            writer.insert(f"seq-{i}", {"data": features, "classes": (features @ mapping).argmax(1)})
+
+
+def run(config: str, ranks: int, overrides: list[str], backend: str) -> tuple[float, float]:
+    """(frames/s summed over ranks, computing-time %) over the epochs after the first."""
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, os.path.join(ROOT, "rnn.py"), config]
+    if ranks > 1:
+        mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+        cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "--map-by", "slot", "-np", str(ranks),
+               "-x", "TF_NUM_INTRAOP_THREADS", "-x", "TF_NUM_INTEROP_THREADS", *cmd,
+               "++use_horovod", "1", "++distributed_backend", backend, *overrides]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+    if out.returncode != 0:
+        sys.exit(f"bench_train: run failed ({' '.join(cmd)}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    frames: dict[int, float] = {}
+    seconds: dict[int, float] = {}
+    percents = []
+    for rank, epoch, _, percent in EPOCH_LINE.findall(out.stdout):
+        if int(epoch) > 1:
+            percents.append(float(percent))
+    for rank, epoch, per_sec, n, _ in FRAMES_LINE.findall(out.stdout):
+        if int(epoch) > 1:
+            r = int(rank or 0)
+            frames[r] = frames.get(r, 0.0) + float(n)
+            seconds[r] = seconds.get(r, 0.0) + float(n) / float(per_sec)
+    # Train scores (and frames) are global in grad and shard mode, so rank 0 speaks for all; in
+    # param + random_seed_offset each rank reports its own, so the ranks' rates add up.
+    per_rank_scores = "random_seed_offset" in overrides
+    rate = sum(frames[r] / seconds[r] for r in frames) if per_rank_scores else frames[0] / seconds[0]
+    return rate, float(np.mean(percents))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seqs", type=int, default=600)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--backends", default="horovod,mpi")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = os.path.join(tmp, "corpus.hdf")
+        make_corpus(corpus, args.seqs)
+        config = os.path.join(tmp, "bench.py")
+        with open(config, "w") as f:
+            f.write(CONFIG.format(corpus=corpus, epochs=args.epochs))
+        print(f"corpus: {args.seqs} seqs, {os.path.getsize(corpus) / 1e6:.1f} MB; 2x128 LSTM, batch_size 5000, "
+              f"max_seqs 40, Adam, 1 TF thread per rank; epochs 2..{args.epochs} measured")
+        rows = []
+        base_rate, base_pct = run(config, 1, [], "local")
+        rows.append(("1 rank", "-", base_rate, base_pct))
+        for backend in args.backends.split(","):
+            for name, ranks, overrides in RUNS:
+                rate, pct = run(config, ranks, overrides, backend)
+                rows.append((f"{ranks} ranks {name}", backend, rate, pct))
+        print(f"{'run':<42} {'backend':<8} {'frames/s':>10} {'speed-up':>9} {'computing':>10}")
+        for name, backend, rate, pct in rows:
+            print(f"{name:<42} {backend:<8} {rate:>10.0f} {rate / base_rate:>8.2f}x {pct:>9.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The collective interface every backend implements (``local``, ``mpi``, ``horovod``).
+
+The training step talks only to a ``Communicator``; which library moves the bytes is decided once, in
+``select.create_communicator``. All ranks must call the same collectives in the same order with the
+same shapes and dtypes, as with MPI and Horovod themselves.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from engine.distributed.failure import Watchdog
+
+OPS = ("sum", "average", "min", "max")
+
+
+def check_reduction(op: str, dtypes: Sequence[np.dtype] = ()) -> None:
+    """Reject unknown ops, non-numeric dtypes, and averages of integers (no exact integer average)."""
+    if op not in OPS:
+        raise ValueError(f"allreduce: unknown op {op!r}; expected one of {', '.join(OPS)}")
+    for dtype in set(map(np.dtype, dtypes)):
+        if dtype.kind not in "fiu" or dtype.itemsize > 8:  # no MPI reduction for bool or long double
+            raise ValueError(f"allreduce: dtype {dtype} is not supported; use a float, int or uint dtype")
+        if op == "average" and dtype.kind != "f":
+            raise ValueError(f"allreduce: op 'average' needs floating-point values, got {dtype}; "
+                             "sum them and divide where the rounding you want is clear")
+
+
+class Communicator(abc.ABC):
+    """One process's view of the job: who am I, how many are we, and the collectives.
+
+    ``allreduce`` works on numpy arrays and returns new arrays (they may share one buffer);
+    ``allreduce_tensors`` works on ``tf.Tensor`` values and can be called inside a ``tf.function``.
+    Both reduce all arrays of one dtype in one fused collective.
+    """
+
+    name: str = "?"
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+
+    def __init__(self) -> None:
+        # Set by failure.install_failure_handler when a stall timeout is configured.
+        self.watchdog: Watchdog | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def stall_guard(self, what: str) -> ContextManager[None]:
+        """Abort the job when the block takes longer than the stall timeout (a rank stopped answering)."""
+        return self.watchdog.guard(what) if self.watchdog is not None else contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
+        """Element-wise ``op`` ("sum", "average", "min", "max") of each array over all ranks."""
+
+    @abc.abstractmethod
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+        """Like ``allreduce`` for tensors; usable inside ``tf.function``."""
+
+    @abc.abstractmethod
+    def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
+        """Assign ``root``'s values to the variables on every rank."""
+
+    @abc.abstractmethod
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s (picklable) object, on every rank."""
+
+    @abc.abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's object, indexed by rank, on every rank."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return when every rank has entered the barrier."""
+
+    @abc.abstractmethod
+    def abort(self, message: str, exit_code: int = 1) -> NoReturn:
+        """Print ``message`` (when not empty) and end every process of the job with ``exit_code``."""

@@ -1,0 +1,115 @@
+"""The data-parallel settings of a run (``shared/spec/distributed-protocol.md``), read and checked once.
+
+Every ``horovod_*`` key must be known (a typo must not silently train single-rank semantics), and keys
+that only mean something in the other reduce mode are an error rather than ignored.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from engine import log
+from engine.errors import ConfigError
+
+REDUCE_TYPES = ("grad", "param")
+DATASET_DISTRIBUTIONS = ("shard", "random_seed_offset")
+CONFIG_BACKENDS = ("auto", "horovod", "mpi")
+HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param_sync_time_diff",
+                "horovod_dataset_distribution", "horovod_scale_lr", "horovod_avg_grad")
+BACKEND_KEY = "distributed_backend"
+STALL_TIMEOUT_KEY = "distributed_stall_timeout"
+RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
+
+
+@dataclass(frozen=True)
+class HorovodContext:
+    reduce_type: str = "grad"
+    param_sync_step: int = 1
+    param_sync_time_diff: float | None = None
+    dataset_distribution: str = "shard"
+    scale_lr: bool = False
+    avg_grad: bool = False
+    backend_name: str = "auto"
+    stall_timeout: float | None = None  # seconds a collective may wait for the others; None: forever
+
+    @classmethod
+    def from_config(cls, config: Any) -> HorovodContext | None:
+        """The context when ``use_horovod`` is on, else None.
+
+        Raises ConfigError for unknown ``horovod_*`` keys (also when ``use_horovod`` is off) and for
+        contradictory settings."""
+        _check_known_keys(config)
+        backend = config.str(BACKEND_KEY, "auto")
+        _check_choice(BACKEND_KEY, backend, CONFIG_BACKENDS)
+        stall = config.float(STALL_TIMEOUT_KEY, None)
+        if stall is not None and stall < 0:
+            raise ConfigError(f"Config key '{STALL_TIMEOUT_KEY}' is {stall}; expected seconds > 0 "
+                              "(or 0 / None for no stall timeout).")
+        if not config.bool("use_horovod", False):
+            return None
+        ctx = cls(
+            reduce_type=config.str("horovod_reduce_type", "grad"),
+            param_sync_step=config.int("horovod_param_sync_step", 1),
+            param_sync_time_diff=config.float("horovod_param_sync_time_diff", None),
+            dataset_distribution=config.str("horovod_dataset_distribution", "shard"),
+            scale_lr=config.bool("horovod_scale_lr", False),
+            avg_grad=config.bool("horovod_avg_grad", False),
+            backend_name=backend,
+            stall_timeout=stall or None,
+        )
+        ctx._validate()
+        return ctx
+
+    @property
+    def uses_step_signal(self) -> bool:
+        """Whether every step needs the have-data/error signal (not in param + random_seed_offset mode,
+        where ranks run independently between parameter syncs)."""
+        return not self.per_rank_train_scores
+
+    @property
+    def per_rank_train_scores(self) -> bool:
+        return self.reduce_type == "param" and self.dataset_distribution == "random_seed_offset"
+
+    def random_seed_offset(self, rank: int) -> int:
+        return rank * RANDOM_SEED_OFFSET if self.dataset_distribution == "random_seed_offset" else 0
+
+    def _validate(self) -> None:
+        _check_choice("horovod_reduce_type", self.reduce_type, REDUCE_TYPES)
+        _check_choice("horovod_dataset_distribution", self.dataset_distribution, DATASET_DISTRIBUTIONS)
+        if self.param_sync_step < 1:
+            raise ConfigError(f"Config key 'horovod_param_sync_step' is {self.param_sync_step}; expected an "
+                              "integer >= 1 (average every N steps).")
+        if self.param_sync_time_diff is not None and self.param_sync_time_diff <= 0:
+            raise ConfigError(f"Config key 'horovod_param_sync_time_diff' is {self.param_sync_time_diff}; "
+                              "expected seconds > 0, or None to average by step count.")
+        if self.reduce_type == "grad":
+            param_only = {"horovod_param_sync_step": self.param_sync_step != 1,
+                          "horovod_param_sync_time_diff": self.param_sync_time_diff is not None}
+            for key, is_set in param_only.items():
+                if is_set:
+                    raise ConfigError(f"Config key '{key}' only applies to horovod_reduce_type = 'param', "
+                                      "but horovod_reduce_type is 'grad' (gradients are reduced every "
+                                      f"step). Remove '{key}' or set horovod_reduce_type = 'param'.")
+        elif self.avg_grad:
+            raise ConfigError("Config key 'horovod_avg_grad' only applies to horovod_reduce_type = 'grad', "
+                              "but horovod_reduce_type is 'param' (parameters are always averaged). Remove "
+                              "it or set horovod_reduce_type = 'grad'.")
+        if self.param_sync_time_diff is not None and self.param_sync_step != 1:
+            log.warning(f"horovod_param_sync_step = {self.param_sync_step} is ignored: "
+                        f"horovod_param_sync_time_diff = {self.param_sync_time_diff} takes precedence.")
+
+
+def _check_known_keys(config: Any) -> None:
+    for key in config.keys():
+        if key.startswith("horovod_") and key not in HOROVOD_KEYS:
+            close = difflib.get_close_matches(key, HOROVOD_KEYS, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"Config key '{key}' is not a known Horovod setting.{hint} "
+                              f"Known keys: use_horovod, {', '.join(HOROVOD_KEYS)}.")
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"Config key '{key}' is {value!r}; expected one of "
+                          f"{', '.join(repr(c) for c in choices)}.")

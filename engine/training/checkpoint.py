@@ -1,0 +1,129 @@
+"""Checkpoints: one HDF5 file ``<model>.<NNN>`` per saved epoch, written atomically.
+
+A checkpoint holds the model's variables and the optimizer's state by name, plus the epoch and the
+global step. It is written to a temp file beside the final name, flushed to disk and renamed, so a
+crash or kill during a save leaves the previous checkpoint intact and never a partial file under a
+checkpoint's name. One file (rather than TensorFlow's index + data shards) keeps the rename atomic.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence, Union
+
+import h5py
+import numpy as np
+import tensorflow as tf
+
+import engine
+from engine.errors import ConfigError
+
+_GROUPS = ("params", "optimizer")
+
+
+def checkpoint_path(model_prefix: str, epoch: int) -> str:
+    return f"{model_prefix}.{epoch:03d}"
+
+
+def find_newest_epoch(model_prefix: str) -> int | None:
+    """The highest epoch N with a file ``<model>.<NNN>``, ignoring temp files of interrupted saves."""
+    pattern = re.compile(re.escape(os.path.basename(model_prefix)) + r"\.(\d{3,})$")
+    epochs = [int(m.group(1)) for path in glob.glob(glob.escape(model_prefix) + ".*")
+              if (m := pattern.match(os.path.basename(path)))]
+    return max(epochs) if epochs else None
+
+
+Variables = Union[Mapping[str, tf.Variable], Sequence[tf.Variable]]
+
+
+def named(variables: Variables) -> dict[str, tf.Variable]:
+    """Variables by stable name: a mapping as given; a list by the variables' own names (``adam/m:0``
+    -> ``adam/m``), a repeated name getting ``#2``, ``#3``... in order."""
+    if isinstance(variables, Mapping):
+        return dict(variables)
+    result: dict[str, tf.Variable] = {}
+    for var in variables:
+        base = (getattr(var, "path", None) or var.name).split(":")[0]
+        name, n = base, 1
+        while name in result:
+            n += 1
+            name = f"{base}#{n}"
+        result[name] = var
+    return result
+
+
+@dataclass
+class CheckpointInfo:
+    epoch: int
+    global_step: int
+
+
+def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables,
+                    epoch: int, global_step: int) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["epoch"] = epoch
+            f.attrs["global_step"] = global_step
+            f.attrs["engine_version"] = engine.__version__
+            for group_name, variables in zip(_GROUPS, (params, optimizer_vars)):
+                group = f.create_group(group_name)
+                for name, var in named(variables).items():
+                    group.create_dataset(name.replace("/", "|"), data=var.numpy())
+            f.flush()
+            os.fsync(f.id.get_vfd_handle())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _read_group(f: h5py.File, group_name: str) -> dict[str, np.ndarray]:
+    if group_name not in f:
+        return {}
+    return {key.replace("|", "/"): ds[()] for key, ds in f[group_name].items()}
+
+
+def _assign(path: str, what: str, variables: Variables, stored: dict[str, np.ndarray]) -> None:
+    by_name = named(variables)
+    names, variables = list(by_name), list(by_name.values())
+    missing = [n for n in names if n not in stored]
+    unexpected = sorted(set(stored) - set(names))
+    wrong_shape = [f"{n}: checkpoint {stored[n].shape} vs network {tuple(v.shape)}"
+                   for n, v in zip(names, variables) if n in stored and stored[n].shape != tuple(v.shape)]
+    if missing or unexpected or wrong_shape:
+        details = []
+        if missing:
+            details.append(f"missing in the checkpoint: {', '.join(missing[:10])}")
+        if unexpected:
+            details.append(f"not in the network: {', '.join(unexpected[:10])}")
+        if wrong_shape:
+            details.append("different shapes: " + "; ".join(wrong_shape[:10]))
+        raise ConfigError(f"Checkpoint '{path}' does not match the network ({what}): " + "; ".join(details)
+                          + ". Was it saved with another network config? Use another `model` prefix, "
+                            "or `start_epoch = 1` to train from scratch.")
+    for name, var in zip(names, variables):
+        var.assign(stored[name])
+
+
+def load_checkpoint(path: str, params: Variables, optimizer_vars: Variables | None = None) -> CheckpointInfo:
+    """Assign the stored values; optimizer state only when ``optimizer_vars`` is given (resume)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"Checkpoint '{path}' does not exist.")
+    try:
+        with h5py.File(path, "r") as f:
+            info = CheckpointInfo(int(f.attrs.get("epoch", 0)), int(f.attrs.get("global_step", 0)))
+            stored_params = _read_group(f, "params")
+            stored_opt = _read_group(f, "optimizer") if optimizer_vars is not None else {}
+    except OSError as exc:
+        raise ConfigError(f"Checkpoint '{path}' cannot be read (not an engine checkpoint, or truncated): "
+                          f"{exc}.") from None
+    _assign(path, "parameters", params, stored_params)
+    if optimizer_vars is not None and stored_opt:
+        _assign(path, "optimizer state", optimizer_vars, stored_opt)
+    return info

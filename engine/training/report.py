@@ -1,0 +1,100 @@
+"""What an epoch reports: steps, scores, frames per second and the share of time spent computing.
+
+computing time = wall time of the step executions (the collective inside the step included) plus
+parameter syncs, divided by the wall time since the epoch's data loading started. Below about 90% the
+run waits for data or for other ranks.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator
+
+import numpy as np
+
+from engine import log
+
+
+def hms(seconds: float) -> str:
+    """``0:28:58``: hours, minutes, seconds, as RETURNN prints them."""
+    return str(timedelta(seconds=int(round(max(seconds, 0.0)))))
+
+
+@dataclass
+class Scores:
+    """Sums over frames, so that ranks and steps combine by adding."""
+
+    loss_sum: float = 0.0
+    error_sum: float = 0.0
+    frames: float = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        self.loss_sum += float(values[0])
+        self.error_sum += float(values[1])
+        self.frames += float(values[2])
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.loss_sum, self.error_sum, self.frames], dtype=np.float64)
+
+    @property
+    def score(self) -> float:
+        return self.loss_sum / self.frames if self.frames else float("nan")
+
+    @property
+    def error(self) -> float:
+        return self.error_sum / self.frames if self.frames else float("nan")
+
+
+class EpochReport:
+    """Times one pass over a dataset and prints the progress lines for it."""
+
+    def __init__(self, name: str, expected_seqs: int | None = None) -> None:
+        self.name = name  # "train epoch 3" or "epoch 3 'dev' eval"
+        self.expected_seqs = expected_seqs
+        self.start = time.perf_counter()
+        self.compute_seconds = 0.0
+        self.steps = 0
+        self.seqs = 0
+        self.scores = Scores()
+
+    @contextmanager
+    def computing(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.compute_seconds += time.perf_counter() - t0
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    @property
+    def computing_percent(self) -> float:
+        return 100.0 * self.compute_seconds / max(self.elapsed, 1e-9)
+
+    def step_done(self, num_seqs: int, step_scores: np.ndarray, step_seconds: float) -> None:
+        self.steps += 1
+        self.seqs += num_seqs
+        if log.verbosity() < log.TRACE:
+            return
+        frames = max(float(step_scores[2]), 1.0)
+        parts = [f"{self.name}, step {self.steps}", f"score {step_scores[0] / frames:.4f}",
+                 f"error {step_scores[1] / frames:.4f}", f"{step_seconds:.3f} sec/step",
+                 f"elapsed {hms(self.elapsed)}"]
+        if self.expected_seqs:
+            done = min(self.seqs / self.expected_seqs, 1.0)
+            if done > 0:
+                parts.append(f"exp. remaining {hms(self.elapsed * (1 - done) / done)}")
+            parts.append(f"complete {100 * done:.1f}%")
+        log.trace(", ".join(parts))
+
+    def finish(self) -> None:
+        """The epoch line of distributed-protocol.md, then the throughput."""
+        elapsed = self.elapsed
+        log.info(f"{self.name}, finished after {self.steps} steps, {hms(elapsed)} elapsed "
+                 f"({self.computing_percent:.1f}% computing time)")
+        log.info(f"{self.name}: {self.scores.frames / max(elapsed, 1e-9):.1f} frames/sec "
+                  f"({self.scores.frames:.0f} frames, {self.compute_seconds:.2f}s computing)")

@@ -1,0 +1,146 @@
+"""Two hosts on one machine: network namespaces joined by a veth pair, for multi-host MPI tests.
+
+    with SimulatedHosts.create() as hosts:          # SimulatedHosts.unavailable() says why it cannot
+        hosts.run_on(0, [...])                      # a command on host 0, with host 0's hostname
+        hosts.tx_bytes()                            # bytes each end of the link has sent
+
+The network is closed: addresses from the reserved test range 198.18.0.0/24 (RFC 2544), the veth
+pair joins only the two namespaces (nothing is bridged to the machine's interfaces, there is no
+default route), and the namespaces, with every process left in them, are removed on exit, also when
+the test fails. Namespaces of an earlier test process that was killed are removed on the next start.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SUBNET = "198.18.0.0/24"
+PREFIX = "enginetest"  # namespaces are named enginetest-<pid>-<host index>
+AGENT = Path(__file__).resolve().parent / "netns_agent.sh"
+
+
+@dataclass(frozen=True)
+class Host:
+    netns: str
+    address: str
+    hostname: str
+    interface: str
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"'ip {' '.join(args)}' failed (exit {result.returncode}): "
+                           f"{result.stderr.strip()}")
+    return result
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SimulatedHosts:
+    def __init__(self, hosts: list[Host]) -> None:
+        self.hosts = hosts
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why namespaces cannot be used here (the reason for a skip), or None when they can."""
+        if shutil.which("ip") is None:
+            return "the 'ip' command is missing (install it with: apt-get install -y iproute2)"
+        if shutil.which("unshare") is None or shutil.which("hostname") is None:
+            return "the 'unshare' or 'hostname' command is missing (util-linux, hostname packages)"
+        probe = f"{PREFIX}-{os.getpid()}-probe"
+        added = _ip("netns", "add", probe, check=False)
+        if added.returncode != 0:
+            return f"this machine forbids network namespaces: 'ip netns add' failed: {added.stderr.strip()}"
+        _ip("netns", "del", probe, check=False)
+        uts = subprocess.run(["unshare", "--uts", "true"], capture_output=True, text=True, timeout=30)
+        if uts.returncode != 0:
+            return f"this machine forbids UTS namespaces: 'unshare --uts' failed: {uts.stderr.strip()}"
+        return None
+
+    @classmethod
+    def create(cls, count: int = 2) -> SimulatedHosts:
+        cls._remove_stale()
+        pid = os.getpid()
+        hosts = [Host(f"{PREFIX}-{pid}-{i}", f"198.18.0.{i + 1}", f"simhost{i}", f"veth{i}")
+                 for i in range(count)]
+        self = cls(hosts)
+        try:
+            for host in hosts:
+                _ip("netns", "add", host.netns)
+                _ip("-n", host.netns, "link", "set", "lo", "up")
+            a, b = hosts  # two hosts, one link
+            _ip("link", "add", a.interface, "netns", a.netns, "type", "veth", "peer", "name", b.interface,
+                "netns", b.netns)
+            for host in hosts:
+                _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.interface)
+                _ip("-n", host.netns, "link", "set", host.interface, "up")
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __enter__(self) -> SimulatedHosts:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    @property
+    def agent_map(self) -> str:
+        """The value of $SIMULATED_HOSTS for netns_agent.sh."""
+        return " ".join(f"{h.address}={h.netns}={h.hostname}" for h in self.hosts)
+
+    def command_on(self, index: int, command: list[str]) -> list[str]:
+        """``command`` as run on host ``index``: in its network namespace, with its own hostname."""
+        host = self.hosts[index]
+        return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "/bin/sh", "-c",
+                'hostname "$0" && exec "$@"', host.hostname, *command]
+
+    def tx_bytes(self) -> list[int]:
+        """Bytes sent so far by each host's end of the link."""
+        counts = []
+        for host in self.hosts:
+            shown = _ip("-n", host.netns, "-j", "-s", "link", "show", "dev", host.interface).stdout
+            (link,) = json.loads(shown)
+            counts.append(int(link["stats64"]["tx"]["bytes"]))
+        return counts
+
+    def kill_processes(self) -> None:
+        """End every process still inside the namespaces (e.g. MPI daemons after a timeout)."""
+        for host in self.hosts:
+            listed = _ip("netns", "pids", host.netns, check=False).stdout.split()
+            for pid in map(int, listed):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def remove(self) -> None:
+        self.kill_processes()
+        for host in self.hosts:
+            _ip("netns", "del", host.netns, check=False)  # removing one end removes the veth pair
+
+    @staticmethod
+    def _remove_stale() -> None:
+        """Namespaces left by a test process that no longer exists (killed before it could clean up)."""
+        names = _ip("netns", "list", check=False).stdout.split("\n")
+        for line in names:
+            match = re.match(rf"({PREFIX}-(\d+)-\w+)", line.strip())
+            if match and not _pid_alive(int(match.group(2))):
+                stale = SimulatedHosts([Host(match.group(1), "", "", "")])
+                stale.remove()

@@ -1,0 +1,279 @@
+"""Run under ``mpirun -np N``: exact-result checks of one backend's collectives, of the step protocol and
+of the user helpers. Any failed check raises, and the failure handler aborts the whole job; at the end
+every rank prints ``rank R: K checks passed``.
+
+    python dist_collectives.py --backend mpi [--no-tf] [--compare-with mpi]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from engine.distributed import (ParamSyncSchedule, broadcast_initial, check_config_consistency,  # noqa: E402
+                                create_communicator, helpers, horovod_import_error, install_failure_handler,
+                                reduce_scores, step_signal)
+from engine.distributed.context import HorovodContext  # noqa: E402
+from engine.errors import ConfigError, DistributedError  # noqa: E402
+
+SHAPES = [(), (0,), (3, 0), (7,), (5, 3), (1000,), (333, 17), (300_007,)] + [(1 + i % 5,) for i in range(60)]
+ALL_DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.int8, np.uint8]
+FLOAT_DTYPES = [np.float32, np.float64, np.float16]
+
+
+def case(dtypes: list) -> list[tuple[tuple, type]]:
+    """Shapes paired with dtypes, interleaved so that every dtype group has odd gaps and sizes."""
+    return [(shape, dtypes[i % len(dtypes)]) for i, shape in enumerate(SHAPES)]
+
+
+def base(shape: tuple, dtype: type) -> np.ndarray:
+    return (np.arange(int(np.prod(shape))) % 11).reshape(shape).astype(dtype)
+
+
+def contribution(shape: tuple, dtype: type, rank: int) -> np.ndarray:
+    """Rank r sends base * (r + 1) + r: every exact result below has a closed form."""
+    return (base(shape, dtype) * (rank + 1) + rank).astype(dtype)
+
+
+def expected(shape: tuple, dtype: type, op: str, size: int) -> np.ndarray:
+    b = base(shape, np.float64)
+    s, t = size * (size + 1) // 2, size * (size - 1) // 2
+    value = {"sum": b * s + t, "average": (b * s + t) / size, "min": b, "max": b * size + size - 1}[op]
+    return value.astype(dtype)
+
+
+def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    got = np.asarray(got)
+    assert got.dtype == want.dtype and got.shape == want.shape, \
+        f"{what}: {got.dtype}{got.shape} != {want.dtype}{want.shape}"
+    assert np.array_equal(got, want), f"{what}: values differ, first: {got.ravel()[:5]} vs {want.ravel()[:5]}"
+
+
+def check_identity(comm) -> None:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    assert (comm.rank, comm.size) == (world.Get_rank(), world.Get_size()), "rank/size disagree with MPI"
+    assert 0 <= comm.local_rank < comm.local_size <= comm.size
+    hosts = comm.allgather_object(socket.gethostname())
+    ranks_here = [r for r, host in enumerate(hosts) if host == socket.gethostname()]
+    assert comm.local_size == len(ranks_here) and comm.local_rank == ranks_here.index(comm.rank)
+
+
+def check_allreduce(comm) -> None:
+    for op in ("sum", "min", "max", "average"):
+        cases = case(FLOAT_DTYPES if op == "average" else ALL_DTYPES)
+        got = comm.allreduce([contribution(s, d, comm.rank) for s, d in cases], op)
+        assert len(got) == len(cases)
+        for (shape, dtype), result in zip(cases, got):
+            want = expected(shape, dtype, op, comm.size)
+            assert_same(result, want, f"allreduce {op} {dtype.__name__}{shape}")
+    assert comm.allreduce([], "sum") == []
+    try:
+        comm.allreduce([np.ones(3, np.int32)], "average")
+        raise AssertionError("average of int32 was accepted")
+    except ValueError:
+        pass
+
+
+def check_results_stay_valid(comm) -> None:
+    """A second call must not overwrite the results of the first (the fusion buffer is reused)."""
+    first = comm.allreduce([np.full(10, comm.rank + 1.0, np.float32)], "sum")
+    second = comm.allreduce([np.full(10, 100.0, np.float32)], "sum")
+    assert first[0][0] == comm.size * (comm.size + 1) / 2 and second[0][0] == 100.0 * comm.size
+    del first, second
+    for _ in range(3):  # and results that are dropped free the buffer for reuse
+        (again,) = comm.allreduce([np.ones(10, np.float32)], "sum")
+        assert again[0] == comm.size
+
+
+def check_allreduce_tensors(comm) -> None:
+    import tensorflow as tf
+
+    for op in ("sum", "max", "average"):
+        cases = case(FLOAT_DTYPES if op == "average" else ALL_DTYPES)
+        inputs = [tf.constant(contribution(s, d, comm.rank)) for s, d in cases]
+        graph = tf.function(lambda *ts, op=op: comm.allreduce_tensors(list(ts), op))
+        for mode, results in (("tf.function", graph(*inputs)), ("eager", comm.allreduce_tensors(inputs, op))):
+            for (shape, dtype), result in zip(cases, results):
+                assert result.shape == shape, f"{mode} {op}: shape {result.shape} != {shape}"
+                want = expected(shape, dtype, op, comm.size)
+                assert_same(result.numpy(), want, f"{mode} {op} {dtype.__name__}{shape}")
+
+
+def check_broadcast(comm) -> None:
+    import tensorflow as tf
+
+    for root in (0, comm.size - 1):
+        cases = case(ALL_DTYPES)[:12]
+        variables = [tf.Variable(contribution(s, d, comm.rank)) for s, d in cases]
+        comm.broadcast_variables(variables, root=root)
+        for (shape, dtype), var in zip(cases, variables):
+            assert_same(var.numpy(), contribution(shape, dtype, root), f"broadcast_variables root {root}")
+    variables = [tf.Variable(np.full((4, 3), comm.rank, np.float32))]
+    broadcast_initial(comm, variables)
+    assert (variables[0].numpy() == 0).all()
+
+
+def check_objects(comm) -> None:
+    obj = comm.broadcast_object({"from": comm.rank, "data": list(range(comm.rank + 3))}, root=comm.size - 1)
+    assert obj == {"from": comm.size - 1, "data": list(range(comm.size + 2))}
+    assert comm.allgather_object(("rank", comm.rank)) == [("rank", r) for r in range(comm.size)]
+    comm.barrier()
+
+
+def check_step_signal(comm) -> None:
+    last = comm.size - 1
+    sig = step_signal(comm, have_more_data=True, had_error=False)
+    assert sig.all_have_data and not sig.any_error and sig.failed_ranks == () and not sig.param_sync
+    sig = step_signal(comm, have_more_data=comm.rank != last, had_error=False)
+    assert not sig.all_have_data and not sig.any_error, "one rank out of data must stop all"
+    sig = step_signal(comm, have_more_data=True, had_error=comm.rank in (0, last),
+                      want_param_sync=comm.rank == last)
+    assert sig.any_error and sig.failed_ranks == tuple(sorted({0, last}))
+    assert sig.param_sync and sig.all_have_data
+    batches, steps = iter(range(5 + 2 * comm.rank)), 0  # rank 0 runs out first, after 5 batches
+    while step_signal(comm, have_more_data=next(batches, None) is not None, had_error=False).all_have_data:
+        steps += 1
+    assert comm.allgather_object(steps) == [5] * comm.size, "all ranks must end the epoch together"
+
+
+def check_param_sync_agreement(comm) -> None:
+    """Time-based sync: ranks' clocks cross the threshold at different steps; all sync at the first."""
+    ctx = HorovodContext(reduce_type="param", param_sync_time_diff=10.0)
+    fake_time = [0.0]
+    schedule = ParamSyncSchedule(ctx, clock=lambda: fake_time[0])
+    synced_at = []
+    for step in range(8):
+        fake_time[0] = step * (2.0 + comm.rank)  # rank 0 passes 10 s at step 5, rank 1 at step 4, ...
+        sig = step_signal(comm, True, False, want_param_sync=schedule.wants_sync(step))
+        if schedule.due(step, sig):
+            synced_at.append(step)
+    everyone = comm.allgather_object(synced_at)
+    assert all(s == everyone[0] for s in everyone), f"ranks synced at different steps: {everyone}"
+    assert everyone[0][0] == -(-10 // (comm.size + 1)), everyone  # the fastest clock decides
+    by_step = ParamSyncSchedule(HorovodContext(reduce_type="param", param_sync_step=3))
+    assert [s for s in range(9) if by_step.due(s)] == [2, 5, 8]
+
+
+def check_scores(comm) -> None:
+    total = reduce_scores(comm, {"loss": 0.5 * (comm.rank + 1), "frames": 100 + comm.rank, "errors": 3})
+    size = comm.size
+    assert total == {"loss": 0.5 * size * (size + 1) / 2, "frames": 100 * size + size * (size - 1) / 2,
+                     "errors": 3 * size}
+    if size > 1:
+        try:
+            reduce_scores(comm, {"loss": 1.0, ("frames" if comm.rank == 0 else "frame"): 1.0})
+            raise AssertionError("different score keys were summed")
+        except DistributedError as exc:
+            assert exc.agreed and "different score names" in str(exc)
+
+
+def check_config_check(comm) -> None:
+    same = {"learning_rate": 0.01, "network": {"out": {"class": "softmax", "from": ["a", "b"]}},
+            "func": lambda x: x + 1, "obj": object()}
+    check_config_consistency(comm, same)
+    if comm.size == 1:
+        return
+    differing = dict(same, learning_rate=0.01 * (comm.rank + 1), batch_size=5000)
+    if comm.rank == 1:
+        differing["only_on_rank_1"] = True
+        del differing["batch_size"]
+    try:
+        check_config_consistency(comm, differing)
+        raise AssertionError("config mismatch not detected")
+    except ConfigError as exc:
+        text = str(exc)
+        assert exc.agreed
+        for key in ("'learning_rate'", "'only_on_rank_1'", "'batch_size'"):
+            assert key in text, f"{key} missing from: {text}"
+        assert "'network'" not in text and "'func'" not in text and "'obj'" not in text, text
+        assert "rank 0: 0.01" in text and "(not set)" in text, text
+
+
+def check_helpers(comm) -> None:
+    helpers.set_global_communicator(comm)
+    assert (helpers.rank(), helpers.size(), helpers.local_rank()) == (comm.rank, comm.size, comm.local_rank)
+    assert helpers.is_main_process() == (comm.rank == 0)
+    post_calls = []
+    result = helpers.run_on_main(lambda: {"built_by": helpers.rank()}, post_func=lambda: post_calls.append(1))
+    assert result == {"built_by": 0} and len(post_calls) == (0 if comm.rank == 0 else 1)
+
+    def failing() -> None:
+        raise OSError("disk full while preparing data")
+
+    try:
+        helpers.run_on_main(failing)
+        raise AssertionError("run_on_main swallowed the error")
+    except OSError as exc:
+        assert comm.rank == 0 and exc.agreed
+    except DistributedError as exc:
+        assert comm.rank > 0 and exc.quiet and exc.agreed and "disk full" in str(exc)
+    node_result = helpers.once_per_node(lambda: ("prepared by", helpers.rank()))
+    assert node_result == ("prepared by", comm.rank - comm.local_rank) or comm.local_size != comm.size
+    assert helpers.all_reduce(comm.rank + 1) == comm.size * (comm.size + 1) // 2
+    assert helpers.all_reduce(2, "average") == 2.0
+    assert helpers.all_reduce(float(comm.rank), "max") == comm.size - 1
+    want = np.arange(4) * (comm.size * (comm.size - 1) // 2)
+    assert_same(helpers.all_reduce(np.arange(4) * comm.rank), want, "all_reduce array")
+    only_main = helpers.main_process_only(lambda: "ran")
+    assert only_main() == ("ran" if comm.rank == 0 else None)
+    prefixed = helpers.rank_prefixed_message("a\nb")
+    assert prefixed == (f"[rank {comm.rank}] a\n[rank {comm.rank}] b" if comm.size > 1 else "a\nb")
+    assert helpers.broadcast_object(comm.rank * 10, root=comm.size - 1) == (comm.size - 1) * 10
+    helpers.barrier()
+
+
+def check_bitwise_agreement(comm, other) -> None:
+    """Two backends give byte-identical results on the same random inputs."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1234 + comm.rank)
+    arrays = [rng.standard_normal(shape).astype(dtype) for shape, dtype in case(FLOAT_DTYPES)]
+    for op in ("sum", "average"):
+        for a, b in zip(comm.allreduce(arrays, op), other.allreduce(arrays, op)):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), \
+                f"{comm.name} vs {other.name} differ ({op}, {a.dtype}{a.shape}): {np.flatnonzero(a != b)[:5]}"
+        tensors = [tf.constant(a) for a in arrays]
+        mine = tf.function(lambda *ts, op=op: comm.allreduce_tensors(list(ts), op))(*tensors)
+        theirs = tf.function(lambda *ts, op=op: other.allreduce_tensors(list(ts), op))(*tensors)
+        for a, b in zip(mine, theirs):
+            assert a.numpy().tobytes() == b.numpy().tobytes(), \
+                f"{comm.name} vs {other.name} differ in tf.function ({op})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", default="mpi")
+    parser.add_argument("--no-tf", action="store_true", help="skip the checks that need TensorFlow")
+    parser.add_argument("--compare-with", help="also check bit-identical results against this backend")
+    args = parser.parse_args()
+    comm = create_communicator(args.backend)
+    assert comm.name == args.backend, f"asked for {args.backend}, got {comm.name}"
+    install_failure_handler(comm, stall_timeout=120)
+    checks = [check_identity, check_allreduce, check_results_stay_valid, check_objects, check_step_signal,
+              check_param_sync_agreement, check_scores, check_config_check, check_helpers]
+    if not args.no_tf:
+        checks += [check_allreduce_tensors, check_broadcast]
+    for check in checks:
+        check(comm)
+    if args.compare_with:
+        other = create_communicator(args.compare_with)
+        check_bitwise_agreement(comm, other)
+        checks.append(check_bitwise_agreement)
+    if not args.no_tf:  # last: "auto" may start Horovod
+        auto = create_communicator("auto")
+        assert auto.name == ("horovod" if horovod_import_error() is None else "mpi"), auto.name
+        checks.append(create_communicator)
+    comm.barrier()
+    print(f"rank {comm.rank}: {len(checks)} checks passed ({comm.name} backend, {comm.size} ranks)",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

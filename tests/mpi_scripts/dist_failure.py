@@ -1,0 +1,61 @@
+"""Run under ``mpirun -np N``: rank 1 fails in the way MODE names while the other ranks wait in the step
+signal (forever, unless the failure handling ends the job).
+
+    python dist_failure.py exception|engine_error|thread|sigkill|stall|stall_in_graph [--backend mpi]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from engine.distributed import create_communicator, install_failure_handler, step_signal  # noqa: E402
+from engine.errors import DataError  # noqa: E402
+
+
+def fail_on_rank_1(mode: str) -> None:
+    if mode == "exception":
+        raise RuntimeError("boom: the original error of rank 1")
+    if mode == "engine_error":
+        raise DataError("HDF file 'corpus.hdf': dataset 'inputs' is missing; expected a float32 matrix")
+    if mode == "thread":
+        def loader() -> None:
+            raise RuntimeError("boom: the data loader thread of rank 1 crashed")
+
+        threading.Thread(target=loader).start()
+        time.sleep(600)  # the main thread would wait for the loader forever
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode in ("stall", "stall_in_graph"):
+        time.sleep(600)  # alive, but never joins the next collective
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode")
+    parser.add_argument("--backend", default="mpi")
+    parser.add_argument("--stall-timeout", type=float, default=None)
+    args = parser.parse_args()
+    comm = create_communicator(args.backend, stall_timeout=args.stall_timeout)
+    install_failure_handler(comm, stall_timeout=args.stall_timeout)
+    step_signal(comm, True, False)  # everyone is up
+    if comm.rank == 1:
+        fail_on_rank_1(args.mode)
+    if args.mode == "stall_in_graph":  # wait inside a tf.function's reduction, where no Python code runs
+        import tensorflow as tf
+
+        reduce = tf.function(lambda t: comm.allreduce_tensors([t])[0])
+        while True:
+            reduce(tf.ones(3))
+    while True:
+        step_signal(comm, True, False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Train through the engine's own API and record what each rank saw, for the engine tests.
+
+    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill] [fail_rank=R] [fail_step=S]
+
+Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
+step and (where a sync followed) after the sync, so tests can compare ranks and runs.
+"""
+import ast
+import os
+import signal
+import sys
+
+import numpy as np
+
+from engine import log
+from engine.config import Config
+from engine.tasks.train import run_train
+from engine.training import step as step_module
+
+
+def main() -> None:
+    out_dir, config_text, *options = sys.argv[1:]
+    opts = dict(o.split("=", 1) for o in options)
+    config = Config(ast.literal_eval(config_text))
+    log.init(verbosity=config.int("log_verbosity", 3))
+    fail, fail_rank, fail_step = opts.get("fail"), int(opts.get("fail_rank", 1)), int(opts.get("fail_step", 1))
+    trace = {"after_step": [], "after_sync": [], "sync_steps": []}
+    recorded = {}
+
+    class RecordingSteps(step_module.Steps):
+        """The engine's steps, observed (and broken on purpose where the test asks for it)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.count = 0
+            recorded["steps"] = self
+
+        def checksum(self):
+            return np.concatenate([v.numpy().ravel() for v in self.params]).astype(np.float64)
+
+        def train(self, batch):
+            rank = self.comm.rank
+            if rank == fail_rank and self.count == fail_step:
+                if fail == "step":
+                    raise RuntimeError(f"injected failure in train step {self.count} on rank {rank}")
+                if fail == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+            scores = super().train(batch)
+            trace["after_step"].append(self.checksum())
+            self.count += 1
+            return scores
+
+        def sync_params(self):
+            super().sync_params()
+            trace["sync_steps"].append(self.count - 1)
+            trace["after_sync"].append(self.checksum())
+
+    step_module.Steps = RecordingSteps
+    import engine.tasks.train as train_module
+    train_module.Steps = RecordingSteps
+    if fail == "loader":
+        _break_loader(fail_rank, fail_step)
+    run_train(config)
+    steps = recorded["steps"]
+    np.savez(os.path.join(out_dir, f"rank{steps.comm.rank}.npz"), params=steps.checksum(),
+             after_step=np.array(trace["after_step"]), after_sync=np.array(trace["after_sync"]),
+             sync_steps=np.array(trace["sync_steps"]), num_steps=steps.count)
+
+
+def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
+    """Make the data loader of ``fail_rank`` raise a DataError after some sequences (a corrupt corpus)."""
+    from engine.datasets.base import Dataset
+    from engine.errors import DataError
+
+    original = Dataset.read_into
+    reads = {"n": 0}
+
+    def read_into(self, seq_idx, key, out):
+        from engine.distributed.helpers import rank
+
+        if rank() == fail_rank:
+            reads["n"] += 1
+            if reads["n"] > fail_after_reads:
+                raise DataError(f"injected corrupt sequence {seq_idx} in dataset {self.name!r}")
+        return original(self, seq_idx, key, out)
+
+    Dataset.read_into = read_into
+
+
+if __name__ == "__main__":
+    main()

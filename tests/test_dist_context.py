@@ -1,0 +1,75 @@
+"""HorovodContext: every key of distributed-protocol.md, unknown and contradictory settings."""
+from __future__ import annotations
+
+import pytest
+
+from engine.config import Config
+from engine.distributed import HorovodContext
+from engine.errors import ConfigError
+
+pytestmark = pytest.mark.tf_latest
+
+
+def context(**values) -> HorovodContext | None:
+    return HorovodContext.from_config(Config(values))
+
+
+def test_off_without_use_horovod():
+    assert context() is None
+    assert context(use_horovod=False, horovod_reduce_type="param") is None
+
+
+def test_defaults_follow_the_spec():
+    ctx = context(use_horovod=True)
+    assert (ctx.reduce_type, ctx.param_sync_step, ctx.param_sync_time_diff, ctx.dataset_distribution,
+            ctx.scale_lr, ctx.avg_grad, ctx.backend_name, ctx.stall_timeout) == \
+        ("grad", 1, None, "shard", False, False, "auto", None)
+    assert ctx.uses_step_signal and not ctx.per_rank_train_scores and ctx.random_seed_offset(3) == 0
+
+
+def test_every_key_is_read_also_from_command_line_strings():
+    ctx = context(use_horovod="1", horovod_reduce_type="param", horovod_param_sync_step="100",
+                  horovod_dataset_distribution="random_seed_offset", horovod_scale_lr="yes",
+                  distributed_backend="mpi", distributed_stall_timeout="600")
+    assert (ctx.reduce_type, ctx.param_sync_step, ctx.dataset_distribution, ctx.scale_lr, ctx.backend_name,
+            ctx.stall_timeout) == ("param", 100, "random_seed_offset", True, "mpi", 600.0)
+    assert not ctx.uses_step_signal and ctx.per_rank_train_scores and ctx.random_seed_offset(2) == 2 * 16127
+    timed = context(use_horovod=True, horovod_reduce_type="param", horovod_param_sync_time_diff=30)
+    assert timed.param_sync_time_diff == 30.0
+    assert context(use_horovod=True, horovod_avg_grad=True).avg_grad
+    assert context(use_horovod=True, distributed_stall_timeout=0).stall_timeout is None
+
+
+def test_unknown_horovod_key_is_named_with_a_suggestion_and_the_known_keys():
+    for use in (True, False):  # a typo must not pass silently, whether or not Horovod is on
+        with pytest.raises(ConfigError) as info:
+            context(use_horovod=use, horovod_reduce_typ="param")
+        text = str(info.value)
+        assert "'horovod_reduce_typ'" in text and "Did you mean 'horovod_reduce_type'" in text
+        assert "horovod_param_sync_time_diff" in text and "horovod_avg_grad" in text
+
+
+@pytest.mark.parametrize("values, words", [
+    ({"horovod_param_sync_time_diff": 10}, ["'horovod_param_sync_time_diff'", "'grad'"]),
+    ({"horovod_param_sync_step": 100}, ["'horovod_param_sync_step'", "'grad'"]),
+    ({"horovod_reduce_type": "param", "horovod_avg_grad": True}, ["'horovod_avg_grad'", "'param'"]),
+    ({"horovod_reduce_type": "params"}, ["'horovod_reduce_type'", "'params'", "'grad', 'param'"]),
+    ({"horovod_dataset_distribution": "random"}, ["'horovod_dataset_distribution'", "'shard'"]),
+    ({"horovod_reduce_type": "param", "horovod_param_sync_step": 0}, ["'horovod_param_sync_step'", ">= 1"]),
+    ({"horovod_reduce_type": "param", "horovod_param_sync_time_diff": -1}, ["time_diff", "> 0"]),
+    ({"distributed_backend": "nccl"}, ["'distributed_backend'", "'nccl'", "'auto', 'horovod', 'mpi'"]),
+    ({"distributed_stall_timeout": -5}, ["'distributed_stall_timeout'"]),
+    ({"horovod_param_sync_step": "often"}, ["'horovod_param_sync_step'", "'often'"]),
+])
+def test_bad_and_contradictory_settings(values, words):
+    with pytest.raises(ConfigError) as info:
+        context(use_horovod=True, **values)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+def test_time_diff_takes_precedence_over_the_step_count(capsys):
+    ctx = context(use_horovod=True, horovod_reduce_type="param", horovod_param_sync_step=100,
+                  horovod_param_sync_time_diff=60)
+    assert ctx.param_sync_time_diff == 60.0
+    assert "horovod_param_sync_step = 100 is ignored" in capsys.readouterr().err

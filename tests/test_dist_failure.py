@@ -1,0 +1,55 @@
+"""A failure on one rank ends the whole mpirun job, quickly, with the original error printed once."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers import ROOT, run_mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest]
+
+SCRIPT = str(ROOT / "tests" / "mpi_scripts" / "dist_failure.py")
+BOUND_S = 30  # the issue's bound for ending the job, start-up included
+
+
+def run_failing(mode: str, *extra: str):
+    start = time.monotonic()
+    result = run_mpi(2, [SCRIPT, mode, *extra], timeout=120)
+    elapsed = time.monotonic() - start
+    assert elapsed < BOUND_S, f"{mode}: the job took {elapsed:.1f} s to end"
+    assert result.returncode != 0, f"{mode}: exit status 0\n{result.stdout}{result.stderr}"
+    return result, result.stdout + result.stderr
+
+
+def test_exception_on_rank_1_prints_its_traceback_once_and_aborts():
+    result, output = run_failing("exception")
+    assert output.count("RuntimeError: boom: the original error of rank 1") == 1, output
+    assert "[rank 1] Traceback (most recent call last):" in output
+    assert "MPI_ABORT was invoked on rank 1" in output
+
+
+def test_engine_error_on_rank_1_is_one_paragraph_without_traceback():
+    result, output = run_failing("engine_error")
+    message = "[rank 1] dist_failure.py: error: HDF file 'corpus.hdf': dataset 'inputs' is missing"
+    assert output.count(message) == 1 and "Traceback" not in output, output
+
+
+def test_exception_in_a_thread_aborts_the_job():
+    result, output = run_failing("thread")
+    assert output.count("RuntimeError: boom: the data loader thread of rank 1 crashed") == 1, output
+
+
+def test_sigkill_of_one_rank_ends_the_job():
+    result, output = run_failing("sigkill")
+    assert "exited on\nsignal 9" in output or "exited on signal 9" in output, output
+
+
+def test_stall_timeout_aborts_when_a_rank_stops_answering():
+    result, output = run_failing("stall", "--stall-timeout", "2")
+    assert "[rank 0] error: 'step signal (allreduce)' did not complete within 2 s" in output, output
+
+
+def test_stall_timeout_inside_tf_function():
+    result, output = run_failing("stall_in_graph", "--stall-timeout", "3")
+    assert "[rank 0] error: 'allreduce' did not complete within 3 s" in output, output

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+#$ -S /bin/bash
+#$ -cwd
+#$ -j y
+# Data-parallel training on SGE (Grid Engine): one job in the parallel environment `mpi` with one slot
+# per rank, ranks started by mpirun on the hosts SGE grants.
+#
+#   tools/qsub_train.sh CONFIG NUM_RANKS [rnn.py args ...]         submit (from the login node)
+#   tools/qsub_train.sh --run CONFIG NUM_RANKS [rnn.py args ...]   the job itself (what qsub runs)
+#
+#   e.g. QSUB_ARGS="-l h_rt=48:00:00 -l gpu=1" tools/qsub_train.sh configs/12ax.py 4 ++num_epochs 20
+#
+# The job gets the environment you submit from (qsub -V) and runs in the current directory (-cwd).
+# Settings (environment, all optional):
+#   SGE_PE           the parallel environment [mpi] (`qconf -spl` lists your site's)
+#   QSUB_ARGS        more qsub options: run time, memory, GPUs (`-l gpu=1` is per slot at most sites)
+#   JOB_NAME         [train-<config file name>]
+#   LOG_DIR          where SGE writes the job's output, <JOB_NAME>.o<JOB_ID> [log]
+#   and ENGINE_PROLOGUE, PYTHON, MPIRUN, MPIRUN_ARGS, RANK_ENV, see tools/job_common.sh.
+# Inside the job, $PE_HOSTFILE becomes an Open MPI hostfile (tools/make_hostfile.py), and runs
+#   mpirun --hostfile FILE -np NUM_RANKS --bind-to none --map-by slot -x ... \
+#     python rnn.py CONFIG ++use_horovod 1 ...
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+export ENGINE_ROOT=${ENGINE_ROOT:-$(dirname "$here")}  # the job runs a copy of this script: pass the root
+if [ ! -f "$ENGINE_ROOT/tools/job_common.sh" ]; then
+  echo "$0: error: cannot find the engine at ENGINE_ROOT=$ENGINE_ROOT; submit with tools/qsub_train.sh" \
+    "CONFIG NUM_RANKS (it passes the root to the job), or set ENGINE_ROOT" >&2
+  exit 2
+fi
+# shellcheck source=tools/job_common.sh
+source "$ENGINE_ROOT/tools/job_common.sh"
+
+if [ "${1:-}" != "--run" ]; then
+  check_train_args "$@"
+  config=$1 num_ranks=$2
+  shift 2
+  log_dir=${LOG_DIR:-log}
+  mkdir -p "$log_dir"
+  name=${JOB_NAME:-train-$(basename "$config" .py)}
+  # shellcheck disable=SC2086  # QSUB_ARGS is a list of options
+  exec qsub -N "$name" -pe "${SGE_PE:-mpi}" "$num_ranks" -S /bin/bash -cwd -j y -o "$log_dir" -V \
+    ${QSUB_ARGS:-} "$here/qsub_train.sh" --run "$config" "$num_ranks" "$@"
+fi
+
+shift
+check_train_args "$@"
+config=$1 num_ranks=$2
+shift 2
+[ -n "${PE_HOSTFILE:-}" ] || die "\$PE_HOSTFILE is not set: --run is the job body that SGE runs in a" \
+  "parallel environment; submit with: tools/qsub_train.sh CONFIG NUM_RANKS"
+job_setup
+hostfile=${TMPDIR:-/tmp}/hostfile.${JOB_ID:-$$}
+trap 'rm -f "$hostfile"' EXIT
+"$PYTHON" "$ENGINE_ROOT/tools/make_hostfile.py" --sge "$PE_HOSTFILE" --ranks "$num_ranks" -o "$hostfile"
+echo "job ${JOB_ID:-?} on $(hostname): $num_ranks ranks on $(cut -d' ' -f1 "$hostfile" | paste -sd' ')" >&2
+job_mpirun "$hostfile" "$num_ranks" "$config" "$@"
