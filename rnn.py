@@ -9,6 +9,9 @@ import os
 import sys
 import traceback
 
+# TensorFlow's start-up INFO lines (oneDNN, CPU features) would be printed by every rank.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 from engine import log
 from engine.cli import help_text, parse_command_line, version_text
 from engine.config import Config

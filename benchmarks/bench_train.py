@@ -6,7 +6,9 @@
 A generated HDF corpus (40-dim features, 50 classes, lengths 50-250), a 2-layer LSTM of 128 units,
 batch_size 5000, max_seqs 40, Adam, one TensorFlow thread per rank. Every run trains ``--epochs``
 epochs through ``rnn.py``; the first epoch (graph tracing) is left out and the rest are summed. Prints
-frames/s, the speed-up over 1 rank and the computing-time share, all from this one invocation.
+frames/s, the speed-up over 1 rank and the computing-time share, all from this one invocation. The
+"ceiling" row runs two unrelated single-process trainings at the same time: what two ranks could reach
+on this machine if communication and coordination cost nothing (they still share caches and memory).
 """
 from __future__ import annotations
 
@@ -63,33 +65,59 @@ def make_corpus(path: str, num_seqs: int) -> None:
             writer.insert(f"seq-{i}", {"data": features, "classes": (features @ mapping).argmax(1)})
 
 
-def run(config: str, ranks: int, overrides: list[str], backend: str) -> tuple[float, float]:
-    """(frames/s summed over ranks, computing-time %) over the epochs after the first."""
-    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+ENV = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+
+
+def command(config: str, ranks: int, overrides: list[str], backend: str) -> list[str]:
     cmd = [sys.executable, os.path.join(ROOT, "rnn.py"), config]
     if ranks > 1:
         mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
         cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "--map-by", "slot", "-np", str(ranks),
                "-x", "TF_NUM_INTRAOP_THREADS", "-x", "TF_NUM_INTEROP_THREADS", *cmd,
                "++use_horovod", "1", "++distributed_backend", backend, *overrides]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-    if out.returncode != 0:
-        sys.exit(f"bench_train: run failed ({' '.join(cmd)}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return cmd
+
+
+def finished(proc: subprocess.Popen, cmd: list[str]) -> str:
+    stdout, stderr = proc.communicate(timeout=1200)
+    if proc.returncode != 0:
+        sys.exit(f"bench_train: run failed ({' '.join(cmd)}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return stdout
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def run(config: str, ranks: int, overrides: list[str], backend: str) -> tuple[float, float]:
+    """(frames/s summed over ranks, computing-time %) over the epochs after the first."""
+    cmd = command(config, ranks, overrides, backend)
+    return parse(finished(start(cmd), cmd), per_rank_scores="random_seed_offset" in overrides)
+
+
+def run_two_independent(config: str) -> tuple[float, float]:
+    """Two single-process trainings at once, no MPI: what sharing the machine alone costs."""
+    cmd = command(config, 1, [], "local")
+    procs = [start(cmd) for _ in range(2)]
+    results = [parse(finished(p, cmd), per_rank_scores=False) for p in procs]
+    return sum(r[0] for r in results), float(np.mean([r[1] for r in results]))
+
+
+def parse(stdout: str, per_rank_scores: bool) -> tuple[float, float]:
     frames: dict[int, float] = {}
     seconds: dict[int, float] = {}
     percents = []
-    for rank, epoch, _, percent in EPOCH_LINE.findall(out.stdout):
+    for rank, epoch, _, percent in EPOCH_LINE.findall(stdout):
         if int(epoch) > 1:
             percents.append(float(percent))
-    for rank, epoch, per_sec, n, _ in FRAMES_LINE.findall(out.stdout):
+    for rank, epoch, per_sec, n, _ in FRAMES_LINE.findall(stdout):
         if int(epoch) > 1:
             r = int(rank or 0)
             frames[r] = frames.get(r, 0.0) + float(n)
             seconds[r] = seconds.get(r, 0.0) + float(n) / float(per_sec)
     # Train scores (and frames) are global in grad and shard mode, so rank 0 speaks for all; in
     # param + random_seed_offset each rank reports its own, so the ranks' rates add up.
-    per_rank_scores = "random_seed_offset" in overrides
     rate = sum(frames[r] / seconds[r] for r in frames) if per_rank_scores else frames[0] / seconds[0]
     return rate, float(np.mean(percents))
 
@@ -111,6 +139,8 @@ def main() -> None:
         rows = []
         base_rate, base_pct = run(config, 1, [], "local")
         rows.append(("1 rank", "-", base_rate, base_pct))
+        rate, pct = run_two_independent(config)
+        rows.append(("2 independent 1-rank runs at once (ceiling)", "-", rate, pct))
         for backend in args.backends.split(","):
             for name, ranks, overrides in RUNS:
                 rate, pct = run(config, ranks, overrides, backend)

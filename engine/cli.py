@@ -50,6 +50,7 @@ DOCUMENTED_KEYS: list[tuple[str, str, str]] = [
     ("horovod_scale_lr", "False", "multiply the learning rate by the number of ranks"),
     ("horovod_avg_grad", "False", "grad mode: average instead of sum"),
     ("distributed_backend", '"auto"', "auto | horovod | mpi (auto: Horovod when importable)"),
+    ("distributed_stall_timeout", "None", "abort the job when a collective waits longer (seconds)"),
     ("debug", "False", "show tracebacks for errors"),
 ]
 

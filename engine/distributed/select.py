@@ -2,6 +2,8 @@
 "local" when ``use_horovod`` is off. "auto" takes Horovod when it imports, else MPI, and says why."""
 from __future__ import annotations
 
+import os
+
 from engine import log
 from engine.distributed.backend import Communicator
 from engine.errors import ConfigError, DistributedError
@@ -32,6 +34,11 @@ def create_communicator(name: str = "auto", stall_timeout: float | None = None) 
         from engine.distributed.local_backend import LocalCommunicator
 
         return LocalCommunicator()
+    # Open MPI busy-polls while a rank waits in a collective, and Horovod's background thread waits in
+    # one every cycle: on ranks that share cores with their compute threads that spinning took 35% of the
+    # training throughput (benchmarks/bench_train.py). Yielding gives the cores back; an explicit
+    # OMPI_MCA_mpi_yield_when_idle=0 in the environment still wins. Read by MPI_Init, so set it before.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     _require_mpi4py(name)
     reason = f"distributed_backend = {name!r}"
     if name in ("auto", "horovod"):

@@ -15,9 +15,6 @@ from engine.distributed.protocol import check_config_consistency
 from engine.errors import ConfigError
 from engine.launch import env_size
 
-SEED_OFFSET_PER_RANK = 16127  # distributed-protocol.md: random_seed_offset = rank * 16127
-
-
 @dataclass
 class Ranks:
     """The communicator and the data-parallel settings (``ctx`` is None without ``use_horovod``)."""
@@ -84,9 +81,7 @@ def load_dataset(config: Config, key: str, ranks: Ranks, *, train: bool = False)
     spec = config.typed(key)
     if not spec:
         return None
-    offset = 0
-    if train and ranks.ctx and ranks.ctx.dataset_distribution == "random_seed_offset":
-        offset = ranks.comm.rank * SEED_OFFSET_PER_RANK
+    offset = ranks.ctx.random_seed_offset(ranks.comm.rank) if (train and ranks.ctx) else 0
     return create_dataset(spec, default_seq_ordering=config.str("batching") if train else None,
                           random_seed_offset=offset, cache_size=config.value("cache_size"))
 

@@ -68,7 +68,7 @@ class Trainer:
 
     def load_on_main(self) -> None:
         """Rank 0 loads the checkpoint to resume from (or ``load``) and the learning-rate history."""
-        if self.ranks.is_main:
+        if self.ranks.is_main and self.start_epoch <= self.num_epochs:
             if self.start_epoch > 1:
                 if not self.model_prefix:
                     raise ConfigError(f"start_epoch is {self.start_epoch}, but no 'model' prefix is set to "
