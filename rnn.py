@@ -46,8 +46,8 @@ def report_error(exc: EngineError, show_traceback: bool) -> None:
 
 def distributed_started() -> bool:
     """Whether a task created a communicator (errors before that are the same on every rank)."""
-    helpers = sys.modules.get("engine.distributed.helpers")
-    return helpers is not None and helpers._state.comm is not None
+    helpers = sys.modules.get("engine.distributed.helpers")  # not imported yet: no communicator
+    return helpers is not None and helpers.is_initialized()
 
 
 def wants_traceback(config: Config | None) -> bool:

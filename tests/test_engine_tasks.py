@@ -232,3 +232,11 @@ def test_shipped_configs_run_with_2_ranks(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "train epoch 1, finished after" in r.stdout and dev_errors(r.stdout)
     assert sorted(os.listdir(tmp_path / "out")) == ["12ax_param", "blstm"]
+
+
+@pytest.mark.tf_latest
+def test_extern_data_not_matching_the_dataset_is_a_clear_error(tmp_path):
+    cfg = tiny_config(tmp_path, extra="extern_data = {'data': {'dim': 5}, 'classes': {'dim': 3, 'sparse': True}}\n")
+    r = run_rnn([cfg])
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "stream 'data' with dim 5" in r.stderr and "has dim 4" in r.stderr, r.stderr

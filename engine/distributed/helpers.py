@@ -34,6 +34,11 @@ def set_global_communicator(comm: Communicator | None) -> None:
     _state.comm = comm
 
 
+def is_initialized() -> bool:
+    """Whether a communicator was set or created (from then on a failure may need to end the job)."""
+    return _state.comm is not None
+
+
 def global_communicator() -> Communicator:
     if _state.comm is None:
         from engine.distributed.local_backend import LocalCommunicator

@@ -107,10 +107,25 @@ def data_dims(config: Config, dataset) -> DataDims:
     else:
         raise ConfigError("Cannot tell the input and output dims: set 'extern_data' (or 'num_inputs' and "
                           "'num_outputs'), or give a 'train' dataset.")
+    if dataset is not None:
+        _check_against_dataset(streams, dataset)
     if "data" not in streams:
         raise ConfigError(f"The input stream 'data' is missing (streams: {', '.join(sorted(streams))}).")
     dim, sparse = streams.pop("data")
     return DataDims(dim, sparse, {k: d for k, (d, s) in streams.items() if s})
+
+
+def _check_against_dataset(streams: dict[str, tuple[int, bool]], dataset) -> None:
+    """The declared dims must be the data's, or the first step fails deep inside TensorFlow."""
+    for key, (dim, sparse) in streams.items():
+        if key not in dataset.data_keys:
+            raise ConfigError(f"'extern_data'/'num_outputs' declares stream '{key}', but dataset {dataset!r} has "
+                              f"only {', '.join(dataset.data_keys)}.")
+        actual = (dataset.get_data_dim(key), dataset.is_sparse(key))
+        if actual != (dim, sparse):
+            raise ConfigError(f"'extern_data'/'num_outputs' declares stream '{key}' with dim {dim} "
+                              f"({'sparse' if sparse else 'dense'}), but dataset {dataset!r} has dim {actual[0]} "
+                              f"({'sparse' if actual[1] else 'dense'}).")
 
 
 def _stream(key: str, value, default_sparse: bool = False) -> tuple[int, bool]:
