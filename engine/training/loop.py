@@ -14,8 +14,9 @@ from typing import Iterator
 import numpy as np
 
 from engine import log
-from engine.datasets import BatchPrefetcher, generate_batches
-from engine.distributed.protocol import ParamSyncSchedule, reduce_scores, step_signal
+from engine.datasets import BatchPrefetcher, Dataset, generate_batches
+from engine.distributed.backend import Communicator
+from engine.distributed.protocol import ParamSyncSchedule, StepSignal, reduce_scores, step_signal
 from engine.errors import DistributedError, EngineError
 from engine.training.report import EpochReport
 from engine.training.step import Steps
@@ -32,7 +33,7 @@ class BatchOptions:
 class DataParallel:
     """How this process takes part in data-parallel training (one rank, local: size 1)."""
 
-    comm: object
+    comm: Communicator
     reduce_type: str = "grad"  # "grad" | "param"
     distribution: str = "shard"  # "shard" | "random_seed_offset"
     sync_schedule: ParamSyncSchedule | None = None
@@ -59,7 +60,7 @@ class DataParallel:
                     and not self.sync_schedule.is_time_based)
 
 
-def agree_on_failure(comm, error: BaseException | None) -> None:
+def agree_on_failure(comm: Communicator, error: BaseException | None) -> None:
     """All ranks learn whether any rank failed (one signal collective); raise on every rank if one did."""
     if comm.size == 1:
         if error is not None:
@@ -68,7 +69,7 @@ def agree_on_failure(comm, error: BaseException | None) -> None:
     raise_on_failure(comm, step_signal(comm, have_more_data=True, had_error=error is not None), error)
 
 
-def raise_on_failure(comm, signal, error: BaseException | None) -> None:
+def raise_on_failure(comm: Communicator, signal: StepSignal, error: BaseException | None) -> None:
     """After a signal: if any rank failed, end every rank.
 
     The failing rank with the lowest index reports its own error; rank 0 (when it did not fail) names
@@ -95,7 +96,7 @@ def _next_batch(batches: Iterator):
         return None, exc
 
 
-def train_epoch(steps: Steps, dataset, epoch: int, opts: BatchOptions, dp: DataParallel) -> EpochReport:
+def train_epoch(steps: Steps, dataset: Dataset, epoch: int, opts: BatchOptions, dp: DataParallel) -> EpochReport:
     report = EpochReport(f"train epoch {epoch}")
     dataset.init_seq_order(epoch)
     report.expected_seqs = dataset.num_seqs // dp.shard[1]
@@ -140,12 +141,13 @@ def train_epoch(steps: Steps, dataset, epoch: int, opts: BatchOptions, dp: DataP
     return report
 
 
-def _sum_over_ranks(comm, values: np.ndarray) -> np.ndarray:
+def _sum_over_ranks(comm: Communicator, values: np.ndarray) -> np.ndarray:
     totals = reduce_scores(comm, dict(zip(("loss", "error", "frames"), map(float, values))))
     return np.array([totals["loss"], totals["error"], totals["frames"]])
 
 
-def evaluate(steps: Steps, dataset, epoch: int, name: str, opts: BatchOptions, comm) -> EpochReport:
+def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, opts: BatchOptions,
+             comm: Communicator) -> EpochReport:
     """Score ``dataset`` sharded over all ranks; every rank gets the global scores."""
     report = EpochReport(f"epoch {epoch} '{name}' eval")
     dataset.init_seq_order(epoch)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from engine.distributed.backend import Communicator
 from engine.model.base import SeqModel
+from engine.training.updater import Updater
 
-# Score vector of a step: loss sum, frame-error sum, non-padded frames (sums, so ranks add up).
-SCORE_FIELDS = ("loss", "error", "frames")
+# A step returns the score vector [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up.
 
 
 class Steps:
-    def __init__(self, model: SeqModel, updater, comm, *, reduce_gradients: bool, average_gradients: bool):
+    def __init__(self, model: SeqModel, updater: Updater | None, comm: Communicator, *, reduce_gradients: bool,
+                 average_gradients: bool) -> None:
         self.model = model
         self.updater = updater
         self.comm = comm
