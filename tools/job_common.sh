@@ -27,6 +27,15 @@ check_train_args() {
   [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "NUM_RANKS is '$2'; expected a positive integer"
 }
 
+# prepare_submission CONFIG NUM_RANKS ...: checks them; sets config, num_ranks, log_dir (created), name.
+prepare_submission() {
+  check_train_args "$@"
+  config=$1 num_ranks=$2
+  log_dir=${LOG_DIR:-log}
+  mkdir -p "$log_dir"
+  name=${JOB_NAME:-train-$(basename "$config" .py)}
+}
+
 # Sets PYTHON and MPIRUN, after sourcing ENGINE_PROLOGUE.
 job_setup() {
   if [ -n "${ENGINE_PROLOGUE:-}" ]; then

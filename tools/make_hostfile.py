@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.cluster import (HostSlots, check_enough_slots, format_openmpi_hostfile,  # noqa: E402
                             parse_pe_hostfile, slurm_hosts, with_slots_per_host)
+from engine.atomic_file import write_text_atomically  # noqa: E402
 from engine.errors import DistributedError, EngineError  # noqa: E402
 
 
@@ -47,18 +47,6 @@ def read_allocation(sge: str | None, slurm: str | None,
     return slurm_hosts(slurm, tasks_per_node), f"SLURM node list {slurm!r}"
 
 
-def write_atomically(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
@@ -81,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             check_enough_slots(hosts, args.ranks, where)
         text = format_openmpi_hostfile(hosts)
         if args.output:
-            write_atomically(args.output, text)
+            write_text_atomically(args.output, text)
         else:
             sys.stdout.write(text)
     except EngineError as exc:

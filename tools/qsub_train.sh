@@ -33,12 +33,8 @@ fi
 source "$ENGINE_ROOT/tools/job_common.sh"
 
 if [ "${1:-}" != "--run" ]; then
-  check_train_args "$@"
-  config=$1 num_ranks=$2
+  prepare_submission "$@"  # sets config, num_ranks, log_dir, name
   shift 2
-  log_dir=${LOG_DIR:-log}
-  mkdir -p "$log_dir"
-  name=${JOB_NAME:-train-$(basename "$config" .py)}
   # shellcheck disable=SC2086  # QSUB_ARGS is a list of options
   exec qsub -N "$name" -pe "${SGE_PE:-mpi}" "$num_ranks" -S /bin/bash -cwd -j y -o "$log_dir" -V \
     ${QSUB_ARGS:-} "$here/qsub_train.sh" --run "$config" "$num_ranks" "$@"

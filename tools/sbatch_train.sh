@@ -32,12 +32,8 @@ fi
 source "$ENGINE_ROOT/tools/job_common.sh"
 
 if [ "${1:-}" != "--run" ]; then
-  check_train_args "$@"
-  config=$1 num_ranks=$2
+  prepare_submission "$@"  # sets config, num_ranks, log_dir, name
   shift 2
-  log_dir=${LOG_DIR:-log}
-  mkdir -p "$log_dir"
-  name=${JOB_NAME:-train-$(basename "$config" .py)}
   opts=(--job-name="$name" --ntasks="$num_ranks" --output="$log_dir/%x.%j.out")
   [ -z "${NODES:-}" ] || opts+=(--nodes="$NODES")
   [ -z "${TASKS_PER_NODE:-}" ] || opts+=(--ntasks-per-node="$TASKS_PER_NODE")

@@ -1,9 +1,8 @@
 """Checkpoints: one HDF5 file ``<model>.<NNN>`` per saved epoch, written atomically.
 
 A checkpoint holds the model's variables and the optimizer's state by name, plus the epoch and the
-global step. It is written to a temp file beside the final name, flushed to disk and renamed, so a
-crash or kill during a save leaves the previous checkpoint intact and never a partial file under a
-checkpoint's name. One file (rather than TensorFlow's index + data shards) keeps the rename atomic.
+global step. It is written through ``atomic_file``, so a crash or kill during a save leaves the
+previous checkpoint intact and never a partial file under a checkpoint's name. One file (rather than TensorFlow's index + data shards) keeps the rename atomic.
 """
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import engine
+from engine.atomic_file import atomic_path
 from engine.errors import ConfigError
 
 _GROUPS = ("params", "optimizer")
@@ -62,25 +62,14 @@ class CheckpointInfo:
 
 def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables,
                     epoch: int, global_step: int) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["epoch"] = epoch
-            f.attrs["global_step"] = global_step
-            f.attrs["engine_version"] = engine.__version__
-            for group_name, variables in zip(_GROUPS, (params, optimizer_vars)):
-                group = f.create_group(group_name)
-                for name, var in named(variables).items():
-                    group.create_dataset(name.replace("/", "|"), data=var.numpy())
-            f.flush()
-            os.fsync(f.id.get_vfd_handle())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["epoch"] = epoch
+        f.attrs["global_step"] = global_step
+        f.attrs["engine_version"] = engine.__version__
+        for group_name, variables in zip(_GROUPS, (params, optimizer_vars)):
+            group = f.create_group(group_name)
+            for name, var in named(variables).items():
+                group.create_dataset(name.replace("/", "|"), data=var.numpy())
 
 
 def _read_group(f: h5py.File, group_name: str) -> dict[str, np.ndarray]:

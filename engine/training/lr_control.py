@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import ast
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine import log
+from engine.atomic_file import write_text_atomically
 from engine.errors import ConfigError
 
 KINDS = {
@@ -174,19 +174,7 @@ class LearningRateControl:
             lines += [f"        {key!r}: {value!r}," for key, value in sorted(data.scores.items())]
             lines.append("    }),")
         lines.append("}")
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        write_text_atomically(path, "\n".join(lines) + "\n")
 
     def load(self, path: str | None = None) -> None:
         """Replace the history by the file's (then re-apply ``learning_rates`` to untrained epochs)."""
