@@ -12,22 +12,17 @@ import traceback
 # TensorFlow's start-up INFO lines (oneDNN, CPU features) would be printed by every rank.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from engine import log
+from engine import log, process
 from engine.cli import help_text, parse_command_line, version_text
 from engine.config import Config
 from engine.errors import ConfigError, EngineError
-from engine.launch import env_rank, env_size
 
 
 def setup_logging(config: Config) -> None:
-    use_horovod = config.bool("use_horovod", False)
-    rank, size = (env_rank(), env_size()) if use_horovod else (0, 1)
     log.init(
         verbosity=config.int("log_verbosity", log.INFO),
         files=config.list("log", []),
-        rank=rank,
-        size=size,
-        per_rank_files=use_horovod and size > 1,
+        per_rank_files=config.bool("use_horovod", False) and process.size() > 1,
         all_ranks_stdout=config.bool("log_all_ranks", False),
     )
 
@@ -35,19 +30,11 @@ def setup_logging(config: Config) -> None:
 def report_error(exc: EngineError, show_traceback: bool) -> None:
     """One paragraph on stderr. A config or command-line error is the same on every rank of an MPI job,
     so only rank 0 prints it; other errors are printed by the rank that hit them, with its prefix."""
-    rank = env_rank()
-    if rank > 0 and isinstance(exc, ConfigError) and not show_traceback:
+    if not process.is_main() and isinstance(exc, ConfigError) and not show_traceback:
         return
-    prefix = f"[rank {rank}] " if env_size() > 1 else ""
     if show_traceback:
         traceback.print_exc()
-    print(f"{prefix}rnn.py: error: {exc}", file=sys.stderr, flush=True)
-
-
-def distributed_started() -> bool:
-    """Whether a task created a communicator (errors before that are the same on every rank)."""
-    helpers = sys.modules.get("engine.distributed.helpers")  # not imported yet: no communicator
-    return helpers is not None and helpers.is_initialized()
+    print(f"{process.rank_prefix()}rnn.py: error: {exc}", file=sys.stderr, flush=True)
 
 
 def wants_traceback(config: Config | None) -> bool:
@@ -78,7 +65,7 @@ def main(argv: list[str]) -> int:
         run_task(config)
         return 0
     except EngineError as exc:
-        if distributed_started():
+        if process.has_communicator():  # errors before that are the same on every rank
             from engine.distributed import fail  # prints once, aborts the job unless all ranks know
 
             fail(exc, show_traceback=wants_traceback(config))

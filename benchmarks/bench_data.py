@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.datasets import (BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,  # noqa: E402
+from engine.datasets import (BatchOptions, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,  # noqa: E402
                              generate_batches)
 
 DIM, CLASSES = 40, 100
@@ -80,7 +80,7 @@ def plain_loop(f: h5py.File, order: np.ndarray) -> tuple[int, int]:
 
 def engine_epoch(dataset: HDFDataset, batch_size: int, epoch: int, prefetch: bool) -> tuple[int, int, int]:
     dataset.init_seq_order(epoch)
-    batches = generate_batches(dataset, batch_size=batch_size)
+    batches = generate_batches(dataset, BatchOptions(batch_size))
     frames = nbytes = count = 0
     with BatchPrefetcher(batches) if prefetch else contextlib.nullcontext(batches) as it:
         for batch in it:

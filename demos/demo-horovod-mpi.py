@@ -128,18 +128,18 @@ def main() -> int:
 
     from mpi4py import MPI  # before Horovod: mpi4py initialises MPI
 
-    from engine import log
+    from engine import log, process
     from engine.distributed import horovod_import_error
-    from engine.distributed.failure import Watchdog
     from engine.distributed.mpi_backend import MPICommunicator
     from engine.launch import env_size
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    log.init(rank=rank, size=size)
+    comm = MPICommunicator(stall_timeout=args.timeout)  # a hung collective must not hang the demo
+    process.set_communicator(comm)
+    log.init()
     print(f"[rank {rank}/{size}] pid {os.getpid()} on {socket.gethostname()}: MPI is up", flush=True)
-    watchdog = Watchdog(MPICommunicator(), args.timeout)  # a hung collective must not hang the demo
-    with watchdog.guard("demo-horovod-mpi"):
+    with comm.stall_guard("demo-horovod-mpi"):
         infos = world.allgather(describe_process(MPI))
         if rank == 0:
             for r, info in enumerate(infos):

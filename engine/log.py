@@ -11,13 +11,13 @@ import os
 import sys
 from typing import TextIO
 
+from engine import process
+
 ERROR, WARNING, INFO, DEBUG, TRACE = 1, 2, 3, 4, 5
 
 
 class _State:
     verbosity: int = INFO
-    rank: int = 0
-    size: int = 1
     all_ranks_stdout: bool = False
     files: list[TextIO] = []
 
@@ -31,23 +31,18 @@ def rank_log_file_name(path: str, rank: int, size: int) -> str:
     return f"{base}.horovod-{rank}-{size}{ext}"
 
 
-def init(*, verbosity: int = INFO, files: list[str] | None = None, rank: int = 0, size: int = 1,
-         per_rank_files: bool = False, all_ranks_stdout: bool = False) -> None:
-    """(Re)configure logging; opens ``files`` for appending, renamed per rank when asked."""
+def init(*, verbosity: int = INFO, files: list[str] | None = None, per_rank_files: bool = False,
+         all_ranks_stdout: bool = False) -> None:
+    """(Re)configure logging; opens ``files`` for appending, renamed per rank (``engine.process``) when
+    asked."""
     close()
     _state.verbosity = verbosity
-    _state.rank, _state.size = rank, size
     _state.all_ranks_stdout = all_ranks_stdout
     for path in files or []:
         if per_rank_files:
-            path = rank_log_file_name(path, rank, size)
+            path = rank_log_file_name(path, process.rank(), process.size())
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         _state.files.append(open(path, "a", encoding="utf-8", buffering=1))
-
-
-def set_rank(rank: int, size: int) -> None:
-    """Once the communicator exists: the rank decides what reaches stdout and the prefix."""
-    _state.rank, _state.size = rank, size
 
 
 def close() -> None:
@@ -60,22 +55,16 @@ def verbosity() -> int:
     return _state.verbosity
 
 
-def rank_prefix() -> str:
-    return f"[rank {_state.rank}] " if _state.size > 1 else ""
-
-
 def write(level: int, message: str) -> None:
     if level > _state.verbosity:
         return
     for f in _state.files:
         f.write(message + "\n")
-    if _state.rank == 0:
-        stream = sys.stdout if level > WARNING else sys.stderr
+    stream = sys.stdout if level > WARNING else sys.stderr
+    if process.is_main():
         print(message, file=stream, flush=True)
     elif level <= WARNING or _state.all_ranks_stdout:
-        stream = sys.stdout if level > WARNING else sys.stderr
-        prefix = rank_prefix()
-        print("\n".join(prefix + line for line in message.splitlines() or [""]), file=stream, flush=True)
+        print(process.prefix_lines(message), file=stream, flush=True)
 
 
 def error(message: str) -> None:

@@ -1,5 +1,5 @@
 """GPU placement (rank r -> visible GPU local_rank) and the host-to-rank map at start, without a GPU or
-MPI: the rule in engine/cluster.py, and its use in engine/tasks/prepare.py with stand-in devices."""
+MPI: the rule in engine/cluster.py, and its use in engine/device.py with stand-in devices."""
 from __future__ import annotations
 
 import socket
@@ -8,7 +8,7 @@ import pytest
 
 from engine.cluster import GpuChoice, gpu_for_rank
 from engine.config import Config
-from engine.distributed.helpers import set_global_communicator
+from engine.process import set_communicator
 from engine.errors import ConfigError, DistributedError
 
 pytestmark = pytest.mark.tf_latest
@@ -39,7 +39,7 @@ def test_more_ranks_than_gpus_on_a_host_is_an_error_with_the_fixes():
 
 
 class FakeComm:
-    """Rank 0 of 2 on one host: what init_device and init_ranks ask of a communicator."""
+    """Rank 0 of 2 on one host: what select_device and distributed.start ask of a communicator."""
 
     name, rank, size, watchdog = "fake", 0, 2, None
 
@@ -59,7 +59,7 @@ class FakeComm:
 
 @pytest.fixture
 def fake_gpus(monkeypatch):
-    """Four stand-in GPUs for TensorFlow; records what init_device makes visible."""
+    """Four stand-in GPUs for TensorFlow; records what select_device makes visible."""
     import tensorflow as tf
 
     gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
@@ -71,52 +71,53 @@ def fake_gpus(monkeypatch):
                         lambda device, on: chosen.update(growth=(device, on)))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,4,5")
     yield gpus, chosen
-    set_global_communicator(None)
+    set_communicator(None)
 
 
-def test_init_device_pins_the_gpu_of_the_local_rank(fake_gpus):
-    from engine.tasks.prepare import init_device
+def test_select_device_pins_the_gpu_of_the_local_rank(fake_gpus):
+    from engine.device import select_device
 
     gpus, chosen = fake_gpus
-    set_global_communicator(FakeComm(local_rank=1, local_size=4))
-    init_device(Config({}))
+    set_communicator(FakeComm(local_rank=1, local_size=4))
+    select_device(Config({}))
     assert chosen == {"visible": [gpus[1]], "growth": (gpus[1], True)}
 
 
-def test_init_device_cpu_hides_the_gpus_and_too_many_ranks_fail(fake_gpus):
-    from engine.tasks.prepare import init_device
+def test_select_device_cpu_hides_the_gpus_and_too_many_ranks_fail(fake_gpus):
+    from engine.device import select_device
 
     gpus, chosen = fake_gpus
-    set_global_communicator(FakeComm(local_rank=5, local_size=6))
-    init_device(Config({"device": "cpu"}))
+    set_communicator(FakeComm(local_rank=5, local_size=6))
+    select_device(Config({"device": "cpu"}))
     assert chosen == {"visible": []}
     with pytest.raises(DistributedError, match="Local rank 5 of 6 on .* 4 GPUs are visible"):
-        init_device(Config({}))
+        select_device(Config({}))
 
 
-def test_init_device_gpu_without_gpus_names_cuda_visible_devices(monkeypatch):
+def test_select_device_gpu_without_gpus_names_cuda_visible_devices(monkeypatch):
     import tensorflow as tf
 
-    from engine.tasks.prepare import init_device
+    from engine.device import select_device
 
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(ConfigError, match="sees no GPU \\(CUDA_VISIBLE_DEVICES=''\\)"):
-        init_device(Config({"device": "gpu"}))
+        select_device(Config({"device": "gpu"}))
 
 
-def test_init_ranks_logs_the_host_to_rank_map(monkeypatch, capsys):
+def test_start_logs_the_host_to_rank_map(monkeypatch, capsys):
     from engine import log
-    from engine.tasks import prepare
+    from engine.distributed import startup as start_module
 
     log.init()  # rank 0 prints level info on stdout, whatever earlier tests configured
     comm = FakeComm()
-    monkeypatch.setattr(prepare, "create_communicator", lambda name, stall: comm)
-    monkeypatch.setattr(prepare, "install_failure_handler", lambda comm, stall: None)
+    monkeypatch.setattr(start_module, "create_communicator", lambda name, stall: comm)
+    monkeypatch.setattr(start_module, "install_failure_handler", lambda: None)
+    monkeypatch.setattr(start_module, "check_config_consistency", lambda comm, items: None)
     try:
-        prepare.init_ranks(Config({"use_horovod": True}))
+        start_module.start(Config({"use_horovod": True}))
     finally:
-        set_global_communicator(None)
+        set_communicator(None)
         log.init()
     host = socket.gethostname()
     assert comm.gathered[-1] == host  # every rank sends its hostname

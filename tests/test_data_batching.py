@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.datasets import (Batch, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,  # noqa: E402
+from engine.datasets import (Batch, BatchOptions, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,  # noqa: E402
                              NpzDataset, generate_batches, plan_batches)
 from engine import log  # noqa: E402
 from engine.errors import ConfigError  # noqa: E402
@@ -48,7 +48,8 @@ def default_log():
 
 
 def epoch_batches(ds, **kwargs) -> list[Batch]:
-    return list(generate_batches(ds, **kwargs))
+    shard = {k: kwargs.pop(k) for k in ("shard_rank", "shard_size") if k in kwargs}
+    return list(generate_batches(ds, BatchOptions(**kwargs), **shard))
 
 
 @pytest.mark.tf_latest
@@ -98,7 +99,7 @@ def test_max_seq_length_skips_and_logs_once(corpus, capsys, default_log):
     kept = np.concatenate([b.seq_idx for b in by_key])
     np.testing.assert_array_equal(kept, np.flatnonzero(lengths[:, 1] <= 10))
     with pytest.raises(ConfigError, match="orth"):
-        generate_batches(ds, batch_size=200, max_seq_length={"orth": 3})
+        generate_batches(ds, BatchOptions(batch_size=200, max_seq_length={"orth": 3}))
 
 
 @pytest.mark.tf_latest
@@ -114,9 +115,9 @@ def test_oversized_sequence_gets_its_own_batch(corpus, capsys, default_log):
     assert "longer than batch_size" in capsys.readouterr().err
     for bad in (0, -5, 2.5):
         with pytest.raises(ConfigError, match="batch_size"):
-            generate_batches(ds, batch_size=bad)
+            BatchOptions(batch_size=bad)
     with pytest.raises(ConfigError, match="max_seqs"):
-        generate_batches(ds, batch_size=10, max_seqs=0)
+        BatchOptions(batch_size=10, max_seqs=0)
 
 
 @pytest.mark.tf_latest
@@ -156,7 +157,7 @@ def test_kept_batches_are_never_overwritten(corpus):
 def test_buffers_are_reused_when_released(corpus):
     ds = HDFDataset(corpus, seq_ordering="random")
     ds.init_seq_order(1)
-    bases = {b.data["data"].base.ctypes.data for b in generate_batches(ds, batch_size=50)}
+    bases = {b.data["data"].base.ctypes.data for b in generate_batches(ds, BatchOptions(50))}
     assert len(bases) <= 3
 
 
@@ -165,8 +166,8 @@ def test_buffers_are_reused_when_released(corpus):
 def test_prefetcher_yields_the_same_batches(corpus):
     ds = HDFDataset(corpus, seq_ordering="random")
     ds.init_seq_order(1)
-    direct = [b.seq_tags for b in generate_batches(ds, batch_size=50)]
-    with BatchPrefetcher(generate_batches(ds, batch_size=50), depth=3) as prefetcher:
+    direct = [b.seq_tags for b in generate_batches(ds, BatchOptions(50))]
+    with BatchPrefetcher(generate_batches(ds, BatchOptions(50)), depth=3) as prefetcher:
         assert [b.seq_tags for b in prefetcher] == direct
         assert next(prefetcher, None) is None
 
@@ -252,7 +253,7 @@ def test_shard_under_mpirun(tmp_path):
     assert len(tags) == len(set(tags)) == 50
     ds = HDFDataset(corpus_path, seq_ordering="random")
     ds.init_seq_order(1)
-    everything = [b.seq_tags for b in generate_batches(ds, batch_size=60)]
+    everything = [b.seq_tags for b in generate_batches(ds, BatchOptions(60))]
     assert shards[0] == everything[0::2] and shards[1] == everything[1::2]
 
 
@@ -262,7 +263,7 @@ if __name__ == "__main__":
     comm = MPI.COMM_WORLD
     dataset = HDFDataset(sys.argv[1], seq_ordering="random")
     dataset.init_seq_order(1)
-    with BatchPrefetcher(generate_batches(dataset, batch_size=60, shard_rank=comm.rank,
+    with BatchPrefetcher(generate_batches(dataset, BatchOptions(60), shard_rank=comm.rank,
                                           shard_size=comm.size)) as batches:
         mine = [b.seq_tags for b in batches]
     with open(os.path.join(sys.argv[2], f"rank{comm.rank}.json"), "w") as f:

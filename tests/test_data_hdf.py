@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from engine.datasets import DataKeyInfo, HDFDataset, HDFWriter, create_dataset, generate_batches
+from engine.datasets import BatchOptions, DataKeyInfo, HDFDataset, HDFWriter, create_dataset, generate_batches
 from engine.datasets.hdf_raw import RawRows
 from engine.errors import DataError
 
@@ -91,7 +91,7 @@ def test_round_trip_every_dtype(tmp_path, dtype):
     with pytest.raises(DataError, match="integer dtype"):
         DataKeyInfo(dim=3, sparse=True, dtype="float32")
     ds.init_seq_order(1)
-    batch = next(iter(generate_batches(ds, batch_size=100)))
+    batch = next(iter(generate_batches(ds, BatchOptions(100))))
     assert batch.data["classes"].dtype == np.int32 and batch.data["data"].dtype == np.dtype(dtype)
 
 
@@ -214,7 +214,7 @@ def test_compressed_and_big_endian_streams_read_through_h5py(tmp_path):
     assert ds.files[0].streams["orth"].raw is not None
     assert_same(ds, seqs)  # native byte order out
     ds.init_seq_order(1)
-    (batch,) = list(generate_batches(ds, batch_size=1000))
+    (batch,) = list(generate_batches(ds, BatchOptions(1000)))
     for j, (_, data) in enumerate(seqs):
         n = len(data["classes"])
         np.testing.assert_array_equal(batch.data["classes"][j, :n], data["classes"])

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from engine.distributed import (HorovodContext, ParamSyncSchedule, check_config_consistency,
-                                create_communicator, reduce_scores, step_signal)
+from engine.distributed import (ParamAverage, ParamSyncSchedule, check_config_consistency, create_communicator,
+                                reduce_scores, step_signal)
 from engine.distributed.backend import check_reduction
 from engine.distributed.fusion import ALIGN_BYTES, FusionBuffers
 from engine.distributed.local_backend import LocalCommunicator
@@ -119,23 +119,19 @@ def test_protocol_in_a_single_process():
 
 
 def test_param_sync_schedule_by_steps_and_by_time():
-    steps = ParamSyncSchedule(HorovodContext(reduce_type="param", param_sync_step=4))
-    assert not steps.is_time_based
-    assert [s for s in range(12) if steps.due(s)] == [3, 7, 11]
-    assert [s for s in range(3) if ParamSyncSchedule(HorovodContext(reduce_type="param")).due(s)] == [0, 1, 2]
+    steps = ParamSyncSchedule(step_interval=4)
+    assert [s for s in range(12) if steps.wants_sync(s)] == [3, 7, 11]
+    assert [s for s in range(3) if ParamSyncSchedule().wants_sync(s)] == [0, 1, 2]
     now = [0.0]
-    ctx = HorovodContext(reduce_type="param", param_sync_time_diff=5.0)
-    timed = ParamSyncSchedule(ctx, clock=lambda: now[0])
-    assert timed.is_time_based
+    strategy = ParamAverage(LocalCommunicator(), distribution="random_seed_offset",
+                            schedule=ParamSyncSchedule(time_diff=5.0, clock=lambda: now[0]))
     due = []
     for step in range(10):
         now[0] = step * 2.0
-        if timed.due(step):  # no signal: this rank's own clock (param + random_seed_offset)
+        if strategy.before_step(step, object(), None).sync_params:
             due.append(step)
-    assert due == [3, 6, 9]  # 6 s, 12 s, 18 s: at least 5 s after the previous sync
-    signal = step_signal(LocalCommunicator(), True, False, want_param_sync=False)
-    now[0] = 100.0
-    assert timed.wants_sync(10) and not timed.due(10, signal)  # with a signal, the agreed vote decides
+    assert due == [3, 6, 9]  # 6 s, 12 s, 18 s: at least 5 s after the previous average
+    assert strategy.before_step(10, None, None) is None  # out of data: the epoch ends
 
 
 def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -175,17 +171,17 @@ def test_helpers_work_without_mpi_and_never_import_it():
 def test_uncaught_errors_single_process():
     """EngineError: one paragraph, its exit status; anything else: the traceback."""
     engine_error = run_python("""
-        from engine.distributed import create_communicator, install_failure_handler
+        from engine.distributed import install_failure_handler
         from engine.errors import ConfigError
-        install_failure_handler(create_communicator("local"))
+        install_failure_handler()
         raise ConfigError("Config key 'batch_size' is missing; set it to the frames per batch.")
     """)
     assert engine_error.returncode == 1  # Python's status after an excepthook (rnn.py returns exit_code)
     assert engine_error.stderr.strip() == \
         "-c: error: Config key 'batch_size' is missing; set it to the frames per batch."
     bug = run_python("""
-        from engine.distributed import create_communicator, install_failure_handler
-        install_failure_handler(create_communicator("local"))
+        from engine.distributed import install_failure_handler
+        install_failure_handler()
         {}["missing"]
     """)
     assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'missing'" in bug.stderr
@@ -195,9 +191,8 @@ def test_stall_watchdog_ends_the_process():
     start = time.monotonic()
     result = run_python("""
         import time
-        from engine.distributed import create_communicator, install_failure_handler
-        comm = create_communicator("local")
-        install_failure_handler(comm, stall_timeout=0.5)
+        from engine.distributed.local_backend import LocalCommunicator
+        comm = LocalCommunicator(stall_timeout=0.5)
         with comm.stall_guard("fast"):
             pass
         time.sleep(1.0)  # outside any guard: no stall

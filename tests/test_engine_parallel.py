@@ -56,6 +56,32 @@ def test_grad_mode_equals_one_process_on_concatenated_batches(tmp_path, backend)
 
 
 @pytest.mark.tf_latest
+def test_global_frames_normalization_equals_one_process_on_the_union_batch_with_unequal_lengths(tmp_path):
+    from engine.datasets import Task12AXDataset
+
+    corpus = {"class": "Task12AXDataset", "num_seqs": 16, "fixed_random_seed": 5}
+    reference = Task12AXDataset(num_seqs=16, fixed_random_seed=5)
+    reference.init_seq_order(1)
+    lengths = reference.epoch_seq_lengths()[:, 0]
+    rank_frames = [lengths[0:2].sum(), lengths[2:4].sum()]  # step 1: rank 0 takes seqs 0-1, rank 1 seqs 2-3
+    assert rank_frames[0] != rank_frames[1], rank_frames  # the case the option exists for
+
+    def config(**overrides):
+        return base_config(train=corpus, batch_size=10000, num_epochs=1, **overrides)
+
+    exact, _ = train(tmp_path, 2, config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
+                                         horovod_grad_normalization="global_frames"))
+    averaged, _ = train(tmp_path, 2, config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
+                                            horovod_grad_normalization="average"))
+    single, _ = train(tmp_path, 1, config(max_seqs=4))  # each batch: both ranks' batches of that step
+    assert exact[0]["num_steps"] == single[0]["num_steps"] == 4
+    np.testing.assert_array_equal(exact[0]["params"], exact[1]["params"])
+    np.testing.assert_allclose(exact[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
+    # RETURNN's normalisations weigh each rank's frames by 1/its own count: not the union-batch mean.
+    assert not np.allclose(averaged[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.tf_latest
 def test_param_mode_sync_every_step_equals_averaged_grad_mode(tmp_path):
     grad, _ = train(tmp_path, 2, base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend="mpi"))
     param, _ = train(tmp_path, 2, base_config(use_horovod=True, horovod_reduce_type="param",

@@ -30,8 +30,10 @@ def test_rank_file_name():
     assert log.rank_log_file_name("train", 0, 2) == "train.horovod-0-2"
 
 
-def test_other_ranks_print_only_warnings_prefixed(tmp_path, capsys):
-    log.init(verbosity=5, files=[str(tmp_path / "t.log")], rank=1, size=2, per_rank_files=True)
+def test_other_ranks_print_only_warnings_prefixed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    log.init(verbosity=5, files=[str(tmp_path / "t.log")], per_rank_files=True)
     log.info("progress")
     log.warning("careful\nsecond line")
     log.close()
@@ -41,8 +43,10 @@ def test_other_ranks_print_only_warnings_prefixed(tmp_path, capsys):
     assert "progress" in (tmp_path / "t.horovod-1-2.log").read_text()
 
 
-def test_all_ranks_stdout_option(capsys):
-    log.init(verbosity=3, rank=1, size=2, all_ranks_stdout=True)
+def test_all_ranks_stdout_option(capsys, monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    log.init(verbosity=3, all_ranks_stdout=True)
     log.info("progress")
     assert capsys.readouterr().out == "[rank 1] progress\n"
 

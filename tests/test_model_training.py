@@ -106,14 +106,15 @@ def test_get_model_hook_trains_and_exposes_tf_variables(kind):
             [tf.keras.layers.Dense(8, activation="tanh"), tf.keras.layers.Dense(output_dim)]
         )
 
-    config = Config({"get_model": get_model, "random_seed": 3, "optimizer": {"class": "adam"}})
+    config = Config({"get_model": get_model, "random_seed": 3, "optimizer": {"class": "adam"},
+                     "learning_rate": 0.05})
     model = build_model(config, input_dim=3, input_sparse=False, target_dims={"classes": 2})
     assert got["output_dim"] == 2 and got["random_seed"] == 3 and got["target_dims"] == {"classes": 2}
     assert all(isinstance(v, tf.Variable) for v in model.variables)
     assert len(model.named_variables()) == (4 if kind == "keras" else 1)  # distinct names for both kernels
     if kind == "module":
         assert model.model.seen_lengths
-    updater = Updater.from_config(config, model.named_trainable_variables(), lr_scale=0.05)
+    updater = Updater.from_config(config, model.named_trainable_variables())
     step = make_train_step(model, updater)
     rng = np.random.RandomState(0)
     x = rng.randn(8, 6, 3).astype("float32")

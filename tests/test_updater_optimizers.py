@@ -130,19 +130,19 @@ def test_slots_exist_before_the_first_step_and_are_named():
     assert list(Updater([w], optimizer_from_config("sgd")).named_variables()) == ["iterations"]
 
 
-def test_clipping_none_gradients_and_lr_scale():
+def test_clipping_none_gradients_and_learning_rate():
     a, b, c = tf.Variable([0.0, 0.0]), tf.Variable([0.0]), tf.Variable([5.0])
-    config = Config({"optimizer": "sgd", "learning_rate": 0.5, "gradient_clip_global_norm": 1.0})
-    updater = Updater.from_config(config, [a, b, c], lr_scale=2.0)
-    assert updater.learning_rate == pytest.approx(0.5)
+    config = Config({"optimizer": "sgd", "learning_rate": 1.0, "gradient_clip_global_norm": 1.0})
+    updater = Updater.from_config(config, [a, b, c])
+    assert updater.learning_rate == pytest.approx(1.0)
     updater.apply_gradients([tf.constant([3.0, 0.0]), tf.constant([4.0]), None])  # global norm 5 -> 1
-    np.testing.assert_allclose(a.numpy(), [-0.6, 0.0], rtol=1e-6)  # lr 0.5 * scale 2 * clipped 0.6
+    np.testing.assert_allclose(a.numpy(), [-0.6, 0.0], rtol=1e-6)  # lr 1 * clipped 0.6
     np.testing.assert_allclose(b.numpy(), [-0.8], rtol=1e-6)
     assert c.numpy()[0] == 5.0  # no gradient: untouched
     updater.set_learning_rate(0.25)
     assert updater.learning_rate == pytest.approx(0.25)
     updater.apply_gradients([tf.constant([0.1, 0.0]), tf.constant([0.0]), None])  # below the clip norm
-    np.testing.assert_allclose(a.numpy(), [-0.65, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(a.numpy(), [-0.625, 0.0], rtol=1e-6)
     with pytest.raises(ValueError, match="differ"):
         updater.apply_gradients([None, None, None], [c, b, a])
 

@@ -12,7 +12,7 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -20,6 +20,33 @@ from engine import log
 from engine.datasets.base import Dataset
 from engine.datasets.buffers import ALIGN, BufferPool, carve, layout_bytes
 from engine.errors import ConfigError
+
+DEFAULT_EVAL_BATCH_SIZE = 5000
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How sequences are grouped into batches: the keys ``batch_size``, ``max_seqs``, ``max_seq_length``."""
+
+    batch_size: int
+    max_seqs: int = -1
+    max_seq_length: int | dict = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer (padded frames per batch), "
+                              f"got {self.batch_size!r}.")
+        if not isinstance(self.max_seqs, int) or self.max_seqs == 0 or self.max_seqs < -1:
+            raise ConfigError(f"max_seqs must be a positive integer or -1 (no limit), got {self.max_seqs!r}.")
+
+    @classmethod
+    def from_config(cls, config: Any, *, train: bool) -> BatchOptions:
+        """Training needs ``batch_size``; eval and forward default to 5000 and never skip long sequences."""
+        if train and not config.has("batch_size"):
+            raise ConfigError("Config key 'batch_size' is required for training: the maximum number of padded "
+                              "frames (max_len * num_seqs) per batch and rank, e.g. batch_size = 5000.")
+        return cls(config.int("batch_size", DEFAULT_EVAL_BATCH_SIZE), config.int("max_seqs", -1),
+                   config.typed("max_seq_length", 0) if train else 0)
 
 
 @dataclass
@@ -87,28 +114,23 @@ def plan_batches(lengths: np.ndarray, *, batch_size: int, max_seqs: int = -1,
     return batches, len(lengths) - len(positions), oversized
 
 
-def generate_batches(dataset: Dataset, *, batch_size: int, max_seqs: int = -1, max_seq_length: int | dict = 0,
-                     shard_rank: int = 0, shard_size: int = 1) -> Iterator[Batch]:
+def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0,
+                     shard_size: int = 1) -> Iterator[Batch]:
     """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
 
     Planning happens now (lengths only, bad options raise here); data is read as the iterator advances."""
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer (padded frames per batch), "
-                          f"got {batch_size!r}.")
-    if not isinstance(max_seqs, int) or max_seqs == 0 or max_seqs < -1:
-        raise ConfigError(f"max_seqs must be a positive integer or -1 (no limit), got {max_seqs!r}.")
     if not 0 <= shard_rank < shard_size:
         raise ValueError(f"shard_rank {shard_rank} outside 0..{shard_size - 1}")
     lengths = dataset.epoch_seq_lengths()
-    batches, skipped, oversized = plan_batches(lengths, batch_size=batch_size, max_seqs=max_seqs,
-                                               limits=_length_limits(dataset, max_seq_length))
+    batches, skipped, oversized = plan_batches(lengths, batch_size=options.batch_size, max_seqs=options.max_seqs,
+                                               limits=_length_limits(dataset, options.max_seq_length))
     where = f"{dataset.name}, epoch {dataset.epoch}"
     if skipped:
         log.info(f"{where}: skipped {skipped} of {len(lengths)} sequences longer than max_seq_length "
-                 f"{max_seq_length}.")
+                 f"{options.max_seq_length}.")
     if oversized:
-        log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {batch_size}; each got a batch "
-                    f"of its own.")
+        log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {options.batch_size}; each got a "
+                    f"batch of its own.")
     return _materialise(dataset, lengths, batches[shard_rank::shard_size])
 
 

@@ -56,6 +56,17 @@ def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None,
     return cls(**kwargs)
 
 
+def dataset_from_config(config: Config, key: str, *, random_seed_offset: int = 0) -> Dataset | None:
+    """The dataset under ``key`` (``train``/``dev``/``eval``), or None when the config has none.
+
+    ``batching`` is the train dataset's default ``seq_ordering``; ``cache_size`` applies to every HDF one."""
+    spec = config.typed(key)
+    if not spec:
+        return None
+    return create_dataset(spec, default_seq_ordering=config.str("batching") if key == "train" else None,
+                          random_seed_offset=random_seed_offset, cache_size=config.value("cache_size"))
+
+
 def spec_to_kwargs(spec: dict | str) -> dict[str, Any]:
     if isinstance(spec, dict):
         return dict(spec)

@@ -1,22 +1,27 @@
-"""The distributed runtime: one collective interface, three backends, the step protocol, failure handling.
+"""The distributed runtime: one collective interface, three backends, the strategies, failure handling.
 
-    ctx = HorovodContext.from_config(config)                 # None: single process
-    comm = create_communicator(ctx.backend_name if ctx else "local", ctx and ctx.stall_timeout)
-    install_failure_handler(comm, ctx and ctx.stall_timeout)
-    helpers.set_global_communicator(comm)
+    strategy = start(config)           # communicator, process identity, strategy (startup.py)
+    strategy.comm.allreduce([...])     # the collective interface (backend.py)
 
 Importing this package imports neither mpi4py nor TensorFlow; the backends import them when created.
 """
 from engine.distributed import helpers
 from engine.distributed.backend import OPS, Communicator
-from engine.distributed.context import HorovodContext
-from engine.distributed.failure import Watchdog, fail, format_error, install_failure_handler
-from engine.distributed.protocol import (ParamSyncSchedule, StepSignal, broadcast_initial,
-                                         check_config_consistency, reduce_scores, step_signal)
+from engine.distributed.consistency import check_config_consistency
+from engine.distributed.failure import fail, format_error, install_failure_handler
+from engine.distributed.protocol import (StepSignal, agree_on_failure, broadcast_initial, raise_on_failure,
+                                         reduce_scores, step_signal)
 from engine.distributed.select import BACKENDS, create_communicator, horovod_import_error
+from engine.distributed.settings import DataParallelSettings
+from engine.distributed.startup import start
+from engine.distributed.strategy import (GradAllreduce, ParamAverage, ParamSyncSchedule, StepPlan, Strategy,
+                                         build_strategy)
+from engine.distributed.watchdog import Watchdog
 
 __all__ = [
-    "OPS", "BACKENDS", "Communicator", "HorovodContext", "ParamSyncSchedule", "StepSignal", "Watchdog",
-    "broadcast_initial", "check_config_consistency", "create_communicator", "fail", "format_error",
-    "helpers", "horovod_import_error", "install_failure_handler", "reduce_scores", "step_signal",
+    "OPS", "BACKENDS", "Communicator", "DataParallelSettings", "GradAllreduce", "ParamAverage",
+    "ParamSyncSchedule", "StepPlan", "StepSignal", "Strategy", "Watchdog", "agree_on_failure",
+    "broadcast_initial", "build_strategy", "check_config_consistency", "create_communicator", "fail",
+    "format_error", "helpers", "horovod_import_error", "install_failure_handler", "raise_on_failure",
+    "reduce_scores", "start", "step_signal",
 ]

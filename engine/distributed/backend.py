@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Sequence
 
 import numpy as np
 
+from engine.distributed.watchdog import Watchdog
+
 if TYPE_CHECKING:
     import tensorflow as tf
-
-    from engine.distributed.failure import Watchdog
 
 OPS = ("sum", "average", "min", "max")
 
@@ -46,9 +46,9 @@ class Communicator(abc.ABC):
     local_rank: int = 0
     local_size: int = 1
 
-    def __init__(self) -> None:
-        # Set by failure.install_failure_handler when a stall timeout is configured.
-        self.watchdog: Watchdog | None = None
+    def __init__(self, stall_timeout: float | None = None) -> None:
+        # A collective that waits longer than this (seconds) aborts the job; None: wait forever.
+        self.watchdog = Watchdog(self.abort, stall_timeout) if stall_timeout else None
 
     @property
     def is_main(self) -> bool:

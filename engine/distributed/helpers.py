@@ -1,6 +1,6 @@
 """Helpers for users' own config code: who am I, run something once, share a value.
 
-They use the process-wide communicator the engine sets (``set_global_communicator``); before that, or
+They use the job's communicator (``engine.process``) once the engine has created it; before that, or
 in a plain ``python rnn.py`` run, they behave as rank 0 of 1 and never import MPI.
 
     from engine.distributed import helpers as dist
@@ -16,35 +16,18 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
+from engine import process
 from engine.distributed.backend import Communicator
+from engine.distributed.local_backend import LocalCommunicator
 from engine.errors import DistributedError
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _State:
-    comm: Communicator | None = None
-
-
-_state = _State()
-
-
-def set_global_communicator(comm: Communicator | None) -> None:
-    """Called by the engine once its communicator exists (None: back to single-process behaviour)."""
-    _state.comm = comm
-
-
-def is_initialized() -> bool:
-    """Whether a communicator was set or created (from then on a failure may need to end the job)."""
-    return _state.comm is not None
+_SINGLE_PROCESS = LocalCommunicator()
 
 
 def global_communicator() -> Communicator:
-    if _state.comm is None:
-        from engine.distributed.local_backend import LocalCommunicator
-
-        _state.comm = LocalCommunicator()
-    return _state.comm
+    """The job's communicator, or a single-process one before the engine created it."""
+    return process.communicator() or _SINGLE_PROCESS
 
 
 def rank() -> int:
@@ -83,9 +66,7 @@ def all_reduce(value: Any, op: str = "sum") -> Any:
 
 def rank_prefixed_message(message: str) -> str:
     """``[rank 1] message`` (each line) in a multi-rank job; the message unchanged in one process."""
-    if size() == 1:
-        return message
-    return "\n".join(f"[rank {rank()}] {line}" for line in message.splitlines() or [""])
+    return process.prefix_lines(message)
 
 
 def main_process_only(func: F) -> F:

@@ -42,7 +42,7 @@ class HorovodCommunicator(MPICommunicator):
         import horovod.tensorflow as hvd
 
         hvd.init(comm=MPI.COMM_WORLD)
-        super().__init__()
+        super().__init__(stall_timeout)
         if (hvd.rank(), hvd.size()) != (self.rank, self.size):
             raise DistributedError(
                 f"Horovod sees rank {hvd.rank()} of {hvd.size()}, MPI sees rank {self.rank} of {self.size}: "

@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 class MPICommunicator(Communicator):
     name = "mpi"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, stall_timeout: float | None = None) -> None:
         from mpi4py import MPI  # initialises MPI (thread level MULTIPLE: the watchdog thread may abort)
 
         self._mpi = MPI
@@ -35,6 +34,7 @@ class MPICommunicator(Communicator):
         node.Free()
         self._fusion = FusionBuffers()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+        super().__init__(stall_timeout)
 
     # ----- tensors -----
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:

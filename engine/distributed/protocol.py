@@ -1,32 +1,21 @@
 """The collectives of the data-parallel step protocol (``shared/spec/distributed-protocol.md``).
 
 Per step: ``step_signal`` (one small integer allreduce: who has data, who failed, who wants a parameter
-sync), then the fused gradient reduction or, at sync steps, the fused parameter averaging
-(``comm.allreduce_tensors``), then ``reduce_scores``. At start-up: ``check_config_consistency`` and
-``broadcast_initial``.
-
-Time-based parameter sync (``horovod_param_sync_time_diff``) needs all ranks to decide at the same
-step. When the step signal runs every step, each rank puts its own clock's vote into it and all ranks
-sync when any rank voted, so the decision is identical everywhere. In param + random_seed_offset mode
-there is no per-step signal: each rank calls the signal and the averaging when its own clock says so,
-and that collective pair is the meeting point (faster ranks wait there). Such a rank that runs out of
-data also calls the signal (have_more_data=False) followed by the final averaging, so every rank makes
-the same sequence of collective calls.
+sync) and, after it, ``raise_on_failure``, so no rank waits in a collective that a failed rank will
+never enter; ``agree_on_failure`` does the same between the phases of a task (loading, saving).
+``reduce_scores`` sums score vectors over ranks; ``broadcast_initial`` gives every rank rank 0's
+parameters before step 1. When each of them runs is the strategy's business (``strategy.py``).
 """
 from __future__ import annotations
 
-import hashlib
-import re
-import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from engine.distributed.backend import Communicator
-from engine.distributed.context import HorovodContext
-from engine.errors import ConfigError, DistributedError
+from engine.errors import DistributedError, EngineError
 
 # Step signal vector: [ranks out of data, ranks voting for a parameter sync, error flag of each rank...]
 _NO_DATA, _SYNC_VOTE, _ERRORS = 0, 1, 2
@@ -54,6 +43,34 @@ def step_signal(comm: Communicator, have_more_data: bool, had_error: bool,
                       param_sync=bool(total[_SYNC_VOTE] > 0))
 
 
+def agree_on_failure(comm: Communicator, error: BaseException | None) -> None:
+    """All ranks learn whether any rank failed (one signal collective); raise on every rank if one did."""
+    if comm.size == 1:
+        if error is not None:
+            raise error
+        return
+    raise_on_failure(comm, step_signal(comm, have_more_data=True, had_error=error is not None), error)
+
+
+def raise_on_failure(comm: Communicator, signal: StepSignal, error: BaseException | None) -> None:
+    """After a signal: if any rank failed, end every rank.
+
+    The failing rank with the lowest index reports its own error; rank 0 (when it did not fail) names
+    the failing rank; the others exit quietly, so an N-rank job prints one or two messages, not N."""
+    if not signal.any_error:
+        return
+    failed = sorted(signal.failed_ranks)
+    if error is not None and (not failed or comm.rank == failed[0]):
+        if not isinstance(error, EngineError):
+            raise error  # a bug: the failure handler prints the traceback and ends the job
+        error.agreed = True
+        raise error
+    who = f"rank {', '.join(map(str, failed))}" if failed else "rank unknown"
+    exc = DistributedError(f"Another rank failed ({who}); its error message is above or in its log file.")
+    exc.agreed, exc.quiet = True, comm.rank != 0
+    raise exc
+
+
 def reduce_scores(comm: Communicator, scores: dict[str, float]) -> dict[str, float]:
     """Sums of each score (loss sums, error sums, frame counts) over all ranks, in one float64 allreduce.
 
@@ -73,107 +90,16 @@ def reduce_scores(comm: Communicator, scores: dict[str, float]) -> dict[str, flo
     return {k: float(v) for k, v in zip(keys, total[:-1])}
 
 
+SCORE_NAMES = ("loss", "error", "frames")
+
+
+def sum_score_vectors(comm: Communicator, scores: np.ndarray) -> np.ndarray:
+    """A [loss sum, error sum, frames] vector summed over all ranks."""
+    totals = reduce_scores(comm, dict(zip(SCORE_NAMES, map(float, scores))))
+    return np.array([totals[name] for name in SCORE_NAMES])
+
+
 def broadcast_initial(comm: Communicator, variables: Sequence[Any]) -> None:
     """Rank 0's initial (or loaded) parameters to every rank, before step 1."""
     with comm.stall_guard("initial parameter broadcast"):
         comm.broadcast_variables(list(variables), root=0)
-
-
-def check_config_consistency(comm: Communicator, config_items: dict[str, Any]) -> None:
-    """Raise ConfigError on every rank when the ranks' configs differ, listing the differing keys."""
-    mine = {key: _fingerprint(value) for key, value in config_items.items()}
-    digests = {key: hashlib.sha1(fp.encode()).hexdigest()[:16] for key, fp in mine.items()}
-    with comm.stall_guard("config consistency check"):
-        everyone = comm.allgather_object({key: (digests[key], _preview(fp)) for key, fp in mine.items()})
-    all_keys = sorted(set().union(*everyone))
-    differing = [k for k in all_keys if len({ranks.get(k, (None,))[0] for ranks in everyone}) > 1]
-    if not differing:
-        return
-    lines = []
-    for key in differing[:20]:
-        by_value: dict[str, list[int]] = {}
-        for rank, ranks in enumerate(everyone):
-            by_value.setdefault(ranks[key][1] if key in ranks else "(not set)", []).append(rank)
-        lines.append(f"'{key}': " + "; ".join(f"{_ranks(r)}: {v}" for v, r in by_value.items()))
-    more = f" (and {len(differing) - 20} more)" if len(differing) > 20 else ""
-    error = ConfigError(f"The ranks of this MPI job run different configs; differing keys{more}: "
-                        + ", ".join(lines) + ". Every rank must load the same config files with the same "
-                        "++ overrides.")
-    error.agreed = True
-    raise error
-
-
-class ParamSyncSchedule:
-    """When to average parameters in param mode: ``step % N == N - 1``, or every T seconds.
-
-    Step mode needs no communication. Time mode: pass ``wants_sync()`` as ``want_param_sync`` into
-    ``step_signal`` and the resulting signal to ``due``; without a per-step signal (param +
-    random_seed_offset) ``due`` follows this rank's own clock (see the module docstring).
-    """
-
-    def __init__(self, ctx: HorovodContext, clock: Callable[[], float] = time.monotonic) -> None:
-        self.step_interval = ctx.param_sync_step
-        self.time_diff = ctx.param_sync_time_diff
-        self._clock = clock
-        self._last_sync = clock()
-
-    @property
-    def is_time_based(self) -> bool:
-        return self.time_diff is not None
-
-    def wants_sync(self, step: int) -> bool:
-        """This rank's own view: the step count, or its clock."""
-        if self.time_diff is not None:
-            return self._clock() - self._last_sync >= self.time_diff
-        return step % self.step_interval == self.step_interval - 1
-
-    def due(self, step: int, signal: StepSignal | None = None) -> bool:
-        """Whether to average after ``step``; the same answer on every rank. Restarts the clock when due."""
-        due = signal.param_sync if self.is_time_based and signal is not None else self.wants_sync(step)
-        if due:
-            self.reset()
-        return due
-
-    def reset(self) -> None:
-        """Restart the clock (also after the end-of-epoch average)."""
-        self._last_sync = self._clock()
-
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _fingerprint(value: Any) -> str:
-    """A text that is equal on two ranks exactly when the config values are equal (no memory addresses)."""
-    if isinstance(value, (str, bytes, bool, int, float, complex, type(None))):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(_fingerprint(v) for v in value)
-        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
-    if isinstance(value, dict):
-        items = sorted((_fingerprint(k), _fingerprint(v)) for k, v in value.items())
-        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
-    if isinstance(value, (set, frozenset)):
-        return "{" + ", ".join(sorted(_fingerprint(v) for v in value)) + "}"
-    if isinstance(value, np.ndarray):
-        return f"array({value.dtype}, {value.shape}, {hashlib.sha1(value.tobytes()).hexdigest()[:16]})"
-    code = getattr(value, "__code__", None)
-    if code is not None:  # a function defined in the config: compare its code, not its address
-        return f"<function {value.__qualname__} {hashlib.sha1(_code_bytes(code)).hexdigest()[:16]}>"
-    if isinstance(value, type) or type(value).__name__ == "module":
-        return f"<{type(value).__name__} {getattr(value, '__qualname__', getattr(value, '__name__', '?'))}>"
-    return _ADDRESS.sub("", repr(value))
-
-
-def _code_bytes(code: Any) -> bytes:
-    parts = [code.co_code]
-    for const in code.co_consts:
-        parts.append(_code_bytes(const) if hasattr(const, "co_code") else repr(const).encode())
-    return b"\0".join(parts)
-
-
-def _preview(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))

@@ -24,8 +24,8 @@ def horovod_import_error() -> str | None:
 def create_communicator(name: str = "auto", stall_timeout: float | None = None) -> Communicator:
     """The communicator for backend ``name``; call once per process, on every rank.
 
-    ``stall_timeout`` is passed to Horovod's own stall shutdown (the Python watchdog is set up by
-    ``failure.install_failure_handler``).
+    With ``stall_timeout`` (seconds) the communicator gets its watchdog, and Horovod its own stall
+    shutdown for the reductions inside a ``tf.function``.
     """
     if name not in BACKENDS:
         raise ConfigError(f"Config key 'distributed_backend' is {name!r}; expected one of "
@@ -60,7 +60,7 @@ def create_communicator(name: str = "auto", stall_timeout: float | None = None) 
     else:
         from engine.distributed.mpi_backend import MPICommunicator
 
-        comm = MPICommunicator()
+        comm = MPICommunicator(stall_timeout)
     log.info(f"distributed: using the {comm.name} backend ({reason}); {comm.size} ranks")
     return comm
 

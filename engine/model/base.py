@@ -82,6 +82,11 @@ class SeqModel(tf.Module):
             data = tf.TensorSpec([None, None, self.input_dim], tf.float32, name="data")
         return data, tf.TensorSpec([None], tf.int32, name="lengths")
 
+    @property
+    def loss_targets(self) -> set[str]:
+        """The target keys the losses are computed against."""
+        raise NotImplementedError
+
     def named_variables(self) -> dict[str, tf.Variable]:
         """All variables by a stable name (same names and order on every rank), for checkpoints."""
         raise NotImplementedError

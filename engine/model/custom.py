@@ -111,6 +111,10 @@ class CustomModel(SeqModel):
             named[key] = var
         return named
 
+    @property
+    def loss_targets(self) -> set[str]:
+        return {TARGET}
+
     def named_variables(self) -> dict[str, tf.Variable]:
         return self._named
 

@@ -177,6 +177,10 @@ class NetworkModel(SeqModel):
             and not spec.opts.get("dropout")
         )
 
+    @property
+    def loss_targets(self) -> set[str]:
+        return {self.layers[name].target for name in self.loss_layers}
+
     def named_variables(self) -> dict[str, tf.Variable]:
         return {
             f"{name}/{key}": var for name, layer in self.layers.items() for key, var in layer.params.items()

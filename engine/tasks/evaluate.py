@@ -3,47 +3,43 @@ from __future__ import annotations
 
 from engine import log
 from engine.config import Config
-from engine.distributed.protocol import broadcast_initial
+from engine.datasets import BatchOptions, Dataset, data_dims, dataset_from_config
+from engine.device import select_device
+from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
 from engine.errors import ConfigError, EngineError
-from engine.model import build_model
-from engine.tasks.prepare import checkpoint_to_load, data_dims, init_device, init_ranks, load_dataset
-from engine.training.checkpoint import load_checkpoint
-from engine.training.loop import BatchOptions, agree_on_failure, evaluate
+from engine.model import SeqModel, build_model
+from engine.training.checkpoint import checkpoint_to_load, load_checkpoint
+from engine.training.loop import evaluate
 from engine.training.step import Steps
 
-DEFAULT_EVAL_BATCH_SIZE = 5000
 
-
-def eval_batch_options(config: Config) -> BatchOptions:
-    return BatchOptions(config.int("batch_size", DEFAULT_EVAL_BATCH_SIZE), config.int("max_seqs", -1))
-
-
-def load_model_for_inference(config: Config, ranks, dataset):
+def load_model_for_inference(config: Config, comm: Communicator, dataset: Dataset) -> tuple[SeqModel, int]:
     """Build the model for ``dataset``'s dims and load the checkpoint on rank 0; returns (model, epoch)."""
-    init_device(config)
+    select_device(config)
     dims = data_dims(config, dataset)
     model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                         target_dims=dims.target_dims)
-    path, epoch = checkpoint_to_load(config, ranks)
-    if ranks.is_main:
+    path, epoch = checkpoint_to_load(config, comm)
+    if comm.rank == 0:
         load_checkpoint(path, model.named_variables())
         log.info(f"loaded model from {path}")
     return model, epoch
 
 
 def run_eval(config: Config) -> None:
-    ranks = init_ranks(config)
+    comm = start(config).comm
     datasets, model, epoch, error = {}, None, 0, None
     try:
-        datasets = {k: ds for k in ("dev", "eval") if (ds := load_dataset(config, k, ranks)) is not None}
+        datasets = {k: ds for k in ("dev", "eval") if (ds := dataset_from_config(config, k)) is not None}
         if not datasets:
             raise ConfigError("Task 'eval' needs a 'dev' or 'eval' dataset in the config.")
-        model, epoch = load_model_for_inference(config, ranks, next(iter(datasets.values())))
+        model, epoch = load_model_for_inference(config, comm, next(iter(datasets.values())))
+        batching = BatchOptions.from_config(config, train=False)
     except EngineError as exc:
         error = exc
-    agree_on_failure(ranks.comm, error)
-    broadcast_initial(ranks.comm, list(model.variables))
-    steps = Steps(model, None, ranks.comm, reduce_gradients=False, average_gradients=False)
+    agree_on_failure(comm, error)
+    broadcast_initial(comm, list(model.variables))
+    steps = Steps(model)
     for name, dataset in datasets.items():
-        report = evaluate(steps, dataset, max(epoch, 1), name, eval_batch_options(config), ranks.comm)
+        report = evaluate(steps, dataset, max(epoch, 1), name, batching, comm)
         log.info(f"{name}: score {report.scores.score:.6f} error {report.scores.error:.6f}")

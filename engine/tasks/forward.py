@@ -10,12 +10,11 @@ import os
 
 from engine import log
 from engine.config import Config
-from engine.datasets import DataKeyInfo, HDFWriter, create_dataset, generate_batches
-from engine.distributed.protocol import broadcast_initial
+from engine.datasets import (BatchOptions, DataKeyInfo, Dataset, HDFWriter, create_dataset, dataset_from_config,
+                             generate_batches)
+from engine.distributed import agree_on_failure, broadcast_initial, start
 from engine.errors import ConfigError, EngineError
-from engine.tasks.evaluate import eval_batch_options, load_model_for_inference
-from engine.tasks.prepare import init_ranks, load_dataset
-from engine.training.loop import agree_on_failure
+from engine.tasks.evaluate import load_model_for_inference
 from engine.training.report import EpochReport
 from engine.training.step import Steps
 
@@ -24,13 +23,13 @@ def part_path(output_file: str, rank: int, size: int) -> str:
     return f"{output_file}.part-{rank}-of-{size}"
 
 
-def forward_shard(steps: Steps, dataset, path: str, out_dim: int, opts, rank: int, size: int) -> list[int]:
+def forward_shard(steps: Steps, dataset: Dataset, path: str, out_dim: int, batching: BatchOptions, rank: int,
+                  size: int) -> list[int]:
     """Write this rank's share of ``dataset``; returns the corpus indices in the order written."""
     written: list[int] = []
     report = EpochReport(f"forward '{os.path.basename(path)}'")
     with HDFWriter(path, {"data": DataKeyInfo(dim=out_dim)}) as writer:
-        for batch in generate_batches(dataset, batch_size=opts.batch_size, max_seqs=opts.max_seqs,
-                                      shard_rank=rank, shard_size=size):
+        for batch in generate_batches(dataset, batching, shard_rank=rank, shard_size=size):
             with report.computing():
                 outputs = steps.forward(batch)
             lengths = batch.lengths["data"]
@@ -60,35 +59,35 @@ def merge_parts(output_file: str, parts: list[str], order_per_part: list[list[in
 
 
 def run_forward(config: Config) -> None:
-    ranks = init_ranks(config)
-    comm = ranks.comm
+    comm = start(config).comm
     output_file = config.str("output_file")
     dataset, model, error = None, None, None
     try:
         if not output_file:
             raise ConfigError("Task 'forward' needs 'output_file', the HDF file to write the outputs to.")
-        dataset = load_dataset(config, "eval", ranks)
+        dataset = dataset_from_config(config, "eval")
         if dataset is None:
             raise ConfigError("Task 'forward' needs an 'eval' dataset in the config: the data to forward.")
-        model, epoch = load_model_for_inference(config, ranks, dataset)
+        model, epoch = load_model_for_inference(config, comm, dataset)
         dataset.init_seq_order(max(epoch, 1))
+        batching = BatchOptions.from_config(config, train=False)
     except EngineError as exc:
         error = exc
     agree_on_failure(comm, error)
     broadcast_initial(comm, list(model.variables))
-    steps = Steps(model, None, comm, reduce_gradients=False, average_gradients=False)
+    steps = Steps(model)
     out_dim = steps.output_dim()
     path = part_path(output_file, comm.rank, comm.size) if comm.size > 1 else output_file
     written, error = [], None
     try:
-        written = forward_shard(steps, dataset, path, out_dim, eval_batch_options(config), comm.rank, comm.size)
+        written = forward_shard(steps, dataset, path, out_dim, batching, comm.rank, comm.size)
     except EngineError as exc:
         error = exc
     agree_on_failure(comm, error)
     if comm.size > 1:
         order_per_part = comm.allgather_object(written)
         error = None
-        if ranks.is_main:
+        if comm.rank == 0:
             try:
                 parts = [part_path(output_file, r, comm.size) for r in range(comm.size)]
                 merge_parts(output_file, parts, order_per_part, out_dim)

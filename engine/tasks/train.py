@@ -5,70 +5,46 @@ import os
 
 from engine import log
 from engine.config import Config
-from engine.distributed.protocol import ParamSyncSchedule, broadcast_initial
+from engine.datasets import BatchOptions, data_dims, dataset_from_config
+from engine.device import select_device
+from engine.distributed import Strategy, agree_on_failure, broadcast_initial, start
 from engine.errors import ConfigError, EngineError
 from engine.model import build_model
-from engine.tasks.prepare import Ranks, data_dims, init_device, init_ranks, load_dataset
-from engine.training.checkpoint import checkpoint_path, find_newest_epoch, load_checkpoint, save_checkpoint
-from engine.training.loop import BatchOptions, DataParallel, agree_on_failure, evaluate, train_epoch
+from engine.training.checkpoint import checkpoint_path, load_checkpoint, resolve_start_epoch, save_checkpoint
+from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
 from engine.training.report import hms
 from engine.training.step import Steps
 from engine.training.updater import Updater
 
 
-def batch_options(config: Config) -> BatchOptions:
-    if not config.has("batch_size"):
-        raise ConfigError("Config key 'batch_size' is required for training: the maximum number of padded "
-                          "frames (max_len * num_seqs) per batch and rank, e.g. batch_size = 5000.")
-    max_seq_length = config.typed("max_seq_length", 0)
-    return BatchOptions(config.int("batch_size"), config.int("max_seqs", -1), max_seq_length)
-
-
-def resolve_start_epoch(config: Config, model_prefix: str | None, ranks: Ranks) -> int:
-    """``start_epoch = "auto"``: one after rank 0's newest checkpoint; every rank gets rank 0's answer."""
-    start = config.value("start_epoch", "auto")
-    if start in ("auto", None):
-        newest = find_newest_epoch(model_prefix) if (model_prefix and ranks.is_main) else None
-        start = (newest or 0) + 1
-    else:
-        start = config.int("start_epoch")
-        if start < 1:
-            raise ConfigError(f"Config key 'start_epoch' must be 'auto' or >= 1, got {start}.")
-    return ranks.comm.broadcast_object(start, root=0)
-
-
 class Trainer:
-    def __init__(self, config: Config, ranks: Ranks) -> None:
-        self.config, self.ranks, comm, ctx = config, ranks, ranks.comm, ranks.ctx
-        init_device(config)
-        self.train_data = load_dataset(config, "train", ranks, train=True)
+    def __init__(self, config: Config, strategy: Strategy) -> None:
+        self.config, self.strategy = config, strategy
+        self.comm = strategy.comm
+        select_device(config)
+        self.train_data = dataset_from_config(config, "train", random_seed_offset=strategy.random_seed_offset)
         if self.train_data is None:
             raise ConfigError("Config key 'train' is missing: task 'train' needs a train dataset.")
-        self.dev_data = load_dataset(config, "dev", ranks)
-        self.opts = batch_options(config)
+        self.dev_data = dataset_from_config(config, "dev")
+        self.train_batching = BatchOptions.from_config(config, train=True)
+        self.eval_batching = BatchOptions.from_config(config, train=False)
         dims = data_dims(config, self.train_data)
         self.model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                                  target_dims=dims.target_dims)
-        self.lr_scale = comm.size if (ctx and ctx.scale_lr) else 1
         self.updater = Updater.from_config(config, self.model.named_trainable_variables())
-        self.steps = Steps(self.model, self.updater, comm,
-                           reduce_gradients=bool(ctx) and ctx.reduce_type == "grad",
-                           average_gradients=bool(ctx) and ctx.avg_grad)
-        self.dp = DataParallel(comm, ctx.reduce_type if ctx else "grad",
-                               ctx.dataset_distribution if ctx else "shard",
-                               ParamSyncSchedule(ctx) if ctx else None)
+        self.steps = Steps(self.model, self.updater, strategy)
         self.lr_control = LearningRateControl.from_config(config)
         self.model_prefix = config.str("model")
         self.num_epochs = config.int("num_epochs", 5)
         self.save_interval = config.int("save_interval", 1)
         self.lr_file = config.str("learning_rate_file")
-        self.start_epoch = resolve_start_epoch(config, self.model_prefix, ranks)
+        self.start_epoch = resolve_start_epoch(config, self.comm)
         self.global_step = 0
 
     def load_on_main(self) -> None:
         """Rank 0 loads the checkpoint to resume from (or ``load``) and the learning-rate history."""
-        if self.ranks.is_main and self.start_epoch <= self.num_epochs:
+        if self.comm.rank == 0 and self.start_epoch <= self.num_epochs:
             if self.start_epoch > 1:
                 if not self.model_prefix:
                     raise ConfigError(f"start_epoch is {self.start_epoch}, but no 'model' prefix is set to "
@@ -85,30 +61,29 @@ class Trainer:
 
     def broadcast_state(self) -> None:
         """Rank 0's parameters and optimizer state (initial or loaded) to every rank, before step 1."""
-        broadcast_initial(self.ranks.comm, list(self.model.variables) + self.updater.variables)
+        broadcast_initial(self.comm, list(self.model.variables) + self.updater.variables)
 
     def run(self) -> None:
-        comm, is_main = self.ranks.comm, self.ranks.is_main
         if self.start_epoch > self.num_epochs:
             log.info(f"model already trained for {self.start_epoch - 1} epochs (num_epochs = "
                      f"{self.num_epochs}); nothing to do")
             return
         for epoch in range(self.start_epoch, self.num_epochs + 1):
-            lr = comm.broadcast_object(self.lr_control.learning_rate_for_epoch(epoch) if is_main else None, root=0)
-            self.updater.set_learning_rate(lr * self.lr_scale)
-            log.debug(f"epoch {epoch}: learning rate {lr * self.lr_scale:g}")
-            report = train_epoch(self.steps, self.train_data, epoch, self.opts, self.dp)
+            lr = self.lr_control.learning_rate_for_epoch(epoch) if self.comm.rank == 0 else None
+            lr = self.comm.broadcast_object(lr, root=0) * self.strategy.lr_scale
+            self.updater.set_learning_rate(lr)
+            log.debug(f"epoch {epoch}: learning rate {lr:g}")
+            report = train_epoch(self.steps, self.train_data, epoch, self.train_batching, self.strategy)
             self.global_step += report.steps
             scores = {"train_score": report.scores.score, "train_error": report.scores.error}
-            line = f"epoch {epoch} score: {report.scores.score:.6f} error: {report.scores.error:.6f} " \
-                   f"elapsed: {hms(report.elapsed)}"
-            log.info(line)
+            log.info(f"epoch {epoch} score: {report.scores.score:.6f} error: {report.scores.error:.6f} "
+                     f"elapsed: {hms(report.elapsed)}")
             if self.dev_data is not None:
-                dev = evaluate(self.steps, self.dev_data, epoch, "dev", self.opts, comm)
+                dev = evaluate(self.steps, self.dev_data, epoch, "dev", self.eval_batching, self.comm)
                 scores.update(dev_score=dev.scores.score, dev_error=dev.scores.error)
                 log.info(f"dev: score {dev.scores.score:.6f} error {dev.scores.error:.6f}")
             self.lr_control.set_epoch_scores(epoch, scores)
-            if is_main:
+            if self.comm.rank == 0:
                 self._save(epoch)
         log.info(f"finished training after epoch {self.num_epochs}")
 
@@ -123,13 +98,13 @@ class Trainer:
 
 
 def run_train(config: Config) -> None:
-    ranks = init_ranks(config)
+    strategy = start(config)
     trainer, error = None, None
     try:
-        trainer = Trainer(config, ranks)
+        trainer = Trainer(config, strategy)
         trainer.load_on_main()
     except EngineError as exc:  # e.g. a missing corpus: reported once, not by every rank
         error = exc
-    agree_on_failure(ranks.comm, error)
+    agree_on_failure(strategy.comm, error)
     trainer.broadcast_state()
     trainer.run()

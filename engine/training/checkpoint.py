@@ -18,6 +18,8 @@ import tensorflow as tf
 
 import engine
 from engine.atomic_file import atomic_path
+from engine.config import Config
+from engine.distributed.backend import Communicator
 from engine.errors import ConfigError
 
 _GROUPS = ("params", "optimizer")
@@ -33,6 +35,40 @@ def find_newest_epoch(model_prefix: str) -> int | None:
     epochs = [int(m.group(1)) for path in glob.glob(glob.escape(model_prefix) + ".*")
               if (m := pattern.match(os.path.basename(path)))]
     return max(epochs) if epochs else None
+
+
+def resolve_start_epoch(config: Config, comm: Communicator) -> int:
+    """``start_epoch`` [auto]: "auto" is one after the newest checkpoint ``<model>.<NNN>`` (1 without one).
+    Rank 0 looks; every rank gets its answer."""
+    start = config.value("start_epoch", "auto")
+    if start in ("auto", None):
+        prefix = config.str("model")
+        newest = find_newest_epoch(prefix) if (prefix and comm.rank == 0) else None
+        start = (newest or 0) + 1
+    else:
+        start = config.int("start_epoch")
+        if start < 1:
+            raise ConfigError(f"Config key 'start_epoch' must be 'auto' or >= 1, got {start}.")
+    return comm.broadcast_object(start, root=0)
+
+
+def checkpoint_to_load(config: Config, comm: Communicator) -> tuple[str, int]:
+    """For eval/forward: ``load`` (a checkpoint file), else ``<model>.<load_epoch>``, else the newest
+    ``<model>.<NNN>``. Rank 0 decides; every rank gets (path, epoch)."""
+    found: tuple[str, int] | None = None
+    if comm.rank == 0:
+        prefix = config.str("model")
+        if config.str("load"):
+            found = (config.str("load"), 0)
+        elif prefix and config.has("load_epoch"):
+            found = (checkpoint_path(prefix, config.int("load_epoch")), config.int("load_epoch"))
+        elif prefix and (newest := find_newest_epoch(prefix)) is not None:
+            found = (checkpoint_path(prefix, newest), newest)
+    found = comm.broadcast_object(found, root=0)
+    if found is None:
+        raise ConfigError("No model to load: set 'load' to a checkpoint file, or 'model' to the prefix of "
+                          "trained checkpoints (<model>.<NNN>), optionally with 'load_epoch'.")
+    return found
 
 
 Variables = Union[Mapping[str, tf.Variable], Sequence[tf.Variable]]

@@ -1,15 +1,17 @@
-"""The compiled steps: train (grad or param mode), eval, forward and parameter averaging.
+"""The compiled steps: train, eval and forward.
 
 Each is one ``tf.function`` with an input signature of unknown batch and time, so batches of any shape
-run the same graph. In grad mode the gradients and the step's score sums travel in one fused
-collective inside the step; param mode trains locally and averages the parameters in ``sync_params``.
+run the same graph. Between the gradients and the update, the train step hands the gradients and the
+step's score sums to the strategy (``engine.distributed.strategy``), which reduces them over the ranks
+or not: the step itself never knows the data-parallel mode.
 """
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from engine.distributed.backend import Communicator
+from engine.distributed.strategy import Strategy
+from engine.errors import ConfigError
 from engine.model.base import SeqModel
 from engine.training.updater import Updater
 
@@ -17,13 +19,15 @@ from engine.training.updater import Updater
 
 
 class Steps:
-    def __init__(self, model: SeqModel, updater: Updater | None, comm: Communicator, *, reduce_gradients: bool,
-                 average_gradients: bool) -> None:
+    def __init__(self, model: SeqModel, updater: Updater | None = None, strategy: Strategy | None = None) -> None:
+        """``updater`` and ``strategy`` are needed for training only."""
         self.model = model
         self.updater = updater
-        self.comm = comm
-        self.reduce_gradients = reduce_gradients and comm.size > 1
-        self.average_gradients = average_gradients
+        self.strategy = strategy
+        if strategy is not None and strategy.differentiates_loss_sum and len(model.loss_targets) > 1:
+            raise ConfigError(f"horovod_grad_normalization = 'global_frames' divides the summed gradient by the "
+                              f"frames of one target, but the network's losses use several targets "
+                              f"({', '.join(sorted(model.loss_targets))}). Use 'sum' or 'average'.")
         self.params = list(model.trainable_variables)
         self.target_keys = sorted(model.target_dims)
         data_spec, lengths_spec = model.input_signature
@@ -33,7 +37,6 @@ class Steps:
         self._train = tf.function(self._train_step, input_signature=signature)
         self._eval = tf.function(self._eval_step, input_signature=signature)
         self._forward = tf.function(self._forward_step, input_signature=[data_spec, lengths_spec])
-        self._sync = tf.function(self._sync_params)
         self._input_dtype = data_spec.dtype.as_numpy_dtype
 
     # ----- graph functions -----
@@ -44,15 +47,10 @@ class Steps:
         with tf.GradientTape() as tape:
             outputs = self.model(data, lengths, training=True)
             losses = self.model.compute_losses(outputs, targets, target_lengths)
-        grads = tape.gradient(losses.objective, self.params)
+        differentiated = losses.loss if self.strategy.differentiates_loss_sum else losses.objective
+        grads = tape.gradient(differentiated, self.params)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self.params)]
-        scores = self._scores(losses)
-        if self.reduce_gradients:
-            # The score sums ride along in the gradients' fused buffer: one collective per step.
-            reduced = self.comm.allreduce_tensors(grads + [scores], "sum")
-            grads, scores = reduced[:-1], reduced[-1]
-            if self.average_gradients:
-                grads = [g / float(self.comm.size) for g in grads]
+        grads, scores = self.strategy.reduce_gradients(grads, self._scores(losses))
         self.updater.apply_gradients(grads, self.params)
         return scores
 
@@ -62,11 +60,6 @@ class Steps:
 
     def _forward_step(self, data, lengths):
         return self.model(data, lengths, training=False)["output"]
-
-    def _sync_params(self):
-        averaged = self.comm.allreduce_tensors([v.read_value() for v in self.params], "average")
-        for var, value in zip(self.params, averaged):
-            var.assign(value)
 
     # ----- calls from the loop, with numpy batches -----
     def _data(self, batch):
@@ -93,7 +86,3 @@ class Steps:
         data_spec, _ = self.model.input_signature
         data = np.zeros([1, 1] + [d for d in data_spec.shape[2:]], dtype=self._input_dtype)
         return int(self._forward(data, np.ones([1], np.int32)).shape[-1])
-
-    def sync_params(self) -> None:
-        if self.comm.size > 1:
-            self._sync()

@@ -153,7 +153,6 @@ class Updater:
         optimizer: Optimizer,
         *,
         learning_rate: float = 1.0,
-        lr_scale: float = 1.0,
         clip_global_norm: float | None = None,
     ) -> None:
         if isinstance(variables, dict):
@@ -162,11 +161,8 @@ class Updater:
             self.vars = list(variables)
             names = [f"{i:03d}:{v.name.split(':')[0]}" for i, v in enumerate(self.vars)]
         self.optimizer = optimizer
-        self.lr_scale = float(lr_scale)
         self.clip_global_norm = clip_global_norm
-        self._lr = tf.Variable(
-            float(learning_rate) * self.lr_scale, trainable=False, dtype=tf.float32, name="learning_rate"
-        )
+        self._lr = tf.Variable(float(learning_rate), trainable=False, dtype=tf.float32, name="learning_rate")
         self.iterations = tf.Variable(0, trainable=False, dtype=tf.int64, name="iterations")
         self.slots: list[dict[str, tf.Variable]] = []
         self._named: dict[str, tf.Variable] = {"iterations": self.iterations}
@@ -179,12 +175,9 @@ class Updater:
             self.slots.append(per_var)
 
     @classmethod
-    def from_config(
-        cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable], *, lr_scale: float = 1.0
-    ) -> "Updater":
+    def from_config(cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable]) -> "Updater":
         """Keys: ``optimizer`` [adam], ``learning_rate`` [1.0] (the loop sets each epoch's rate with
-        ``set_learning_rate``), ``gradient_clip_global_norm`` [none]. ``lr_scale`` multiplies every
-        rate set (``horovod_scale_lr``)."""
+        ``set_learning_rate``), ``gradient_clip_global_norm`` [none]."""
         clip = config.float("gradient_clip_global_norm", None)
         if clip is not None and clip <= 0:
             clip = None  # RETURNN configs use 0 for "off"
@@ -192,17 +185,15 @@ class Updater:
             variables,
             optimizer_from_config(config.typed("optimizer")),
             learning_rate=config.float("learning_rate", 1.0),
-            lr_scale=lr_scale,
             clip_global_norm=clip,
         )
 
     @property
     def learning_rate(self) -> float:
-        """The rate last set (before ``lr_scale``)."""
-        return float(self._lr.numpy()) / self.lr_scale
+        return float(self._lr.numpy())
 
     def set_learning_rate(self, learning_rate: float) -> None:
-        self._lr.assign(float(learning_rate) * self.lr_scale)
+        self._lr.assign(float(learning_rate))
 
     def named_variables(self) -> dict[str, tf.Variable]:
         """Optimizer state for checkpoints: ``iterations`` and ``<slot>/<variable name>``."""

@@ -15,10 +15,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from engine.distributed import (ParamSyncSchedule, broadcast_initial, check_config_consistency,  # noqa: E402
-                                create_communicator, helpers, horovod_import_error, install_failure_handler,
-                                reduce_scores, step_signal)
-from engine.distributed.context import HorovodContext  # noqa: E402
+from engine import process  # noqa: E402
+from engine.distributed import (ParamAverage, ParamSyncSchedule, broadcast_initial,  # noqa: E402
+                                check_config_consistency, create_communicator, helpers, horovod_import_error,
+                                install_failure_handler, reduce_scores, step_signal)
 from engine.errors import ConfigError, DistributedError  # noqa: E402
 
 SHAPES = [(), (0,), (3, 0), (7,), (5, 3), (1000,), (333, 17), (300_007,)] + [(1 + i % 5,) for i in range(60)]
@@ -143,22 +143,35 @@ def check_step_signal(comm) -> None:
     assert comm.allgather_object(steps) == [5] * comm.size, "all ranks must end the epoch together"
 
 
-def check_param_sync_agreement(comm) -> None:
-    """Time-based sync: ranks' clocks cross the threshold at different steps; all sync at the first."""
-    ctx = HorovodContext(reduce_type="param", param_sync_time_diff=10.0)
+def param_sync_steps(comm, distribution: str) -> list[int]:
+    """Steps after which ParamAverage's plan says "average", with 8 batches per rank and a time-based
+    schedule whose clocks run at different speeds: rank r passes 10 s at step ceil(10 / (2 + r))."""
     fake_time = [0.0]
-    schedule = ParamSyncSchedule(ctx, clock=lambda: fake_time[0])
-    synced_at = []
-    for step in range(8):
-        fake_time[0] = step * (2.0 + comm.rank)  # rank 0 passes 10 s at step 5, rank 1 at step 4, ...
-        sig = step_signal(comm, True, False, want_param_sync=schedule.wants_sync(step))
-        if schedule.due(step, sig):
+    strategy = ParamAverage(comm, distribution=distribution,
+                            schedule=ParamSyncSchedule(time_diff=10.0, clock=lambda: fake_time[0]))
+    synced_at, step = [], 0
+    while True:
+        fake_time[0] = step * (2.0 + comm.rank)
+        plan = strategy.before_step(step, object() if step < 8 else None, None)
+        if plan is None:
+            return synced_at
+        if plan.sync_params:
             synced_at.append(step)
-    everyone = comm.allgather_object(synced_at)
+        step += 1
+
+
+def check_param_sync_agreement(comm) -> None:
+    """shard: the ranks' votes travel in the per-step signal, and all average at the first vote.
+    random_seed_offset: no per-step signal; each rank averages at its own vote, where the others meet it
+    (or end the epoch), so every rank averages equally often."""
+    everyone = comm.allgather_object(param_sync_steps(comm, "shard"))
     assert all(s == everyone[0] for s in everyone), f"ranks synced at different steps: {everyone}"
     assert everyone[0][0] == -(-10 // (comm.size + 1)), everyone  # the fastest clock decides
-    by_step = ParamSyncSchedule(HorovodContext(reduce_type="param", param_sync_step=3))
-    assert [s for s in range(9) if by_step.due(s)] == [2, 5, 8]
+    own = comm.allgather_object(param_sync_steps(comm, "random_seed_offset"))
+    assert len({len(s) for s in own}) == 1, f"ranks averaged a different number of times: {own}"
+    assert own[0][0] == 5 and own[-1][0] == -(-10 // (comm.size + 1)), own  # each at its own clock
+    by_step = ParamSyncSchedule(step_interval=3)
+    assert [s for s in range(9) if by_step.wants_sync(s)] == [2, 5, 8]
 
 
 def check_scores(comm) -> None:
@@ -189,7 +202,7 @@ def check_config_check(comm) -> None:
         raise AssertionError("config mismatch not detected")
     except ConfigError as exc:
         text = str(exc)
-        assert exc.agreed
+        assert exc.agreed and exc.quiet == (comm.rank != 0)
         for key in ("'learning_rate'", "'only_on_rank_1'", "'batch_size'"):
             assert key in text, f"{key} missing from: {text}"
         assert "'network'" not in text and "'func'" not in text and "'obj'" not in text, text
@@ -197,7 +210,6 @@ def check_config_check(comm) -> None:
 
 
 def check_helpers(comm) -> None:
-    helpers.set_global_communicator(comm)
     assert (helpers.rank(), helpers.size(), helpers.local_rank()) == (comm.rank, comm.size, comm.local_rank)
     assert helpers.is_main_process() == (comm.rank == 0)
     post_calls = []
@@ -253,9 +265,10 @@ def main() -> None:
     parser.add_argument("--no-tf", action="store_true", help="skip the checks that need TensorFlow")
     parser.add_argument("--compare-with", help="also check bit-identical results against this backend")
     args = parser.parse_args()
-    comm = create_communicator(args.backend)
+    comm = create_communicator(args.backend, stall_timeout=120)
     assert comm.name == args.backend, f"asked for {args.backend}, got {comm.name}"
-    install_failure_handler(comm, stall_timeout=120)
+    process.set_communicator(comm)
+    install_failure_handler()
     checks = [check_identity, check_allreduce, check_results_stay_valid, check_objects, check_step_signal,
               check_param_sync_agreement, check_scores, check_config_check, check_helpers]
     if not args.no_tf:

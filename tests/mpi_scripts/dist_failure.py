@@ -14,6 +14,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+from engine import process  # noqa: E402
 from engine.distributed import create_communicator, install_failure_handler, step_signal  # noqa: E402
 from engine.errors import DataError  # noqa: E402
 
@@ -43,7 +44,8 @@ def main() -> None:
     parser.add_argument("--stall-timeout", type=float, default=None)
     args = parser.parse_args()
     comm = create_communicator(args.backend, stall_timeout=args.stall_timeout)
-    install_failure_handler(comm, stall_timeout=args.stall_timeout)
+    process.set_communicator(comm)
+    install_failure_handler()
     step_signal(comm, True, False)  # everyone is up
     if comm.rank == 1:
         fail_on_rank_1(args.mode)

@@ -12,8 +12,9 @@ import sys
 
 import numpy as np
 
-from engine import log
+from engine import log, process
 from engine.config import Config
+from engine.distributed.strategy import ParamAverage
 from engine.tasks.train import run_train
 from engine.training import step as step_module
 
@@ -39,7 +40,7 @@ def main() -> None:
             return np.concatenate([v.numpy().ravel() for v in self.params]).astype(np.float64)
 
         def train(self, batch):
-            rank = self.comm.rank
+            rank = process.rank()
             if rank == fail_rank and self.count == fail_step:
                 if fail == "step":
                     raise RuntimeError(f"injected failure in train step {self.count} on rank {rank}")
@@ -50,11 +51,14 @@ def main() -> None:
             self.count += 1
             return scores
 
-        def sync_params(self):
-            super().sync_params()
-            trace["sync_steps"].append(self.count - 1)
-            trace["after_sync"].append(self.checksum())
+    average_parameters = ParamAverage.average_parameters
 
+    def recording_average(self, params):
+        average_parameters(self, params)
+        trace["sync_steps"].append(recorded["steps"].count - 1)
+        trace["after_sync"].append(recorded["steps"].checksum())
+
+    ParamAverage.average_parameters = recording_average
     step_module.Steps = RecordingSteps
     import engine.tasks.train as train_module
     train_module.Steps = RecordingSteps
@@ -62,7 +66,7 @@ def main() -> None:
         _break_loader(fail_rank, fail_step)
     run_train(config)
     steps = recorded["steps"]
-    np.savez(os.path.join(out_dir, f"rank{steps.comm.rank}.npz"), params=steps.checksum(),
+    np.savez(os.path.join(out_dir, f"rank{process.rank()}.npz"), params=steps.checksum(),
              after_step=np.array(trace["after_step"]), after_sync=np.array(trace["after_sync"]),
              sync_steps=np.array(trace["sync_steps"]), num_steps=steps.count)
 
@@ -76,9 +80,7 @@ def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
     reads = {"n": 0}
 
     def read_into(self, seq_idx, key, out):
-        from engine.distributed.helpers import rank
-
-        if rank() == fail_rank:
+        if process.rank() == fail_rank:
             reads["n"] += 1
             if reads["n"] > fail_after_reads:
                 raise DataError(f"injected corrupt sequence {seq_idx} in dataset {self.name!r}")

@@ -1,7 +1,8 @@
-"""The data-parallel settings of a run (``shared/spec/distributed-protocol.md``), read and checked once.
+"""The data-parallel keys of a config (``shared/spec/distributed-protocol.md``), read and checked once.
 
 Every ``horovod_*`` key must be known (a typo must not silently train single-rank semantics), and keys
-that only mean something in the other reduce mode are an error rather than ignored.
+that only mean something in the other reduce mode are an error rather than ignored. ``strategy.py``
+turns the settings into the object the training loop talks to.
 """
 from __future__ import annotations
 
@@ -14,30 +15,34 @@ from engine.errors import ConfigError
 
 REDUCE_TYPES = ("grad", "param")
 DATASET_DISTRIBUTIONS = ("shard", "random_seed_offset")
+# sum: the ranks' frame-averaged gradients are added (RETURNN); average: and divided by the number of
+# ranks; global_frames: each rank's gradient of its loss sum, added and divided by all ranks' frames,
+# i.e. exactly the gradient of one process on the union batch, also when the ranks' frame counts differ.
+GRAD_NORMALIZATIONS = ("sum", "average", "global_frames")
 CONFIG_BACKENDS = ("auto", "horovod", "mpi")
 HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param_sync_time_diff",
-                "horovod_dataset_distribution", "horovod_scale_lr", "horovod_avg_grad")
+                "horovod_dataset_distribution", "horovod_scale_lr", "horovod_avg_grad",
+                "horovod_grad_normalization")
 BACKEND_KEY = "distributed_backend"
 STALL_TIMEOUT_KEY = "distributed_stall_timeout"
 RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
 
 
 @dataclass(frozen=True)
-class HorovodContext:
+class DataParallelSettings:
+    enabled: bool = False  # use_horovod
     reduce_type: str = "grad"
     param_sync_step: int = 1
     param_sync_time_diff: float | None = None
     dataset_distribution: str = "shard"
     scale_lr: bool = False
-    avg_grad: bool = False
+    grad_normalization: str = "sum"
     backend_name: str = "auto"
     stall_timeout: float | None = None  # seconds a collective may wait for the others; None: forever
 
     @classmethod
-    def from_config(cls, config: Any) -> HorovodContext | None:
-        """The context when ``use_horovod`` is on, else None.
-
-        Raises ConfigError for unknown ``horovod_*`` keys (also when ``use_horovod`` is off) and for
+    def from_config(cls, config: Any) -> DataParallelSettings:
+        """Raises ConfigError for unknown ``horovod_*`` keys (also when ``use_horovod`` is off) and for
         contradictory settings."""
         _check_known_keys(config)
         backend = config.str(BACKEND_KEY, "auto")
@@ -47,35 +52,24 @@ class HorovodContext:
             raise ConfigError(f"Config key '{STALL_TIMEOUT_KEY}' is {stall}; expected seconds > 0 "
                               "(or 0 / None for no stall timeout).")
         if not config.bool("use_horovod", False):
-            return None
-        ctx = cls(
+            return cls(backend_name=backend, stall_timeout=stall or None)
+        settings = cls(
+            enabled=True,
             reduce_type=config.str("horovod_reduce_type", "grad"),
             param_sync_step=config.int("horovod_param_sync_step", 1),
             param_sync_time_diff=config.float("horovod_param_sync_time_diff", None),
             dataset_distribution=config.str("horovod_dataset_distribution", "shard"),
             scale_lr=config.bool("horovod_scale_lr", False),
-            avg_grad=config.bool("horovod_avg_grad", False),
+            grad_normalization=_grad_normalization(config),
             backend_name=backend,
             stall_timeout=stall or None,
         )
-        ctx._validate()
-        return ctx
-
-    @property
-    def uses_step_signal(self) -> bool:
-        """Whether every step needs the have-data/error signal (not in param + random_seed_offset mode,
-        where ranks run independently between parameter syncs)."""
-        return not self.per_rank_train_scores
-
-    @property
-    def per_rank_train_scores(self) -> bool:
-        return self.reduce_type == "param" and self.dataset_distribution == "random_seed_offset"
-
-    def random_seed_offset(self, rank: int) -> int:
-        return rank * RANDOM_SEED_OFFSET if self.dataset_distribution == "random_seed_offset" else 0
+        settings._validate()
+        return settings
 
     def _validate(self) -> None:
         _check_choice("horovod_reduce_type", self.reduce_type, REDUCE_TYPES)
+        _check_choice("horovod_grad_normalization", self.grad_normalization, GRAD_NORMALIZATIONS)
         _check_choice("horovod_dataset_distribution", self.dataset_distribution, DATASET_DISTRIBUTIONS)
         if self.param_sync_step < 1:
             raise ConfigError(f"Config key 'horovod_param_sync_step' is {self.param_sync_step}; expected an "
@@ -91,13 +85,26 @@ class HorovodContext:
                     raise ConfigError(f"Config key '{key}' only applies to horovod_reduce_type = 'param', "
                                       "but horovod_reduce_type is 'grad' (gradients are reduced every "
                                       f"step). Remove '{key}' or set horovod_reduce_type = 'param'.")
-        elif self.avg_grad:
-            raise ConfigError("Config key 'horovod_avg_grad' only applies to horovod_reduce_type = 'grad', "
-                              "but horovod_reduce_type is 'param' (parameters are always averaged). Remove "
-                              "it or set horovod_reduce_type = 'grad'.")
+        elif self.grad_normalization != "sum":
+            raise ConfigError("Config keys 'horovod_avg_grad' and 'horovod_grad_normalization' only apply to "
+                              "horovod_reduce_type = 'grad', but horovod_reduce_type is 'param' (parameters "
+                              "are always averaged). Remove them or set horovod_reduce_type = 'grad'.")
         if self.param_sync_time_diff is not None and self.param_sync_step != 1:
             log.warning(f"horovod_param_sync_step = {self.param_sync_step} is ignored: "
                         f"horovod_param_sync_time_diff = {self.param_sync_time_diff} takes precedence.")
+
+
+def _grad_normalization(config: Any) -> str:
+    """``horovod_grad_normalization``, with RETURNN's ``horovod_avg_grad = True`` as another spelling of
+    'average'; the two must not contradict each other."""
+    normalization = config.str("horovod_grad_normalization", None)
+    if config.bool("horovod_avg_grad", False):
+        if normalization not in (None, "average"):
+            raise ConfigError(f"Config keys 'horovod_avg_grad' = True and 'horovod_grad_normalization' = "
+                              f"{normalization!r} contradict each other; keep only "
+                              "horovod_grad_normalization.")
+        return "average"
+    return normalization or "sum"
 
 
 def _check_known_keys(config: Any) -> None:

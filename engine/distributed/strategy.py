@@ -1,0 +1,200 @@
+"""How this process takes part in training: one strategy object per reduce mode, built once.
+
+The epoch loop and the compiled train step call the same hooks whatever the mode, and never ask which
+mode runs:
+
+    plan = strategy.before_step(step, batch, error)       # None: every rank ends the epoch here
+    grads, scores = strategy.reduce_gradients(grads, scores)   # inside the step's tf.function
+    strategy.after_step(plan, params)                      # param mode: average when due
+    scores = strategy.end_epoch(params, local_scores)      # identical parameters, reported scores
+
+- ``SingleProcess``: no communication (``use_horovod`` off).
+- ``GradAllreduce``: every step signals, then reduces the gradients (with the step's score sums) in
+  one fused collective; every rank applies the same update. ``horovod_grad_normalization`` decides
+  what the reduced gradient is (see ``settings.GRAD_NORMALIZATIONS``).
+- ``ParamAverage``: every rank updates alone; the parameters are averaged when ``ParamSyncSchedule``
+  says so and at the end of every epoch. With ``shard`` the ranks signal every step (they end the
+  epoch together); with ``random_seed_offset`` they meet only at the averaging, where each rank calls
+  the signal and the average when its own schedule says so (a rank out of data calls the signal too,
+  so every rank makes the same sequence of collective calls) and train scores stay per rank.
+
+Importing this module imports neither mpi4py nor TensorFlow.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from engine.distributed.backend import Communicator
+from engine.distributed.protocol import raise_on_failure, step_signal, sum_score_vectors
+from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the ranks agreed on for one step."""
+
+    sync_params: bool = False  # average the parameters after this step
+
+
+class Strategy:
+    """The single-process strategy; the base of the data-parallel ones."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.train_shard: tuple[int, int] = (0, 1)  # (rank, size) for sharding the train batches
+        self.random_seed_offset = 0  # added to the train dataset's ordering seed
+        self.lr_scale = 1.0  # the learning rate is multiplied by this (horovod_scale_lr)
+        # True: the step differentiates the loss sum, not the frame average (reduce_gradients divides)
+        self.differentiates_loss_sum = False
+
+    def describe(self) -> str:
+        return "single process"
+
+    def before_step(self, step: int, batch: Any | None, error: BaseException | None) -> StepPlan | None:
+        """Called with the next batch (None: this rank has no more data) or the loader's error."""
+        if error is not None:
+            raise error
+        return None if batch is None else StepPlan()
+
+    def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
+        """Inside the train step's ``tf.function``: the gradients to apply and the step's score sums."""
+        return grads, scores
+
+    def after_step(self, plan: StepPlan, params: Sequence[Any]) -> None:
+        pass
+
+    def end_epoch(self, params: Sequence[Any], local_scores: np.ndarray) -> np.ndarray:
+        """The epoch's [loss sum, error sum, frames] to report."""
+        return local_scores
+
+
+class GradAllreduce(Strategy):
+    def __init__(self, comm: Communicator, *, normalization: str = "sum", scale_lr: bool = False) -> None:
+        super().__init__(comm)
+        self.normalization = normalization
+        self.train_shard = (comm.rank, comm.size)
+        self.lr_scale = float(comm.size) if scale_lr else 1.0
+        self.differentiates_loss_sum = normalization == "global_frames"
+
+    def describe(self) -> str:
+        return f"reduce type grad ({self.normalization} of the ranks' gradients)"
+
+    def before_step(self, step: int, batch: Any | None, error: BaseException | None) -> StepPlan | None:
+        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=error is not None)
+        raise_on_failure(self.comm, signal, error)
+        return StepPlan() if signal.all_have_data else None
+
+    def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
+        # The score sums ride along in the gradients' fused buffer: one collective per step, and every
+        # rank reports the global scores.
+        reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum")
+        grads, scores = reduced[:-1], reduced[-1]
+        if self.normalization == "average":
+            grads = [g / float(self.comm.size) for g in grads]
+        elif self.normalization == "global_frames":
+            import tensorflow as tf
+
+            frames = tf.maximum(scores[2], 1.0)  # all ranks' frames: the union batch's
+            grads = [g / frames for g in grads]
+        return grads, scores
+
+
+class ParamSyncSchedule:
+    """When param mode averages: after local steps with ``step % N == N - 1``, or every T seconds."""
+
+    def __init__(self, step_interval: int = 1, time_diff: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.step_interval = step_interval
+        self.time_diff = time_diff
+        self._clock = clock
+        self._last_sync = clock()
+
+    def wants_sync(self, step: int) -> bool:
+        """This rank's own view: the step count, or its clock since the last average."""
+        if self.time_diff is not None:
+            return self._clock() - self._last_sync >= self.time_diff
+        return step % self.step_interval == self.step_interval - 1
+
+    def restart(self) -> None:
+        self._last_sync = self._clock()
+
+
+class ParamAverage(Strategy):
+    def __init__(self, comm: Communicator, *, distribution: str, schedule: ParamSyncSchedule,
+                 scale_lr: bool = False) -> None:
+        super().__init__(comm)
+        self.distribution = distribution
+        self.schedule = schedule
+        self.lr_scale = float(comm.size) if scale_lr else 1.0
+        if distribution == "shard":
+            self.train_shard = (comm.rank, comm.size)
+        else:
+            self.random_seed_offset = comm.rank * RANDOM_SEED_OFFSET
+        self.signal_every_step = distribution == "shard"
+        self._average: Callable[[], None] | None = None
+        self._averaged: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        every = (f"every {self.schedule.time_diff:g} s" if self.schedule.time_diff is not None
+                 else f"every {self.schedule.step_interval} steps")
+        return f"reduce type param (parameters averaged {every} and at the end of each epoch)"
+
+    def before_step(self, step: int, batch: Any | None, error: BaseException | None) -> StepPlan | None:
+        vote = self.schedule.wants_sync(step)
+        if not (self.signal_every_step or vote or batch is None or error is not None):
+            return StepPlan()
+        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=error is not None,
+                             want_param_sync=vote)
+        raise_on_failure(self.comm, signal, error)
+        if not signal.all_have_data:
+            return None
+        # Any rank's vote makes everyone average: with a per-step signal that turns differing clocks
+        # into one decision; without one, every rank that reaches this point has voted itself.
+        if signal.param_sync:
+            self.schedule.restart()
+        return StepPlan(sync_params=signal.param_sync)
+
+    def after_step(self, plan: StepPlan, params: Sequence[Any]) -> None:
+        if plan.sync_params:
+            self.average_parameters(params)
+
+    def end_epoch(self, params: Sequence[Any], local_scores: np.ndarray) -> np.ndarray:
+        self.average_parameters(params)  # every rank holds the same parameters for dev eval and saving
+        self.schedule.restart()
+        if self.distribution != "shard":
+            return local_scores  # every rank saw the whole corpus in its own order: scores stay per rank
+        return sum_score_vectors(self.comm, local_scores)
+
+    def average_parameters(self, params: Sequence[Any]) -> None:
+        """Replace every variable by its mean over the ranks, in one fused collective."""
+        if self._averaged != tuple(map(id, params)):
+            self._average = _compile_average(self.comm, list(params))
+            self._averaged = tuple(map(id, params))
+        self._average()
+
+
+def _compile_average(comm: Communicator, params: list) -> Callable[[], None]:
+    import tensorflow as tf
+
+    @tf.function
+    def average() -> None:
+        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average")
+        for var, value in zip(params, averaged):
+            var.assign(value)
+
+    return average
+
+
+def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strategy:
+    if not settings.enabled or comm.size == 1:  # one rank: every mode is plain training
+        return Strategy(comm)
+    if settings.reduce_type == "grad":
+        return GradAllreduce(comm, normalization=settings.grad_normalization, scale_lr=settings.scale_lr)
+    schedule = ParamSyncSchedule(settings.param_sync_step, settings.param_sync_time_diff)
+    return ParamAverage(comm, distribution=settings.dataset_distribution, schedule=schedule,
+                        scale_lr=settings.scale_lr)
+
