@@ -20,10 +20,10 @@ from engine.errors import ConfigError, EngineError
 
 def setup_logging(config: Config) -> None:
     log.init(
-        verbosity=config.int("log_verbosity", log.INFO),
-        files=config.list("log", []),
-        per_rank_files=config.bool("use_horovod", False) and process.size() > 1,
-        all_ranks_stdout=config.bool("log_all_ranks", False),
+        verbosity=config.int("log_verbosity"),
+        files=config.list("log"),
+        per_rank_files=config.bool("use_horovod") and process.size() > 1,
+        all_ranks_stdout=config.bool("log_all_ranks"),
     )
 
 
@@ -41,7 +41,7 @@ def wants_traceback(config: Config | None) -> bool:
     if config is None:
         return False
     try:
-        return config.bool("debug", False) or config.int("log_verbosity", log.INFO) >= log.TRACE
+        return config.bool("debug") or config.int("log_verbosity") >= log.TRACE
     except EngineError:
         return False
 

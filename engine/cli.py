@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import engine
+from engine import keys
 from engine.errors import ConfigError
 
 USAGE = """usage: rnn.py CONFIG [CONFIG ...] [++key value ...]
@@ -14,47 +15,6 @@ Config files load in order (Python when the file ends in .py or starts with #!, 
 with '{'); `++key value` overrides any key, before and after the files load. A value for a key that
 holds a number, bool, list or dict is parsed as a literal of that type; `++key +-0.1` passes -0.1."""
 
-# (key, default, meaning): what --help lists. The full contract is in shared/spec/.
-DOCUMENTED_KEYS: list[tuple[str, str, str]] = [
-    ("task", '"train"', "train | eval | forward"),
-    ("train, dev, eval", "", 'dataset dict, "file1.hdf,file2.hdf", or "Class:kw=v,..."'),
-    ("extern_data", "from train data", "stream dims and sparsity (legacy: num_inputs, num_outputs)"),
-    ("batch_size", "required", "max padded frames per batch (max_len * num_seqs), per rank"),
-    ("max_seqs", "-1", "max sequences per batch (-1: no limit)"),
-    ("max_seq_length", "0", "skip longer sequences (0: no limit; int or per-key dict)"),
-    ("batching", "", "default seq_ordering of the train dataset"),
-    ("cache_size", "", 'HDF cache bytes ("0": read from file; suffixes K/M/G)'),
-    ("num_epochs", "5", "epochs to train"),
-    ("model", "", "checkpoint prefix; epoch N is saved as <model>.<NNN>"),
-    ("save_interval", "1", "save every N epochs (and at the end)"),
-    ("start_epoch", '"auto"', "auto: resume after the newest checkpoint"),
-    ("load", "", "checkpoint to load for eval/forward"),
-    ("learning_rate", "1.0", "initial learning rate"),
-    ("learning_rates", "", "per-epoch learning rates (list)"),
-    ("learning_rate_control", '"constant"', "constant | newbob | newbob_rel | newbob_abs"),
-    ("learning_rate_file", "", "per-epoch history of learning rates and scores"),
-    ("optimizer", '{"class": "adam"}', "adam | sgd | momentum | rmsprop | nadam"),
-    ("gradient_clip_global_norm", "", "clip gradients to this global norm"),
-    ("network", "", "layer dict (linear, rec, softmax, dropout, copy) or get_model function"),
-    ("output_file", "", "forward task: HDF file to write"),
-    ("log", "", "log file(s); per rank <name>.horovod-<rank>-<size><ext> under MPI"),
-    ("log_verbosity", "3", "0..5; 5 prints every step and tracebacks"),
-    ("log_all_ranks", "False", "print progress of every rank on stdout, prefixed with the rank"),
-    ("device", "GPU when present", "cpu | gpu"),
-    ("random_seed", "42", "seed for parameters and data order"),
-    ("use_horovod", "False", "data-parallel training over the ranks of the MPI job"),
-    ("horovod_reduce_type", '"grad"', "grad: allreduce gradients each step; param: average parameters"),
-    ("horovod_param_sync_step", "1", "param mode: average every N steps"),
-    ("horovod_param_sync_time_diff", "None", "param mode: average every T seconds instead"),
-    ("horovod_dataset_distribution", '"shard"', "shard | random_seed_offset"),
-    ("horovod_scale_lr", "False", "multiply the learning rate by the number of ranks"),
-    ("horovod_avg_grad", "False", "grad mode: average instead of sum"),
-    ("distributed_backend", '"auto"', "auto | horovod | mpi (auto: Horovod when importable)"),
-    ("distributed_stall_timeout", "None", "abort the job when a collective waits longer (seconds)"),
-    ("debug", "False", "show tracebacks for errors"),
-]
-
-
 @dataclass
 class CommandLine:
     config_files: list[str] = field(default_factory=list)
@@ -64,10 +24,13 @@ class CommandLine:
 
 
 def help_text() -> str:
-    width = max(len(key) for key, _, _ in DOCUMENTED_KEYS)
-    lines = [USAGE, "", "keys [default]:"]
-    for key, default, meaning in DOCUMENTED_KEYS:
-        lines.append(f"  {key:<{width}}  {meaning}" + (f" [{default}]" if default else ""))
+    rows = keys.help_rows()
+    width = max(len(name) for _, name, _, _ in rows)
+    lines = [USAGE, "", "keys [default], by the part of the engine that reads them:"]
+    for i, (owner, name, meaning, default) in enumerate(rows):
+        if i == 0 or owner != rows[i - 1][0]:
+            lines.append(f"{owner}:")
+        lines.append(f"  {name:<{width}}  {meaning}" + (f" [{default}]" if default else ""))
     lines.append("\nSpecs: shared/spec/config-and-cli.md, distributed-protocol.md, hdf-format.md.")
     return "\n".join(lines)
 

@@ -14,11 +14,13 @@ import os
 import traceback
 from typing import Any, Iterable
 
+from engine import keys
 from engine.errors import ConfigError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _MISSING = object()
+_LISTED = object()  # a getter's default when the caller gives none: the key's default in engine/keys.py
 
 
 def parse_bool(text: str) -> bool | None:
@@ -63,6 +65,10 @@ def _convert(key: str, text: str, expected: type) -> Any:
             f"Give a {expected.__name__} literal (for bool: 1/0/true/false/yes/no/on/off)."
         )
     return value
+
+
+def _listed(key: str, default: Any) -> Any:
+    return keys.default(key) if default is _LISTED else default
 
 
 class Config:
@@ -154,12 +160,12 @@ class Config:
         self._values[key] = value
 
     def value(self, key: str, default: Any = None) -> Any:
-        """The raw value as stored (a str for overrides of unknown keys)."""
+        """The raw value as stored (a str for overrides of unknown keys), no listed default."""
         return self._values.get(key, default)
 
-    def typed(self, key: str, default: Any = None) -> Any:
+    def typed(self, key: str, default: Any = _LISTED) -> Any:
         """The value with Python type; a str override that is a Python literal is evaluated."""
-        value = self._values.get(key, default)
+        value = self._values.get(key, _listed(key, default))
         if isinstance(value, str):
             lit = _literal(value)
             return value if lit is _MISSING else lit
@@ -168,7 +174,7 @@ class Config:
     def _get(self, key: str, default: Any, expected: type) -> Any:
         value = self._values.get(key, _MISSING)
         if value is _MISSING or value is None:
-            return default
+            return _listed(key, default)
         if isinstance(value, str) and expected is not str:
             return _convert(key, value, expected)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -181,25 +187,25 @@ class Config:
             )
         return value
 
-    def int(self, key: str, default: int | None = None) -> int | None:
+    def int(self, key: str, default: Any = _LISTED) -> int | None:
         return self._get(key, default, int)
 
-    def float(self, key: str, default: float | None = None) -> float | None:
+    def float(self, key: str, default: Any = _LISTED) -> float | None:
         return self._get(key, default, float)
 
-    def bool(self, key: str, default: bool | None = False) -> bool | None:
-        return self._get(key, default, bool)
+    def bool(self, key: str, default: Any = _LISTED) -> bool | None:
+        return self._get(key, False if default is _LISTED and key not in keys.KEYS else default, bool)
 
-    def str(self, key: str, default: str | None = None) -> str | None:
+    def str(self, key: str, default: Any = _LISTED) -> str | None:
         value = self._values.get(key)
         if value is None:
-            return default
+            return _listed(key, default)
         return value if isinstance(value, str) else builtins.str(value)
 
-    def list(self, key: str, default: list | None = None) -> list | None:
+    def list(self, key: str, default: Any = _LISTED) -> list | None:
         value = self._values.get(key)
         if value is None:
-            return default
+            return _listed(key, default)
         if isinstance(value, str):
             lit = _literal(value) if value.strip().startswith(("[", "(")) else _MISSING
             if lit is _MISSING:
@@ -209,7 +215,7 @@ class Config:
             return builtins.list(value)
         raise ConfigError(f"Config key '{key}' must be a list, but it is {type(value).__name__} {value!r}.")
 
-    def dict(self, key: str, default: dict | None = None) -> dict | None:
+    def dict(self, key: str, default: Any = _LISTED) -> dict | None:
         return self._get(key, default, dict)
 
     def as_dict(self) -> dict[str, Any]:

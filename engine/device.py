@@ -15,7 +15,7 @@ def select_device(config: Config) -> None:
     """Call once the communicator exists (``engine.process`` then knows the local rank), before the model."""
     import tensorflow as tf
 
-    device = config.str("device", "")
+    device = config.str("device")
     gpus = tf.config.list_physical_devices("GPU")  # those CUDA_VISIBLE_DEVICES leaves visible
     if device.startswith("cpu") or not gpus:
         if device.startswith("gpu"):

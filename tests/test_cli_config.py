@@ -188,3 +188,19 @@ def test_traceback_shown_with_debug(tmp_path):
     cfg = write(tmp_path, "c.py", "task = 'dance'\ndebug = True\n")
     r = run_rnn([cfg])
     assert r.returncode != 0 and "Traceback" in r.stderr and "'dance'" in r.stderr
+
+
+# ----- the key registry -----
+
+def test_getters_fall_back_to_the_listed_default_and_help_lists_every_key():
+    from engine import keys
+    from engine.cli import help_text
+
+    empty = Config({})
+    assert empty.int("num_epochs") == 5 and empty.str("task") == "train" and empty.float("learning_rate") == 1.0
+    assert empty.int("num_epochs", 7) == 7  # an explicit default still wins
+    assert empty.bool("my_own_flag") is False and empty.int("my_own_number") is None  # not listed
+    assert empty.list("log") == [] and empty.list("log") is not keys.KEYS["log"].default
+    text = help_text()
+    for name in keys.KEYS:
+        assert f"  {name} " in text, name

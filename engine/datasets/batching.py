@@ -45,8 +45,8 @@ class BatchOptions:
         if train and not config.has("batch_size"):
             raise ConfigError("Config key 'batch_size' is required for training: the maximum number of padded "
                               "frames (max_len * num_seqs) per batch and rank, e.g. batch_size = 5000.")
-        return cls(config.int("batch_size", DEFAULT_EVAL_BATCH_SIZE), config.int("max_seqs", -1),
-                   config.typed("max_seq_length", 0) if train else 0)
+        return cls(config.int("batch_size", DEFAULT_EVAL_BATCH_SIZE), config.int("max_seqs"),
+                   config.typed("max_seq_length") if train else 0)
 
 
 @dataclass

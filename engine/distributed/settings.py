@@ -51,15 +51,15 @@ class DataParallelSettings:
         if stall is not None and stall < 0:
             raise ConfigError(f"Config key '{STALL_TIMEOUT_KEY}' is {stall}; expected seconds > 0 "
                               "(or 0 / None for no stall timeout).")
-        if not config.bool("use_horovod", False):
+        if not config.bool("use_horovod"):
             return cls(backend_name=backend, stall_timeout=stall or None)
         settings = cls(
             enabled=True,
-            reduce_type=config.str("horovod_reduce_type", "grad"),
-            param_sync_step=config.int("horovod_param_sync_step", 1),
-            param_sync_time_diff=config.float("horovod_param_sync_time_diff", None),
-            dataset_distribution=config.str("horovod_dataset_distribution", "shard"),
-            scale_lr=config.bool("horovod_scale_lr", False),
+            reduce_type=config.str("horovod_reduce_type"),
+            param_sync_step=config.int("horovod_param_sync_step"),
+            param_sync_time_diff=config.float("horovod_param_sync_time_diff"),
+            dataset_distribution=config.str("horovod_dataset_distribution"),
+            scale_lr=config.bool("horovod_scale_lr"),
             grad_normalization=_grad_normalization(config),
             backend_name=backend,
             stall_timeout=stall or None,
@@ -97,8 +97,8 @@ class DataParallelSettings:
 def _grad_normalization(config: Any) -> str:
     """``horovod_grad_normalization``, with RETURNN's ``horovod_avg_grad = True`` as another spelling of
     'average'; the two must not contradict each other."""
-    normalization = config.str("horovod_grad_normalization", None)
-    if config.bool("horovod_avg_grad", False):
+    normalization = config.str("horovod_grad_normalization")
+    if config.bool("horovod_avg_grad"):
         if normalization not in (None, "average"):
             raise ConfigError(f"Config keys 'horovod_avg_grad' = True and 'horovod_grad_normalization' = "
                               f"{normalization!r} contradict each other; keep only "

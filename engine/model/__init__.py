@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine import keys
 from engine.config import Config
 from engine.errors import ConfigError
 from engine.model.base import LossResult, SeqModel
 from engine.model.custom import CustomModel
 from engine.model.network import NetworkModel
 
-DEFAULT_RANDOM_SEED = 42
+DEFAULT_RANDOM_SEED = keys.default("random_seed")
 
 __all__ = ["build_model", "SeqModel", "LossResult"]
 
@@ -49,7 +50,7 @@ def build_model(
             random_seed=seed,
         )
     config = config_or_network
-    seed = config.int("random_seed", DEFAULT_RANDOM_SEED) if random_seed is None else random_seed
+    seed = config.int("random_seed") if random_seed is None else random_seed
     dims = dict(input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, random_seed=seed)
     network = config.value("network")
     if callable(network):

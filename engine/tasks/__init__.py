@@ -8,7 +8,7 @@ TASKS = ("train", "eval", "forward")
 
 
 def run_task(config: Config) -> None:
-    task = config.str("task", "train")
+    task = config.str("task")
     if task not in TASKS:
         raise ConfigError(f"Config key 'task' is {task!r}, which this engine does not know; "
                           f"known tasks: {', '.join(TASKS)}.")

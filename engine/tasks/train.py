@@ -36,8 +36,8 @@ class Trainer:
         self.steps = Steps(self.model, self.updater, strategy)
         self.lr_control = LearningRateControl.from_config(config)
         self.model_prefix = config.str("model")
-        self.num_epochs = config.int("num_epochs", 5)
-        self.save_interval = config.int("save_interval", 1)
+        self.num_epochs = config.int("num_epochs")
+        self.save_interval = config.int("save_interval")
         self.lr_file = config.str("learning_rate_file")
         self.start_epoch = resolve_start_epoch(config, self.comm)
         self.global_step = 0

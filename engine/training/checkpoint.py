@@ -40,7 +40,7 @@ def find_newest_epoch(model_prefix: str) -> int | None:
 def resolve_start_epoch(config: Config, comm: Communicator) -> int:
     """``start_epoch`` [auto]: "auto" is one after the newest checkpoint ``<model>.<NNN>`` (1 without one).
     Rank 0 looks; every rank gets its answer."""
-    start = config.value("start_epoch", "auto")
+    start = config.typed("start_epoch")
     if start in ("auto", None):
         prefix = config.str("model")
         newest = find_newest_epoch(prefix) if (prefix and comm.rank == 0) else None

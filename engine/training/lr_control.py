@@ -85,15 +85,15 @@ class LearningRateControl:
     def from_config(cls, config) -> "LearningRateControl":
         """Reads the keys in the module docstring; does not load the file (call ``load`` on resume)."""
         return cls(
-            config.str("learning_rate_control", "constant"),
-            default_learning_rate=config.float("learning_rate", 1.0),
+            config.str("learning_rate_control"),
+            default_learning_rate=config.float("learning_rate"),
             learning_rates=config.typed("learning_rates"),
-            decay=config.float("newbob_learning_rate_decay", 0.5),
-            relative_error_threshold=config.float("newbob_relative_error_threshold", -0.01),
-            error_threshold=config.float("newbob_error_threshold", -0.01),
-            min_learning_rate=config.float("min_learning_rate", 0.0),
-            error_measure=config.str("learning_rate_control_error_measure", None),
-            filename=config.str("learning_rate_file", None),
+            decay=config.float("newbob_learning_rate_decay"),
+            relative_error_threshold=config.float("newbob_relative_error_threshold"),
+            error_threshold=config.float("newbob_error_threshold"),
+            min_learning_rate=config.float("min_learning_rate"),
+            error_measure=config.str("learning_rate_control_error_measure"),
+            filename=config.str("learning_rate_file"),
         )
 
     def _apply_fixed(self) -> None:

@@ -178,13 +178,13 @@ class Updater:
     def from_config(cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable]) -> "Updater":
         """Keys: ``optimizer`` [adam], ``learning_rate`` [1.0] (the loop sets each epoch's rate with
         ``set_learning_rate``), ``gradient_clip_global_norm`` [none]."""
-        clip = config.float("gradient_clip_global_norm", None)
+        clip = config.float("gradient_clip_global_norm")
         if clip is not None and clip <= 0:
             clip = None  # RETURNN configs use 0 for "off"
         return cls(
             variables,
             optimizer_from_config(config.typed("optimizer")),
-            learning_rate=config.float("learning_rate", 1.0),
+            learning_rate=config.float("learning_rate"),
             clip_global_norm=clip,
         )
 
