@@ -14,7 +14,7 @@ Config files load in order (Python when the file ends in .py or starts with #!, 
 with '{'); `++key value` overrides any key, before and after the files load. A value for a key that
 holds a number, bool, list or dict is parsed as a literal of that type; `++key +-0.1` passes -0.1."""
 
-# (key, default, meaning): what --help lists. The full contract is in shared/spec/.
+# (key, default, meaning): what --help lists. The full contract is in docs/.
 DOCUMENTED_KEYS: list[tuple[str, str, str]] = [
     ("task", '"train"', "train | eval | forward"),
     ("train, dev, eval", "", 'dataset dict, "file1.hdf,file2.hdf", or "Class:kw=v,..."'),
@@ -29,6 +29,7 @@ DOCUMENTED_KEYS: list[tuple[str, str, str]] = [
     ("save_interval", "1", "save every N epochs (and at the end)"),
     ("start_epoch", '"auto"', "auto: resume after the newest checkpoint"),
     ("load", "", "checkpoint to load for eval/forward"),
+    ("load_epoch", "", "eval/forward: load <model>.<load_epoch> (default: the newest)"),
     ("learning_rate", "1.0", "initial learning rate"),
     ("learning_rates", "", "per-epoch learning rates (list)"),
     ("learning_rate_control", '"constant"', "constant | newbob | newbob_rel | newbob_abs"),
@@ -41,7 +42,7 @@ DOCUMENTED_KEYS: list[tuple[str, str, str]] = [
     ("log_verbosity", "3", "0..5; 5 prints every step and tracebacks"),
     ("log_all_ranks", "False", "print progress of every rank on stdout, prefixed with the rank"),
     ("device", "GPU when present", "cpu | gpu"),
-    ("random_seed", "42", "seed for parameters and data order"),
+    ("random_seed", "42", "seed for the initial parameters (data order: the datasets' own seeds)"),
     ("use_horovod", "False", "data-parallel training over the ranks of the MPI job"),
     ("horovod_reduce_type", '"grad"', "grad: allreduce gradients each step; param: average parameters"),
     ("horovod_param_sync_step", "1", "param mode: average every N steps"),
@@ -68,7 +69,7 @@ def help_text() -> str:
     lines = [USAGE, "", "keys [default]:"]
     for key, default, meaning in DOCUMENTED_KEYS:
         lines.append(f"  {key:<{width}}  {meaning}" + (f" [{default}]" if default else ""))
-    lines.append("\nSpecs: shared/spec/config-and-cli.md, distributed-protocol.md, hdf-format.md.")
+    lines.append("\nSpecs: docs/config-and-cli.md, docs/distributed-protocol.md, docs/hdf-format.md.")
     return "\n".join(lines)
 
 

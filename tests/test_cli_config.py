@@ -1,4 +1,4 @@
-"""The command line and config rules of shared/spec/config-and-cli.md."""
+"""The command line and config rules of docs/config-and-cli.md."""
 import json
 
 import pytest

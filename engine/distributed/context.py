@@ -1,4 +1,4 @@
-"""The data-parallel settings of a run (``shared/spec/distributed-protocol.md``), read and checked once.
+"""The data-parallel settings of a run (``docs/distributed-protocol.md``), read and checked once.
 
 Every ``horovod_*`` key must be known (a typo must not silently train single-rank semantics), and keys
 that only mean something in the other reduce mode are an error rather than ignored.
