@@ -21,10 +21,9 @@ import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from engine.datasets import DataKeyInfo, HDFWriter
 
-from engine.datasets import DataKeyInfo, HDFWriter  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CONFIG = """
 train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random"}}

@@ -92,7 +92,6 @@ def test_kill_during_checkpoint_save_leaves_previous_checkpoint(tmp_path):
         "    real_replace(src, dst)\n"
         "os.replace = replace\n"
         f"sys.argv = ['rnn.py', {cfg!r}]\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
         f"exec(compile(open({RNN!r}).read(), 'rnn.py', 'exec'))\n")
     r = subprocess.run([sys.executable, str(killer)], capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == -signal.SIGKILL, r.stderr
