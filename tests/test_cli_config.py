@@ -26,7 +26,7 @@ def load(files, overrides):
 
 def test_override_of_typed_key_is_parsed_as_that_type(tmp_path):
     cfg = write(tmp_path, "c.py", "num_epochs = 5\nlr = 0.1\nuse_horovod = False\nlayers = [1]\n"
-                                   "opt = {'class': 'adam'}\nname = 'x'\n")
+                                  "opt = {'class': 'adam'}\nname = 'x'\n")
     c = load([cfg], [("num_epochs", "3"), ("lr", "2"), ("use_horovod", "1"), ("layers", "[2, 3]"),
                      ("opt", "{'class': 'sgd'}"), ("name", "42")])
     assert c.value("num_epochs") == 3 and type(c.value("num_epochs")) is int
