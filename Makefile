@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install install-latest demo blstm sanity test test-stable test-latest bench clean
+.PHONY: install install-latest demo blstm sanity lint test test-stable test-latest bench clean
 
 install: $(VENV)/.installed
 install-latest: $(VENV_LATEST)/.installed
@@ -37,6 +37,10 @@ blstm: install
 # The first check on a new cluster: every rank reports, every backend reduces exactly.
 sanity: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash demos/demo-horovod-mpi.sh 2
+
+# Style and static checks (flake8, configured in setup.cfg).
+lint: install
+	$(VENV)/bin/flake8 rnn.py engine tools benchmarks demos tests
 
 # All tests on TensorFlow 2.15 + Horovod, then the portable ones on the newest TensorFlow.
 test: test-stable test-latest

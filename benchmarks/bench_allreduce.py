@@ -132,7 +132,6 @@ class Bench:
 
 
 def worker(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(ROOT))
     from engine.distributed import create_communicator, horovod_import_error
 
     bench = Bench(args)

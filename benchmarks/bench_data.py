@@ -21,16 +21,13 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import h5py
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.datasets import (BatchOptions, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,  # noqa: E402
+from engine.datasets import (BatchOptions, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,
                              generate_batches)
 
 DIM, CLASSES = 40, 100

@@ -21,10 +21,9 @@ import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from engine.datasets import DataKeyInfo, HDFWriter
 
-from engine.datasets import DataKeyInfo, HDFWriter  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CONFIG = """
 train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random"}}
@@ -59,7 +58,8 @@ FRAMES_LINE = re.compile(r"^(?:\[rank (\d+)\] )?train epoch (\d+): ([\d.]+) fram
 def make_corpus(path: str, num_seqs: int) -> None:
     rng = np.random.RandomState(0)
     mapping = rng.standard_normal((40, 50))
-    with HDFWriter(path, {"data": DataKeyInfo(dim=40), "classes": DataKeyInfo(dim=50, sparse=True)}) as writer:
+    keys = {"data": DataKeyInfo(dim=40), "classes": DataKeyInfo(dim=50, sparse=True)}
+    with HDFWriter(path, keys) as writer:
         for i in range(num_seqs):
             features = rng.standard_normal((rng.randint(50, 251), 40)).astype(np.float32)
             writer.insert(f"seq-{i}", {"data": features, "classes": (features @ mapping).argmax(1)})
@@ -134,8 +134,8 @@ def main() -> None:
         config = os.path.join(tmp, "bench.py")
         with open(config, "w") as f:
             f.write(CONFIG.format(corpus=corpus, epochs=args.epochs))
-        print(f"corpus: {args.seqs} seqs, {os.path.getsize(corpus) / 1e6:.1f} MB; 2x128 LSTM, batch_size 5000, "
-              f"max_seqs 40, Adam, 1 TF thread per rank; epochs 2..{args.epochs} measured")
+        print(f"corpus: {args.seqs} seqs, {os.path.getsize(corpus) / 1e6:.1f} MB; 2x128 LSTM, "
+              f"batch_size 5000, max_seqs 40, Adam, 1 TF thread per rank; epochs 2..{args.epochs} measured")
         rows = []
         base_rate, base_pct = run(config, 1, [], "local")
         rows.append(("1 rank", "-", base_rate, base_pct))

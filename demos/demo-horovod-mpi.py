@@ -19,8 +19,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 SCHEDULER_VARS = ("JOB_ID", "NSLOTS", "NHOSTS", "PE", "PE_HOSTFILE",  # SGE
                   "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_PROCID",
                   "SLURM_LOCALID", "SLURM_NODEID",

@@ -11,9 +11,10 @@ USAGE = """usage: rnn.py CONFIG [CONFIG ...] [++key value ...]
        mpirun -np N python rnn.py CONFIG ++use_horovod 1
        rnn.py --help | --version
 
-Config files load in order (Python when the file ends in .py or starts with #!, JSON when it starts
-with '{'); `++key value` overrides any key, before and after the files load. A value for a key that
-holds a number, bool, list or dict is parsed as a literal of that type; `++key +-0.1` passes -0.1."""
+Config files load in order (JSON when the file starts with '{', Python otherwise); `++key value`
+overrides any key, before and after the files load. A value for a key that holds a number, bool, list
+or dict is parsed as a literal of that type; `++key +-0.1` passes -0.1."""
+
 
 @dataclass
 class CommandLine:
@@ -31,7 +32,7 @@ def help_text() -> str:
         if i == 0 or owner != rows[i - 1][0]:
             lines.append(f"{owner}:")
         lines.append(f"  {name:<{width}}  {meaning}" + (f" [{default}]" if default else ""))
-    lines.append("\nSpecs: shared/spec/config-and-cli.md, distributed-protocol.md, hdf-format.md.")
+    lines.append("\nSpecs: docs/config-and-cli.md, docs/distributed-protocol.md, docs/hdf-format.md.")
     return "\n".join(lines)
 
 

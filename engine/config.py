@@ -1,6 +1,6 @@
 """The config: RETURNN-style Python or JSON files plus ``++key value`` overrides, with typed getters.
 
-Rules (``shared/spec/config-and-cli.md``): files load in order; overrides are applied before the files
+Rules (``docs/config-and-cli.md``): files load in order; overrides are applied before the files
 (so config code can read e.g. ``task``) and again after (so they win). An override of a key that holds a
 non-str value is parsed as a literal of that type; otherwise it stays a string and the typed getter
 converts it when the key is read.

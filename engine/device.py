@@ -25,7 +25,8 @@ def select_device(config: Config) -> None:
         return
     comm, host = process.communicator(), socket.gethostname()
     local_rank, local_size = (comm.local_rank, comm.local_size) if comm is not None else (0, 1)
-    choice = gpu_for_rank(local_rank, local_size, len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"), host=host)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    choice = gpu_for_rank(local_rank, local_size, len(gpus), visible, host=host)
     gpu = gpus[choice.index]
     tf.config.set_visible_devices([gpu], "GPU")
     tf.config.experimental.set_memory_growth(gpu, True)

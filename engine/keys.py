@@ -42,7 +42,8 @@ _section(
 )
 _section(
     "datasets",
-    ("extern_data", "dict", None, "stream dims and sparsity, {key: {'dim': D, 'sparse': bool}}", "from train data"),
+    ("extern_data", "dict", None, "stream dims and sparsity, {key: {'dim': D, 'sparse': bool}}",
+     "from train data"),
     ("num_inputs", "any", None, "legacy: input dim (with num_outputs)"),
     ("num_outputs", "any", None, "legacy: target dims, an int or {key: dim or (dim, ndim)}"),
     ("batch_size", "int", None, "max padded frames per batch (max_len * num_seqs), per rank",
@@ -63,13 +64,14 @@ _section(
 _section(
     "training",
     ("num_epochs", "int", 5, "epochs to train"),
-    ("optimizer", "any", None, "adam | sgd | momentum | rmsprop | nadam, or a dict with 'class'", '{"class": "adam"}'),
+    ("optimizer", "any", None, "adam | sgd | momentum | rmsprop | nadam, or a dict with 'class'",
+     '{"class": "adam"}'),
     ("learning_rate", "float", 1.0, "initial learning rate"),
     ("learning_rates", "any", None, "per-epoch learning rates (list, or dict epoch -> rate)"),
     ("gradient_clip_global_norm", "float", None, "clip gradients to this global norm (0: off)"),
     ("learning_rate_control", "str", "constant", "constant | newbob | newbob_rel | newbob_abs"),
     ("newbob_learning_rate_decay", "float", 0.5, "newbob: multiply the rate by this"),
-    ("newbob_relative_error_threshold", "float", -0.01, "newbob_rel: decay when the relative change is above"),
+    ("newbob_relative_error_threshold", "float", -0.01, "newbob_rel: decay above this relative change"),
     ("newbob_error_threshold", "float", -0.01, "newbob_abs: decay when the absolute change is above"),
     ("min_learning_rate", "float", 0.0, "newbob never goes below this"),
     ("learning_rate_control_error_measure", "str", None, "the score newbob compares", "dev_score"),
@@ -119,7 +121,9 @@ def help_rows() -> list[tuple[str, str, str, str]]:
     """(owner, key, help, shown default) for --help, in the table's order."""
     rows = []
     for key in KEYS.values():
-        shown = key.shown_default if key.shown_default is not None else (
-            "" if key.default is None else f'"{key.default}"' if isinstance(key.default, str) else str(key.default))
+        shown = key.shown_default
+        if shown is None:
+            shown = "" if key.default is None else f'"{key.default}"' if isinstance(key.default, str) \
+                else str(key.default)
         rows.append((key.owner, key.name, key.help, shown))
     return rows

@@ -34,7 +34,8 @@ def mpirun_cmd(num_ranks: int, args: list[str]) -> list[str]:
     ]
 
 
-def run(cmd: list[str], timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float = 120, env: dict | None = None,
+        cwd=None) -> subprocess.CompletedProcess:
     """Run a command, capture text output, never hang past ``timeout``."""
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(env), cwd=cwd)
 

@@ -1,5 +1,8 @@
-"""The command line and config rules of shared/spec/config-and-cli.md."""
+"""The command line and config rules of docs/config-and-cli.md, and the console commands."""
+import configparser
+import importlib
 import json
+import sys
 
 import pytest
 
@@ -7,7 +10,7 @@ import engine
 from engine.cli import parse_command_line
 from engine.config import Config
 from engine.errors import ConfigError
-from helpers import run_rnn
+from helpers import ROOT, run, run_rnn
 
 pytestmark = pytest.mark.tf_latest
 
@@ -26,7 +29,7 @@ def load(files, overrides):
 
 def test_override_of_typed_key_is_parsed_as_that_type(tmp_path):
     cfg = write(tmp_path, "c.py", "num_epochs = 5\nlr = 0.1\nuse_horovod = False\nlayers = [1]\n"
-                                   "opt = {'class': 'adam'}\nname = 'x'\n")
+                                  "opt = {'class': 'adam'}\nname = 'x'\n")
     c = load([cfg], [("num_epochs", "3"), ("lr", "2"), ("use_horovod", "1"), ("layers", "[2, 3]"),
                      ("opt", "{'class': 'sgd'}"), ("name", "42")])
     assert c.value("num_epochs") == 3 and type(c.value("num_epochs")) is int
@@ -127,6 +130,39 @@ def test_help_and_version():
     assert r.returncode == 0 and engine.__version__ in r.stdout
 
 
+def console_commands() -> dict[str, str]:
+    """setup.cfg's console_scripts: command -> "module:function"."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    lines = cfg["options.entry_points"]["console_scripts"].splitlines()
+    pairs = (line.split("=") for line in lines if line.strip())
+    return {name.strip(): target.strip() for name, target in pairs}
+
+
+def test_console_commands_run_their_main_functions(capsys):
+    """What pip installs as `rnn-engine`, `hdf-dump`, ...: each target imports and answers --help."""
+    commands = console_commands()
+    assert set(commands) == {"rnn-engine", "hdf-dump", "dump-dataset", "make-hostfile"}
+    for name, target in commands.items():
+        module, function = target.split(":")
+        main = getattr(importlib.import_module(module), function)
+        try:
+            status = main(["--help"])
+        except SystemExit as exc:  # argparse ends --help with exit status 0
+            status = exc.code
+        assert status == 0, name
+        assert "usage:" in capsys.readouterr().out, name
+
+
+@pytest.mark.parametrize("script", ["hdf_dump", "dump_dataset", "make_hostfile"])
+def test_tool_scripts_are_wrappers_of_the_commands(script):
+    r = run([sys.executable, str(ROOT / "tools" / f"{script}.py"), "--help"])
+    assert r.returncode == 0 and f"usage: {script}.py" in r.stdout, r.stderr
+    module, _ = console_commands()[script.replace("_", "-")].split(":")
+    description = importlib.import_module(module).__doc__.split("\n\n")[0]
+    assert " ".join(description.split()) in " ".join(r.stdout.split())  # argparse rewraps it
+
+
 # ----- errors: one paragraph, non-zero exit, no traceback -----
 
 def assert_clean_error(r, *fragments):
@@ -197,7 +233,8 @@ def test_getters_fall_back_to_the_listed_default_and_help_lists_every_key():
     from engine.cli import help_text
 
     empty = Config({})
-    assert empty.int("num_epochs") == 5 and empty.str("task") == "train" and empty.float("learning_rate") == 1.0
+    assert empty.int("num_epochs") == 5 and empty.str("task") == "train"
+    assert empty.float("learning_rate") == 1.0
     assert empty.int("num_epochs", 7) == 7  # an explicit default still wins
     assert empty.bool("my_own_flag") is False and empty.int("my_own_number") is None  # not listed
     assert empty.list("log") == [] and empty.list("log") is not keys.KEYS["log"].default

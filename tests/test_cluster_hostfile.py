@@ -1,20 +1,15 @@
-"""Scheduler host lists -> Open MPI hostfile (engine/cluster.py, tools/make_hostfile.py)."""
+"""Scheduler host lists -> Open MPI hostfile (engine/cluster.py, engine/tools/make_hostfile.py)."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-from helpers import ROOT
 
 from engine.cluster import (HostSlots, check_enough_slots, expand_hostlist, format_host_map,
                             format_openmpi_hostfile, format_rank_ranges, parse_pe_hostfile,
                             parse_tasks_per_node, slurm_hosts)
 from engine.errors import DistributedError
-
-sys.path.insert(0, str(ROOT / "tools"))
-import make_hostfile  # noqa: E402
+from engine.tools import make_hostfile
 
 pytestmark = pytest.mark.tf_latest
 

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, child_env
-
-sys.path.insert(0, str(ROOT / "tests" / "cluster"))
-from simulated_hosts import AGENT, SUBNET, SimulatedHosts  # noqa: E402
+from cluster.simulated_hosts import AGENT, SUBNET, SimulatedHosts
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

@@ -14,12 +14,10 @@ import time
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.datasets import (Batch, BatchOptions, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,  # noqa: E402
+from engine import log
+from engine.datasets import (Batch, BatchOptions, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,
                              NpzDataset, generate_batches, plan_batches)
-from engine import log  # noqa: E402
-from engine.errors import ConfigError  # noqa: E402
+from engine.errors import ConfigError
 
 
 def make_corpus(folder, num_seqs=80, seed=0) -> str:

@@ -14,7 +14,6 @@ from engine.datasets.hdf_raw import RawRows
 from engine.errors import DataError
 
 pytestmark = pytest.mark.tf_latest
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def corpus(num_seqs=6, dim=3, classes=5, seed=0, zero_len_at=(2,), other_len_offset=1):
@@ -354,8 +353,7 @@ def test_existing_file_survives_failed_overwrite(tmp_path):
 def test_killed_writer_leaves_nothing_under_final_name(tmp_path):
     path = tmp_path / "killed.hdf"
     script = (
-        "import sys, numpy as np\n"
-        f"sys.path.insert(0, {ROOT!r})\n"
+        "import numpy as np\n"
         "from engine.datasets import HDFWriter, DataKeyInfo\n"
         f"w = HDFWriter({str(path)!r}, {{'data': DataKeyInfo(dim=8)}}, flush_bytes=1000)\n"
         "i = 0\n"

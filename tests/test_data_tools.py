@@ -1,7 +1,7 @@
-"""``tools/hdf_dump.py`` on every input form, and ``tools/dump_dataset.py``."""
+"""``hdf-dump`` (engine/tools/hdf_dump.py, run as ``tools/hdf_dump.py``) on every input form, and
+``dump-dataset``."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -10,20 +10,10 @@ import numpy as np
 import pytest
 
 from engine.datasets import DataKeyInfo, HDFDataset, HDFWriter, Task12AXDataset
+from engine.tools import dump_dataset, hdf_dump
 
 pytestmark = pytest.mark.tf_latest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-hdf_dump = load_tool("hdf_dump")
-dump_dataset = load_tool("dump_dataset")
 
 
 def contents(dataset, epoch=1):

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from engine.distributed import (ParamAverage, ParamSyncSchedule, check_config_consistency, create_communicator,
-                                reduce_scores, step_signal)
+from engine.distributed import (ParamAverage, ParamSyncSchedule, check_config_consistency,
+                                create_communicator, reduce_scores, step_signal)
 from engine.distributed.backend import check_reduction
 from engine.distributed.fusion import ALIGN_BYTES, FusionBuffers
 from engine.distributed.local_backend import LocalCommunicator

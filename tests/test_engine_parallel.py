@@ -83,7 +83,8 @@ def test_global_frames_normalization_equals_one_process_on_the_union_batch_with_
 
 @pytest.mark.tf_latest
 def test_param_mode_sync_every_step_equals_averaged_grad_mode(tmp_path):
-    grad, _ = train(tmp_path, 2, base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend="mpi"))
+    grad, _ = train(tmp_path, 2, base_config(use_horovod=True, horovod_avg_grad=True,
+                                             distributed_backend="mpi"))
     param, _ = train(tmp_path, 2, base_config(use_horovod=True, horovod_reduce_type="param",
                                               horovod_param_sync_step=1, distributed_backend="mpi"))
     np.testing.assert_allclose(param[0]["params"], grad[0]["params"], rtol=1e-5, atol=1e-6)
@@ -137,7 +138,8 @@ def test_loader_error_on_rank_1_stops_all_ranks_through_the_signal(tmp_path):
     config = base_config(use_horovod=True)
     config["train"]["num_seqs"] = 400
     started = time.monotonic()
-    _, r = train(tmp_path, 2, config, "fail=loader", "fail_rank=1", "fail_step=30", expect_ok=False, timeout=60)
+    _, r = train(tmp_path, 2, config, "fail=loader", "fail_rank=1", "fail_step=30", expect_ok=False,
+                 timeout=60)
     _assert_ends_quickly(r, started)
     assert r.stderr.count("injected corrupt sequence") == 1, r.stderr
     assert "[rank 1]" in r.stderr and "Another rank failed (rank 1)" in r.stderr

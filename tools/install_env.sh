@@ -57,14 +57,26 @@ if [ "$with_horovod" = 1 ]; then
     || { echo "$build_info"; echo "Horovod was built without TensorFlow or MPI support" >&2; exit 1; }
 fi
 
-step "install the engine in editable mode"
+step "install the linter (flake8, for make lint)"
+have "import flake8" || "$vpy" -m pip install -q flake8
+
+step "install the engine in editable mode, with its console commands"
+# Reinstalled also when setup.cfg names a console command that the installed metadata lacks.
 have "import engine, sys; sys.exit(0 if engine.__file__.startswith('$root') else 1)" \
+  && have "
+import configparser, importlib.metadata, sys
+cfg = configparser.ConfigParser()
+cfg.read('$root/setup.cfg')
+wanted = {line.split('=')[0].strip() for line in cfg['options.entry_points']['console_scripts'].splitlines()
+          if line.strip()}
+installed = {ep.name for ep in importlib.metadata.distribution('rnn-engine').entry_points}
+sys.exit(0 if wanted <= installed else 1)" \
   || "$vpy" -m pip install -q --no-deps --no-build-isolation -e "$root"
 
 step "done"
 "$vpy" - <<'PY'
 import importlib
-for name in ("tensorflow", "numpy", "h5py", "mpi4py", "horovod"):
+for name in ("tensorflow", "numpy", "h5py", "mpi4py", "horovod", "flake8"):
     try:
         print(f"  {name:<10} {importlib.import_module(name).__version__}")
     except ImportError:

@@ -43,8 +43,9 @@ class BatchOptions:
     def from_config(cls, config: Any, *, train: bool) -> BatchOptions:
         """Training needs ``batch_size``; eval and forward default to 5000 and never skip long sequences."""
         if train and not config.has("batch_size"):
-            raise ConfigError("Config key 'batch_size' is required for training: the maximum number of padded "
-                              "frames (max_len * num_seqs) per batch and rank, e.g. batch_size = 5000.")
+            raise ConfigError("Config key 'batch_size' is required for training: the maximum number of "
+                              "padded frames (max_len * num_seqs) per batch and rank, e.g. "
+                              "batch_size = 5000.")
         return cls(config.int("batch_size", DEFAULT_EVAL_BATCH_SIZE), config.int("max_seqs"),
                    config.typed("max_seq_length") if train else 0)
 
@@ -122,15 +123,16 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if not 0 <= shard_rank < shard_size:
         raise ValueError(f"shard_rank {shard_rank} outside 0..{shard_size - 1}")
     lengths = dataset.epoch_seq_lengths()
-    batches, skipped, oversized = plan_batches(lengths, batch_size=options.batch_size, max_seqs=options.max_seqs,
+    batches, skipped, oversized = plan_batches(lengths, batch_size=options.batch_size,
+                                               max_seqs=options.max_seqs,
                                                limits=_length_limits(dataset, options.max_seq_length))
     where = f"{dataset.name}, epoch {dataset.epoch}"
     if skipped:
         log.info(f"{where}: skipped {skipped} of {len(lengths)} sequences longer than max_seq_length "
                  f"{options.max_seq_length}.")
     if oversized:
-        log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {options.batch_size}; each got a "
-                    f"batch of its own.")
+        log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {options.batch_size}; each got "
+                    "a batch of its own.")
     return _materialise(dataset, lengths, batches[shard_rank::shard_size])
 
 

@@ -1,4 +1,4 @@
-"""``HDFDataset``: RETURNN's HDF corpus layout (``shared/spec/hdf-format.md``), one or several files.
+"""``HDFDataset``: RETURNN's HDF corpus layout (``docs/hdf-format.md``), one or several files.
 
 Every file is checked completely when it is opened (objects, shapes, lengths against streams, agreement
 between files), so a broken corpus fails at start-up with the file and object named, not hours into

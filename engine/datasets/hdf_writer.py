@@ -1,4 +1,4 @@
-"""``HDFWriter``: streams sequences into an HDF file in RETURNN's layout (``shared/spec/hdf-format.md``).
+"""``HDFWriter``: streams sequences into an HDF file in RETURNN's layout (``docs/hdf-format.md``).
 
 Sequences are appended one at a time with no second pass: they are buffered up to ``flush_bytes`` and
 appended to resizable (chunked) datasets, the way RETURNN's streaming writer works. The file is

@@ -43,13 +43,13 @@ def _check_against_dataset(streams: dict[str, tuple[int, bool]], dataset: Datase
     """The declared dims must be the data's, or the first step fails deep inside TensorFlow."""
     for key, (dim, sparse) in streams.items():
         if key not in dataset.data_keys:
-            raise ConfigError(f"'extern_data'/'num_outputs' declares stream '{key}', but dataset {dataset!r} has "
-                              f"only {', '.join(dataset.data_keys)}.")
+            raise ConfigError(f"'extern_data'/'num_outputs' declares stream '{key}', but dataset {dataset!r} "
+                              f"has only {', '.join(dataset.data_keys)}.")
         actual = (dataset.get_data_dim(key), dataset.is_sparse(key))
         if actual != (dim, sparse):
             raise ConfigError(f"'extern_data'/'num_outputs' declares stream '{key}' with dim {dim} "
-                              f"({'sparse' if sparse else 'dense'}), but dataset {dataset!r} has dim {actual[0]} "
-                              f"({'sparse' if actual[1] else 'dense'}).")
+                              f"({'sparse' if sparse else 'dense'}), but dataset {dataset!r} has dim "
+                              f"{actual[0]} ({'sparse' if actual[1] else 'dense'}).")
 
 
 def _stream(key: str, value, default_sparse: bool = False) -> tuple[int, bool]:
@@ -60,5 +60,5 @@ def _stream(key: str, value, default_sparse: bool = False) -> tuple[int, bool]:
         return int(value[0]), int(value[1]) == 1
     if isinstance(value, int) and not isinstance(value, bool):
         return value, default_sparse
-    raise ConfigError(f"Config 'extern_data'/'num_outputs' entry '{key}' = {value!r} is not understood; write "
-                      "{'dim': D, 'sparse': True/False} or (dim, ndim).")
+    raise ConfigError(f"Config 'extern_data'/'num_outputs' entry '{key}' = {value!r} is not understood; "
+                      "write {'dim': D, 'sparse': True/False} or (dim, ndim).")

@@ -1,4 +1,4 @@
-"""The collectives of the data-parallel step protocol (``shared/spec/distributed-protocol.md``).
+"""The collectives of the data-parallel step protocol (``docs/distributed-protocol.md``).
 
 Per step: ``step_signal`` (one small integer allreduce: who has data, who failed, who wants a parameter
 sync) and, after it, ``raise_on_failure``, so no rank waits in a collective that a failed rank will

@@ -1,4 +1,4 @@
-"""The data-parallel keys of a config (``shared/spec/distributed-protocol.md``), read and checked once.
+"""The data-parallel keys of a config (``docs/distributed-protocol.md``), read and checked once.
 
 Every ``horovod_*`` key must be known (a typo must not silently train single-rank semantics), and keys
 that only mean something in the other reduce mode are an error rather than ignored. ``strategy.py``

@@ -26,9 +26,10 @@ from engine.launch import env_size
 def start(config: Config) -> Strategy:
     settings = DataParallelSettings.from_config(config)  # checks every horovod_* key, also when off
     if not settings.enabled and env_size() > 1:
-        raise ConfigError(f"This process is one of {env_size()} ranks started by mpirun/srun, but 'use_horovod' "
-                          "is off, so every rank would train its own model and overwrite the others' files. "
-                          "Add '++use_horovod 1' for data-parallel training, or start a single process.")
+        raise ConfigError(f"This process is one of {env_size()} ranks started by mpirun/srun, but "
+                          "'use_horovod' is off, so every rank would train its own model and overwrite the "
+                          "others' files. Add '++use_horovod 1' for data-parallel training, or start a "
+                          "single process.")
     comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall_timeout)
     process.set_communicator(comm)
     install_failure_handler()

@@ -197,4 +197,3 @@ def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strate
     schedule = ParamSyncSchedule(settings.param_sync_step, settings.param_sync_time_diff)
     return ParamAverage(comm, distribution=settings.dataset_distribution, schedule=schedule,
                         scale_lr=settings.scale_lr)
-

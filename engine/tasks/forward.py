@@ -10,8 +10,8 @@ import os
 
 from engine import log
 from engine.config import Config
-from engine.datasets import (BatchOptions, DataKeyInfo, Dataset, HDFWriter, create_dataset, dataset_from_config,
-                             generate_batches)
+from engine.datasets import (BatchOptions, DataKeyInfo, Dataset, HDFWriter, create_dataset,
+                             dataset_from_config, generate_batches)
 from engine.distributed import agree_on_failure, broadcast_initial, start
 from engine.errors import ConfigError, EngineError
 from engine.tasks.evaluate import load_model_for_inference
@@ -44,7 +44,8 @@ def forward_shard(steps: Steps, dataset: Dataset, path: str, out_dim: int, batch
 
 def merge_parts(output_file: str, parts: list[str], order_per_part: list[list[int]], out_dim: int) -> int:
     """One file in corpus order from the ranks' part files; returns the number of sequences."""
-    location = {corpus_idx: (p, pos) for p, order in enumerate(order_per_part) for pos, corpus_idx in enumerate(order)}
+    location = {corpus_idx: (p, pos)
+                for p, order in enumerate(order_per_part) for pos, corpus_idx in enumerate(order)}
     readers = [create_dataset({"class": "HDFDataset", "files": [path], "cache_size": "0"}) for path in parts]
     for reader in readers:
         reader.init_seq_order(1)

@@ -2,7 +2,8 @@
 
 A checkpoint holds the model's variables and the optimizer's state by name, plus the epoch and the
 global step. It is written through ``atomic_file``, so a crash or kill during a save leaves the
-previous checkpoint intact and never a partial file under a checkpoint's name. One file (rather than TensorFlow's index + data shards) keeps the rename atomic.
+previous checkpoint intact and never a partial file under a checkpoint's name. One file (rather than
+TensorFlow's index + data shards) keeps the rename atomic.
 """
 from __future__ import annotations
 

@@ -97,4 +97,4 @@ class EpochReport:
         log.info(f"{self.name}, finished after {self.steps} steps, {hms(elapsed)} elapsed "
                  f"({self.computing_percent:.1f}% computing time)")
         log.info(f"{self.name}: {self.scores.frames / max(elapsed, 1e-9):.1f} frames/sec "
-                  f"({self.scores.frames:.0f} frames, {self.compute_seconds:.2f}s computing)")
+                 f"({self.scores.frames:.0f} frames, {self.compute_seconds:.2f}s computing)")

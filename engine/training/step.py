@@ -19,14 +19,15 @@ from engine.training.updater import Updater
 
 
 class Steps:
-    def __init__(self, model: SeqModel, updater: Updater | None = None, strategy: Strategy | None = None) -> None:
+    def __init__(self, model: SeqModel, updater: Updater | None = None,
+                 strategy: Strategy | None = None) -> None:
         """``updater`` and ``strategy`` are needed for training only."""
         self.model = model
         self.updater = updater
         self.strategy = strategy
         if strategy is not None and strategy.differentiates_loss_sum and len(model.loss_targets) > 1:
-            raise ConfigError(f"horovod_grad_normalization = 'global_frames' divides the summed gradient by the "
-                              f"frames of one target, but the network's losses use several targets "
+            raise ConfigError("horovod_grad_normalization = 'global_frames' divides the summed gradient by "
+                              "the frames of one target, but the network's losses use several targets "
                               f"({', '.join(sorted(model.loss_targets))}). Use 'sum' or 'average'.")
         self.params = list(model.trainable_variables)
         self.target_keys = sorted(model.target_dims)
@@ -49,7 +50,8 @@ class Steps:
             losses = self.model.compute_losses(outputs, targets, target_lengths)
         differentiated = losses.loss if self.strategy.differentiates_loss_sum else losses.objective
         grads = tape.gradient(differentiated, self.params)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self.params)]
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                 for g, v in zip(grads, self.params)]
         grads, scores = self.strategy.reduce_gradients(grads, self._scores(losses))
         self.updater.apply_gradients(grads, self.params)
         return scores

@@ -7,19 +7,15 @@ every rank prints ``rank R: K checks passed``.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-
-from engine import process  # noqa: E402
-from engine.distributed import (ParamAverage, ParamSyncSchedule, broadcast_initial,  # noqa: E402
-                                check_config_consistency, create_communicator, helpers, horovod_import_error,
-                                install_failure_handler, reduce_scores, step_signal)
-from engine.errors import ConfigError, DistributedError  # noqa: E402
+from engine import process
+from engine.distributed import (ParamAverage, ParamSyncSchedule, broadcast_initial, check_config_consistency,
+                                create_communicator, helpers, horovod_import_error, install_failure_handler,
+                                reduce_scores, step_signal)
+from engine.errors import ConfigError, DistributedError
 
 SHAPES = [(), (0,), (3, 0), (7,), (5, 3), (1000,), (333, 17), (300_007,)] + [(1 + i % 5,) for i in range(60)]
 ALL_DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.int8, np.uint8]

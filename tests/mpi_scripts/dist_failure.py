@@ -8,15 +8,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-
-from engine import process  # noqa: E402
-from engine.distributed import create_communicator, install_failure_handler, step_signal  # noqa: E402
-from engine.errors import DataError  # noqa: E402
+from engine import process
+from engine.distributed import create_communicator, install_failure_handler, step_signal
+from engine.errors import DataError
 
 
 def fail_on_rank_1(mode: str) -> None:

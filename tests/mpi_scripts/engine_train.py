@@ -24,7 +24,8 @@ def main() -> None:
     opts = dict(o.split("=", 1) for o in options)
     config = Config(ast.literal_eval(config_text))
     log.init(verbosity=config.int("log_verbosity", 3))
-    fail, fail_rank, fail_step = opts.get("fail"), int(opts.get("fail_rank", 1)), int(opts.get("fail_step", 1))
+    fail = opts.get("fail")
+    fail_rank, fail_step = int(opts.get("fail_rank", 1)), int(opts.get("fail_step", 1))
     trace = {"after_step": [], "after_sync": [], "sync_steps": []}
     recorded = {}
 

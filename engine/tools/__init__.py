@@ -1,0 +1,2 @@
+"""Command-line tools, each ``main(argv) -> int``: installed as console commands (``hdf-dump``,
+``dump-dataset``, ``make-hostfile``) and run by the thin scripts in ``tools/``."""

@@ -1,0 +1,1 @@
+"""Support for the multi-host tests: simulated hosts (network namespaces) and scheduler stand-ins."""
