@@ -1,4 +1,4 @@
-"""One pass over a dataset, following ``shared/spec/distributed-protocol.md`` step by step.
+"""One pass over a dataset, following ``docs/distributed-protocol.md`` step by step.
 
 Train: the strategy's signal (``before_step``: all ranks learn who still has data and whether a rank
 failed, so no rank waits in a collective that another will never enter) -> the compiled step (the
