@@ -42,7 +42,8 @@ def open_seconds(path: str, variant: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", help="where to write the corpus [a temp dir]")
     parser.add_argument("--mb", type=float, default=100.0)
     parser.add_argument("--repeat", type=int, default=5)

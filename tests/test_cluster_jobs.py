@@ -173,6 +173,9 @@ def test_run_outside_an_allocation_says_how_to_submit(cluster, script, variable)
 
 # ----- stop signals, requeueing, restarts -----
 
+ONE_HOST_PE = "node01 2 all.q@node01 UNDEFINED\n"
+
+
 def test_sbatch_warning_signal_reaches_mpirun_and_the_job_is_requeued(cluster):
     """SLURM signals only the job's shell (--signal=B:...); the shell passes it on to mpirun, whose ranks
     save a checkpoint and exit 99; the job then requeues itself."""
@@ -202,7 +205,7 @@ def test_sigterm_to_the_job_shell_reaches_mpirun_as_sigusr2(cluster):
 def test_qsub_notify_warning_is_survived_and_the_job_exits_99_to_be_rescheduled(cluster):
     """SGE's -notify sends SIGUSR2 to the whole job: the shell must not die of it (its default action),
     and ends with the ranks' 99, which makes SGE reschedule the job."""
-    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE="node01 2 all.q@node01 UNDEFINED\n",
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE,
                             FAKE_SIGNAL_JOB="warning", FAKE_MPIRUN_OUTCOMES="wait-signal")
     assert result.returncode == 0, result.stderr
     assert "-notify" in cluster.calls("qsub")[0]["args"]
@@ -220,13 +223,13 @@ def test_warning_and_requeue_can_be_turned_off(cluster):
     args = cluster.calls("sbatch")[0]["args"]
     assert not [a for a in args if a.startswith(("--signal", "--requeue"))]
     assert cluster.job_status() == 99 and cluster.calls("scontrol") == []
-    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE="node01 2 all.q@node01 UNDEFINED\n",
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE,
                             SGE_NOTIFY="0")
     assert result.returncode == 0 and "-notify" not in cluster.calls("qsub")[0]["args"], result.stderr
 
 
 @pytest.mark.parametrize("script, env", [
-    ("qsub_train.sh", {"FAKE_PE_HOSTFILE": "node01 2 all.q@node01 UNDEFINED\n"}),
+    ("qsub_train.sh", {"FAKE_PE_HOSTFILE": ONE_HOST_PE}),
     ("sbatch_train.sh", {"FAKE_SLURM_NODELIST": "node1", "FAKE_SLURM_TASKS_PER_NODE": "2"}),
 ])
 def test_max_restarts_reruns_mpirun_under_the_supervisor(cluster, script, env):

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.tf_latest
 CONFIG = "train = 'Task12AXDataset:num_seqs=3'\nopen({marker!r}, 'w').close()\n"
 
 
-@pytest.mark.parametrize("name, first_line", [("cfg.py", ""), ("setup.config", ""), ("train_cfg", "#!rnn.py\n")])
+@pytest.mark.parametrize("name, first_line", [("cfg.py", ""), ("setup.config", ""),
+                                              ("train_cfg", "#!rnn.py\n")])
 def test_declared_configs_are_executed(tmp_path, name, first_line):
     marker = tmp_path / "executed"
     path = tmp_path / name

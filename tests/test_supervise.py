@@ -2,7 +2,6 @@
 for the scheduler on a stop request, forwards signals; small fake commands, and a real 2-rank mpirun."""
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -63,7 +62,8 @@ def test_death_by_signal_is_restarted_and_named(tmp_path):
 
 
 def test_gives_up_after_max_restarts_with_capped_backoff(tmp_path):
-    r = supervise(["--max-restarts", "3", "--backoff", "0.1", "--max-backoff", "0.25"], flaky(tmp_path, "kill"))
+    r = supervise(["--max-restarts", "3", "--backoff", "0.1", "--max-backoff", "0.25"],
+                  flaky(tmp_path, "kill"))
     assert r.returncode == 128 + signal.SIGKILL and runs(tmp_path) == 4, r.stderr
     waits = re.findall(r"restart \d of 3 in (\S+) s\.", r.stderr)
     assert waits == ["0.1", "0.2", "0.25"], r.stderr
@@ -112,7 +112,8 @@ def wait_for(path: Path, timeout: float = 30) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM])
 def test_signals_are_forwarded_and_end_the_supervision(tmp_path, signum):
     got, ready = tmp_path / "got", tmp_path / "ready"
-    proc = start_supervisor(["--backoff", "0"], [sys.executable, "-c", WAITS_FOR_SIGNAL, str(got), str(ready)])
+    proc = start_supervisor(["--backoff", "0"],
+                            [sys.executable, "-c", WAITS_FOR_SIGNAL, str(got), str(ready)])
     wait_for(ready)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)

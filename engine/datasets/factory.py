@@ -148,9 +148,9 @@ def dataset_from_cli_arg(arg: str, *, which: str = "train") -> Dataset:
     looks_like_hdf = arg.lower().endswith((".hdf", ".h5", ".hdf5")) or "," in arg
     if os.path.isfile(arg) and not looks_like_hdf and not h5py.is_hdf5(arg):
         if not is_config_file(arg):
-            raise DataError(f"'{arg}' is not an HDF5 file, not a .npz archive and not a config file, so it is "
-                            f"not read: a config must end in {' or '.join(_CONFIG_SUFFIXES)} or start with "
-                            "a '#!' line (only those are executed as Python).")
+            raise DataError(f"'{arg}' is not an HDF5 file, not a .npz archive and not a config file, so "
+                            f"it is not read: a config must end in {' or '.join(_CONFIG_SUFFIXES)} or "
+                            "start with a '#!' line (only those are executed as Python).")
         config = Config.from_sources([arg], [])
         if not config.has(which):
             raise DataError(f"Config file '{arg}' defines no '{which}' dataset (its keys: "

@@ -135,8 +135,8 @@ class Supervisor:
     def _stopped_while_waiting(self) -> int:
         name = _signal_name(self.stop_signal)
         if self.stop_signal in _STOP_WARNINGS:
-            log(f"{name} while waiting to restart: exiting {RESUMABLE_EXIT_CODE}; the newest checkpoint is on "
-                "disk and a requeued job resumes from it.")
+            log(f"{name} while waiting to restart: exiting {RESUMABLE_EXIT_CODE}; the newest checkpoint is "
+                "on disk and a requeued job resumes from it.")
             return RESUMABLE_EXIT_CODE
         log(f"{name} while waiting to restart: not restarting.")
         return 128 + self.stop_signal
@@ -145,7 +145,8 @@ class Supervisor:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="supervise", description="Rerun COMMAND after an abnormal end, with exponential back-off.",
-        usage="supervise [--max-restarts N] [--backoff SECONDS] [--max-backoff SECONDS] -- COMMAND [ARGS ...]",
+        usage="supervise [--max-restarts N] [--backoff SECONDS] [--max-backoff SECONDS] "
+              "-- COMMAND [ARGS ...]",
         epilog="Exit codes and signals: see docs/long-jobs.md or engine/tools/supervise.py.")
     parser.add_argument("--max-restarts", type=int, default=3, metavar="N",
                         help="reruns after an abnormal end before giving up [3]")
