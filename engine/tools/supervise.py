@@ -33,13 +33,14 @@ import subprocess
 import sys
 import time
 
-from engine.errors import NOT_RESTARTABLE_EXIT_CODES, RESUMABLE_EXIT_CODE
+from engine.errors import (CONFIG_ERROR_EXIT_CODE, DATA_ERROR_EXIT_CODE, NOT_RESTARTABLE_EXIT_CODES,
+                           RESUMABLE_EXIT_CODE)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # A signal that arrives while waiting to restart: the scheduler's stop warnings end the supervisor with
 # "resumable" (the newest checkpoint is on disk, a requeue resumes from it); others with 128 + N.
 _STOP_WARNINGS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-_WHY_FATAL = {2: "a config error", 3: "a data error"}
+_WHY_FATAL = {CONFIG_ERROR_EXIT_CODE: "a config error", DATA_ERROR_EXIT_CODE: "a data error"}
 
 
 def log(message: str) -> None:
