@@ -1,9 +1,28 @@
-"""User-facing errors.
+"""User-facing errors and the exit codes of ``rnn.py`` and the tools.
 
 An ``EngineError`` carries one clear paragraph for the user (what is wrong, which file, key or rank,
-what was expected). ``rnn.py`` and the tools print it without a traceback and exit non-zero; anything
-else that escapes is a bug in the engine and is shown with its traceback.
+what was expected). ``rnn.py`` and the tools print it without a traceback and exit with the error's
+``exit_code``; anything else that escapes is a bug in the engine and is shown with its traceback.
+
+Exit codes, a contract for job scripts, supervisors and schedulers (docs/long-jobs.md, "Exit codes"):
+
+    0   finished
+    1   failed: a bug, a failed or stalled rank, a lost node (a restart from the newest checkpoint may
+        succeed)
+    2   ConfigError: the config files or the command line are wrong (a restart cannot fix it)
+    3   DataError: a corpus or dataset definition is wrong (a restart cannot fix it)
+    99  stopped on request (preemption signal or time limit) after saving a checkpoint: run the same
+        command again to resume; SGE reschedules a job that exits 99
 """
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+CONFIG_ERROR_EXIT_CODE = 2
+DATA_ERROR_EXIT_CODE = 3
+RESUMABLE_EXIT_CODE = 99
+
+# A restart runs into the same error again: a supervisor gives up at once on these.
+NOT_RESTARTABLE_EXIT_CODES = frozenset({CONFIG_ERROR_EXIT_CODE, DATA_ERROR_EXIT_CODE})
 
 
 class EngineError(Exception):
@@ -14,7 +33,7 @@ class EngineError(Exception):
     ``quiet``: exit non-zero without a message, because another rank reports the cause.
     """
 
-    exit_code = 1
+    exit_code = EXIT_FAILURE
     agreed = False
     quiet = False
 
@@ -22,11 +41,13 @@ class EngineError(Exception):
 class ConfigError(EngineError):
     """The config files or the ``++key value`` overrides are wrong."""
 
-    exit_code = 2
+    exit_code = CONFIG_ERROR_EXIT_CODE
 
 
 class DataError(EngineError):
     """A corpus file or dataset definition is wrong."""
+
+    exit_code = DATA_ERROR_EXIT_CODE
 
 
 class DistributedError(EngineError):

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 
-# Open MPI, MPICH/Hydra and PMIx launchers, then SLURM's srun.
+# Open MPI, MPICH/Hydra and PMIx launchers, then SLURM's srun. The batch script of an sbatch job (and
+# a plain `python` it starts) gets SLURM_NTASKS (the job's task count) and SLURM_PROCID=0 as well, so
+# those do not mean "one of N ranks"; only a task that srun started has the step variables
+# SLURM_STEP_ID and SLURM_STEP_NUM_TASKS (the tasks of this step), which sbatch does not set.
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
 
 
 def _first_int(names: tuple[str, ...], default: int) -> int:

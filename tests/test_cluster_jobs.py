@@ -1,5 +1,6 @@
 """The job scripts tools/qsub_train.sh and tools/sbatch_train.sh, run with stand-ins for qsub, sbatch,
-srun and mpirun (tests/cluster/standin.py): the scheduler options, the hostfile and the mpirun line."""
+srun, scontrol and mpirun (tests/cluster/standin.py): the scheduler options, the hostfile and the mpirun
+line, the scheduler's warning signal passed on to mpirun, requeueing on exit status 99, restarts."""
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ class Cluster:
         self.tmp = tmp_path
         self.bin = tmp_path / "bin"
         self.bin.mkdir()
-        for command in ("qsub", "sbatch", "srun", "mpirun"):
+        for command in ("qsub", "sbatch", "srun", "scontrol", "mpirun"):
             self._script(command, f'exec "{sys.executable}" "{STANDIN}" {command} "$@"')
         # The interpreter the job uses; the job takes the mpirun beside it, as beside a venv's python.
         self._script("python", f'exec "{sys.executable}" "$@"')
@@ -73,6 +74,10 @@ def check_mpirun(cluster: Cluster, num_ranks: int, extra: list[str]) -> dict:
     (call,) = cluster.calls("mpirun")
     args = call["args"]
     assert args[:8] == ["--hostfile", args[1], "-np", str(num_ranks), "--bind-to", "none", "--map-by", "slot"]
+    # the hostfile lies in a fresh private directory (mktemp -d), removed at the end of the job
+    hostfile_dir = Path(args[1]).parent
+    assert hostfile_dir.name.startswith("engine-hosts.") and call["hostfile_dir_mode"] == 0o700
+    assert not hostfile_dir.exists()
     tail = expected_mpirun_tail(cluster, extra)
     assert args[-len(tail):] == tail
     assert ["-x", "PATH"] in [args[i:i + 2] for i in range(len(args) - 1)]
@@ -96,7 +101,7 @@ def test_qsub_script_submits_to_the_mpi_pe_and_runs_mpirun_on_the_granted_hosts(
     (qsub,) = cluster.calls("qsub")
     args = qsub["args"]
     assert args[args.index("-pe") + 1:args.index("-pe") + 3] == ["mpi", "4"]
-    assert {"-V", "-cwd"} <= set(args) and args[args.index("-S") + 1] == "/bin/bash"
+    assert {"-V", "-cwd", "-notify"} <= set(args) and args[args.index("-S") + 1] == "/bin/bash"
     assert args[args.index("-l") + 1] == "h_rt=1:00:00"
     assert args[-6:] == [str(ROOT / "tools" / "qsub_train.sh"), "--run", CONFIG, "4", "++num_epochs", "3"]
 
@@ -125,6 +130,7 @@ def test_sbatch_script_with_mpirun_converts_the_slurm_node_list(cluster):
     assert cluster.job_status() == 0, cluster.job_output()
     (sbatch,) = cluster.calls("sbatch")
     assert sbatch["args"] == ["--job-name=train-12ax", "--ntasks=5", f"--output={cluster.tmp}/log/%x.%j.out",
+                              "--open-mode=append", "--signal=B:USR1@300", "--requeue",
                               "--nodes=3", "--gpus-per-task=1", "--time=2:00:00",
                               str(ROOT / "tools" / "sbatch_train.sh"), "--run", CONFIG, "5",
                               "++learning_rate", "0.001"]
@@ -163,3 +169,96 @@ def test_run_outside_an_allocation_says_how_to_submit(cluster, script, variable)
     result = cluster.submit(script, ["--run", CONFIG, "2"])
     assert result.returncode == 2
     assert f"{variable} is not set" in result.stderr and f"tools/{script} CONFIG NUM_RANKS" in result.stderr
+
+
+# ----- stop signals, requeueing, restarts -----
+
+ONE_HOST_PE = "node01 2 all.q@node01 UNDEFINED\n"
+
+
+def test_sbatch_warning_signal_reaches_mpirun_and_the_job_is_requeued(cluster):
+    """SLURM signals only the job's shell (--signal=B:...); the shell passes it on to mpirun, whose ranks
+    save a checkpoint and exit 99; the job then requeues itself."""
+    result = cluster.submit("sbatch_train.sh", [CONFIG, "2"], FAKE_SLURM_NODELIST="node1",
+                            FAKE_SLURM_TASKS_PER_NODE="2", SIGNAL_SECONDS="600",
+                            FAKE_SIGNAL_JOB="warning", FAKE_MPIRUN_OUTCOMES="wait-signal")
+    assert result.returncode == 0, result.stderr
+    assert "--signal=B:USR1@600" in cluster.calls("sbatch")[0]["args"]
+    (signals,) = cluster.calls("mpirun-signals")
+    assert signals["received"] == ["SIGUSR1"], cluster.job_output()
+    assert cluster.job_status() == 99
+    (requeue,) = cluster.calls("scontrol")
+    assert requeue["args"] == ["requeue", "4712"]
+    assert "requeueing the job, it resumes when it runs again" in cluster.job_output()
+
+
+def test_sigterm_to_the_job_shell_reaches_mpirun_as_sigusr2(cluster):
+    """mpirun would kill the ranks within half a second of a SIGTERM: the shell asks them with SIGUSR2."""
+    result = cluster.submit("sbatch_train.sh", [CONFIG, "2"], FAKE_SLURM_NODELIST="node1",
+                            FAKE_SLURM_TASKS_PER_NODE="2", FAKE_SIGNAL_JOB="SIGTERM",
+                            FAKE_MPIRUN_OUTCOMES="wait-signal")
+    assert result.returncode == 0, result.stderr
+    assert cluster.calls("mpirun-signals")[0]["received"] == ["SIGUSR2"], cluster.job_output()
+    assert cluster.job_status() == 99 and len(cluster.calls("scontrol")) == 1
+
+
+def test_qsub_notify_warning_is_survived_and_the_job_exits_99_to_be_rescheduled(cluster):
+    """SGE's -notify sends SIGUSR2 to the whole job: the shell must not die of it (its default action),
+    and ends with the ranks' 99, which makes SGE reschedule the job."""
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE,
+                            FAKE_SIGNAL_JOB="warning", FAKE_MPIRUN_OUTCOMES="wait-signal")
+    assert result.returncode == 0, result.stderr
+    assert "-notify" in cluster.calls("qsub")[0]["args"]
+    received = cluster.calls("mpirun-signals")[0]["received"]
+    assert received and set(received) == {"SIGUSR2"}, cluster.job_output()  # directly, and passed on
+    assert cluster.job_status() == 99, cluster.job_output()
+    assert "exit status 99 makes SGE reschedule the job" in cluster.job_output()
+
+
+def test_warning_and_requeue_can_be_turned_off(cluster):
+    result = cluster.submit("sbatch_train.sh", [CONFIG, "2"], FAKE_SLURM_NODELIST="node1",
+                            FAKE_SLURM_TASKS_PER_NODE="2", SIGNAL_SECONDS="0", REQUEUE="0",
+                            FAKE_MPIRUN_OUTCOMES="99")
+    assert result.returncode == 0, result.stderr
+    args = cluster.calls("sbatch")[0]["args"]
+    assert not [a for a in args if a.startswith(("--signal", "--requeue"))]
+    assert cluster.job_status() == 99 and cluster.calls("scontrol") == []
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE,
+                            SGE_NOTIFY="0")
+    assert result.returncode == 0 and "-notify" not in cluster.calls("qsub")[0]["args"], result.stderr
+
+
+@pytest.mark.parametrize("script, env", [
+    ("qsub_train.sh", {"FAKE_PE_HOSTFILE": ONE_HOST_PE}),
+    ("sbatch_train.sh", {"FAKE_SLURM_NODELIST": "node1", "FAKE_SLURM_TASKS_PER_NODE": "2"}),
+])
+def test_max_restarts_reruns_mpirun_under_the_supervisor(cluster, script, env):
+    result = cluster.submit(script, [CONFIG, "2"], MAX_RESTARTS="2", RESTART_BACKOFF="0",
+                            FAKE_MPIRUN_OUTCOMES="137,0", **env)
+    assert result.returncode == 0, result.stderr
+    assert cluster.job_status() == 0, cluster.job_output()
+    assert len(cluster.calls("mpirun")) == 2
+    output = cluster.job_output()
+    assert f"tools/supervise.py --max-restarts 2 --backoff 0 -- {cluster.bin / 'mpirun'}" in output, output
+    assert "exit code 137 (128 + SIGKILL) (attempt 1 of 3); restart 1 of 2 in 0 s." in output
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"MAX_RESTARTS": "many"}, "MAX_RESTARTS is 'many'; expected a number"),
+])
+def test_bad_restart_setting_is_refused_in_the_job(cluster, setting, message):
+    result = cluster.submit("sbatch_train.sh", [CONFIG, "2"], FAKE_SLURM_NODELIST="node1",
+                            FAKE_SLURM_TASKS_PER_NODE="2", **setting)
+    assert result.returncode == 0
+    assert cluster.job_status() == 2 and message in cluster.job_output()
+    assert cluster.calls("mpirun") == []
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"SIGNAL_SECONDS": "5m"}, "SIGNAL_SECONDS is '5m'; expected seconds"),
+    ({"REQUEUE": "yes"}, "REQUEUE is 'yes'; expected 1 or 0"),
+])
+def test_bad_signal_settings_are_refused_before_submitting(cluster, setting, message):
+    result = cluster.submit("sbatch_train.sh", [CONFIG, "2"], **setting)
+    assert result.returncode == 2 and message in result.stderr
+    assert cluster.calls("sbatch") == []

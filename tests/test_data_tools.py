@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine.datasets import DataKeyInfo, HDFDataset, HDFWriter, Task12AXDataset
+from engine.errors import DATA_ERROR_EXIT_CODE
 from engine.tools import dump_dataset, hdf_dump
 
 pytestmark = pytest.mark.tf_latest
@@ -78,7 +79,7 @@ def test_range_epoch_and_labels(tmp_path):
 def test_refuses_to_overwrite(tmp_path, capsys):
     out = tmp_path / "out.hdf"
     out.write_bytes(b"precious")
-    assert hdf_dump.main([repr(TWELVE_AX), str(out)]) == 1
+    assert hdf_dump.main([repr(TWELVE_AX), str(out)]) == DATA_ERROR_EXIT_CODE
     assert "--overwrite" in capsys.readouterr().err and out.read_bytes() == b"precious"
     assert hdf_dump.main([repr(TWELVE_AX), str(out), "--overwrite"]) == 0
     assert HDFDataset(str(out)).corpus_num_seqs == 12
@@ -90,7 +91,7 @@ def test_refuses_to_overwrite(tmp_path, capsys):
 ])
 def test_bad_input_is_one_clear_message(tmp_path, arg, words, capsys):
     out = tmp_path / "o.hdf"
-    assert hdf_dump.main([arg, str(out)]) == 1
+    assert hdf_dump.main([arg, str(out)]) == DATA_ERROR_EXIT_CODE
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err and not out.exists()
 
@@ -98,7 +99,7 @@ def test_bad_input_is_one_clear_message(tmp_path, arg, words, capsys):
 def test_config_without_the_dataset(tmp_path, capsys):
     config = tmp_path / "c.py"
     config.write_text("train = 'Task12AXDataset:num_seqs=3'\n")
-    assert hdf_dump.main([str(config), str(tmp_path / "o.hdf"), "--dataset", "eval"]) == 1
+    assert hdf_dump.main([str(config), str(tmp_path / "o.hdf"), "--dataset", "eval"]) == DATA_ERROR_EXIT_CODE
     assert "defines no 'eval' dataset" in capsys.readouterr().err
 
 

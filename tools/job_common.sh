@@ -1,5 +1,6 @@
 # What tools/qsub_train.sh and tools/sbatch_train.sh share: checking their arguments, and what runs
-# inside the allocation (the user's prologue, the interpreter, the mpirun line). Sourced, not run.
+# inside the allocation (the user's prologue, the interpreter, the mpirun line, passing the scheduler's
+# stop signals on, the private hostfile directory). Sourced, not run.
 #
 # Settings read here (environment, all optional):
 #   ENGINE_PROLOGUE  a bash file sourced in the job before anything else (module load, venv activate,
@@ -10,6 +11,9 @@
 #                    else mpirun on PATH]
 #   MPIRUN_ARGS      extra mpirun options, e.g. "--mca btl_tcp_if_include 10.1.0.0/16"
 #   RANK_ENV         more variable names to pass to every rank with mpirun -x (when set)
+#   MAX_RESTARTS     run the job under tools/supervise.py, which reruns it up to this many times after
+#                    an abnormal end (it resumes from the newest checkpoint) [unset: no restarts]
+#   RESTART_BACKOFF  seconds before the first restart, doubled for each further one [30]
 
 # Passed to the ranks when set: mpirun starts remote ranks with a bare environment.
 DEFAULT_RANK_ENV="PATH LD_LIBRARY_PATH PYTHONPATH TF_NUM_INTRAOP_THREADS TF_NUM_INTEROP_THREADS \
@@ -59,6 +63,44 @@ job_setup() {
   fi
 }
 
+# make_hostfile_dir: a new directory only this user can read (mktemp -d), removed when the job ends;
+# its path in $hostfile_dir. A fixed name such as /tmp/hostfile.$JOB_ID could be planted by another user.
+make_hostfile_dir() {
+  hostfile_dir=$(mktemp -d "${TMPDIR:-/tmp}/engine-hosts.XXXXXX") || die "cannot create a directory in" \
+    "${TMPDIR:-/tmp} for the hostfile"
+  # shellcheck disable=SC2064  # the path is fixed now
+  trap "rm -rf '$hostfile_dir'" EXIT
+}
+
+# run_job COMMAND ...: runs COMMAND (under tools/supervise.py when MAX_RESTARTS is set) and passes the
+# scheduler's stop signals on to it; returns its status.
+# SIGUSR1 and SIGUSR2 (SLURM's --signal=B:..., SGE's -notify) go on as they are: mpirun and srun forward
+# them to every rank, which saves a checkpoint and exits 99. Without the trap the shell would die of them
+# (their default action) and leave the ranks behind. SIGTERM goes on as SIGUSR2: Open MPI 5's mpirun
+# answers SIGTERM by killing the ranks within half a second (SIGCONT, SIGTERM 0.25 s later, SIGKILL
+# 0.25 s after that), too soon to save anything.
+run_job() {
+  local cmd=("$@")
+  if [ -n "${MAX_RESTARTS:-}" ]; then
+    [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS is '$MAX_RESTARTS'; expected a number"
+    cmd=("$PYTHON" "$ENGINE_ROOT/tools/supervise.py" --max-restarts "$MAX_RESTARTS"
+         --backoff "${RESTART_BACKOFF:-30}" -- "${cmd[@]}")
+  fi
+  echo "+ ${cmd[*]}" >&2
+  "${cmd[@]}" &
+  local pid=$! status=0
+  # shellcheck disable=SC2064  # the pid is fixed now
+  trap "kill -USR1 $pid 2>/dev/null || true" USR1
+  # shellcheck disable=SC2064
+  trap "kill -USR2 $pid 2>/dev/null || true" USR2 TERM
+  while kill -0 "$pid" 2>/dev/null; do
+    wait "$pid" || true  # returns early when a trapped signal arrives; the job goes on
+  done
+  wait "$pid" || status=$?  # bash keeps the status of the finished job
+  trap - USR1 USR2 TERM
+  return "$status"
+}
+
 # job_mpirun HOSTFILE NUM_RANKS CONFIG [rnn.py args ...]: run the training; returns mpirun's status.
 job_mpirun() {
   local hostfile=$1 num_ranks=$2 config=$3 name
@@ -69,6 +111,5 @@ job_mpirun() {
   done
   # shellcheck disable=SC2206  # MPIRUN_ARGS is a list of options, split on purpose
   cmd+=(${MPIRUN_ARGS:-} "$PYTHON" "$ENGINE_ROOT/rnn.py" "$config" ++use_horovod 1 "$@")
-  echo "+ ${cmd[*]}" >&2
-  "${cmd[@]}"
+  run_job "${cmd[@]}"
 }

@@ -17,8 +17,16 @@
 #                    srun (SLURM starts the ranks; needs Open MPI's PMIx support at your site)
 #   SRUN_ARGS        srun options with LAUNCHER=srun [--mpi=pmix]
 #   JOB_NAME         [train-<config file name>]
-#   LOG_DIR          where SLURM writes the job's output, <JOB_NAME>.<JOB_ID>.out [log]
-#   and ENGINE_PROLOGUE, PYTHON, MPIRUN, MPIRUN_ARGS, RANK_ENV, see tools/job_common.sh.
+#   LOG_DIR          where SLURM writes the job's output, <JOB_NAME>.<JOB_ID>.out (appended to when the
+#                    job is requeued) [log]
+#   SIGNAL_SECONDS   ask SLURM for SIGUSR1 this many seconds before the time limit (--signal=B:USR1@N);
+#                    the ranks then save a checkpoint and stop; 0: no warning [300]
+#   REQUEUE          1: submit with --requeue, and requeue the job (scontrol requeue) when the training
+#                    stopped on request after saving a checkpoint (exit status 99), so that it resumes;
+#                    0: the job just ends with 99 [1]
+#   and ENGINE_PROLOGUE, PYTHON, MPIRUN, MPIRUN_ARGS, RANK_ENV, MAX_RESTARTS, RESTART_BACKOFF, see
+#   tools/job_common.sh.
+# SIGUSR1/SIGUSR2/SIGTERM that the job's shell receives are passed on to mpirun or srun.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,7 +42,12 @@ source "$ENGINE_ROOT/tools/job_common.sh"
 if [ "${1:-}" != "--run" ]; then
   prepare_submission "$@"  # sets config, num_ranks, log_dir, name
   shift 2
-  opts=(--job-name="$name" --ntasks="$num_ranks" --output="$log_dir/%x.%j.out")
+  [[ "${SIGNAL_SECONDS:-300}" =~ ^[0-9]+$ ]] || die "SIGNAL_SECONDS is '$SIGNAL_SECONDS'; expected seconds"
+  [[ "${REQUEUE:-1}" =~ ^[01]$ ]] || die "REQUEUE is '$REQUEUE'; expected 1 or 0"
+  opts=(--job-name="$name" --ntasks="$num_ranks" --output="$log_dir/%x.%j.out" --open-mode=append)
+  # B: signals the job's shell only, which passes it on (SLURM would not reach ranks started by mpirun)
+  [ "${SIGNAL_SECONDS:-300}" = 0 ] || opts+=(--signal="B:USR1@${SIGNAL_SECONDS:-300}")
+  [ "${REQUEUE:-1}" = 0 ] || opts+=(--requeue)
   [ -z "${NODES:-}" ] || opts+=(--nodes="$NODES")
   [ -z "${TASKS_PER_NODE:-}" ] || opts+=(--ntasks-per-node="$TASKS_PER_NODE")
   [ -z "${GPUS_PER_TASK:-}" ] || opts+=(--gpus-per-task="$GPUS_PER_TASK")
@@ -51,21 +64,27 @@ shift 2
   "runs inside a SLURM allocation; submit with: tools/sbatch_train.sh CONFIG NUM_RANKS"
 job_setup
 echo "job ${SLURM_JOB_ID:-?} on $(hostname): $num_ranks ranks on $SLURM_JOB_NODELIST" >&2
+status=0
 case ${LAUNCHER:-mpirun} in
   srun)
     # srun gives every task the whole environment and sets the rank variables the engine reads.
     # shellcheck disable=SC2086  # SRUN_ARGS is a list of options
-    cmd=(srun ${SRUN_ARGS:---mpi=pmix} --ntasks="$num_ranks" "$PYTHON" "$ENGINE_ROOT/rnn.py" "$config"
-         ++use_horovod 1 "$@")
-    echo "+ ${cmd[*]}" >&2
-    exec "${cmd[@]}"
+    run_job srun ${SRUN_ARGS:---mpi=pmix} --ntasks="$num_ranks" "$PYTHON" "$ENGINE_ROOT/rnn.py" "$config" \
+      ++use_horovod 1 "$@" || status=$?
     ;;
   mpirun)
-    hostfile=${TMPDIR:-/tmp}/hostfile.${SLURM_JOB_ID:-$$}
-    trap 'rm -f "$hostfile"' EXIT
+    make_hostfile_dir  # sets hostfile_dir
+    hostfile=$hostfile_dir/hostfile
     "$PYTHON" "$ENGINE_ROOT/tools/make_hostfile.py" --slurm "$SLURM_JOB_NODELIST" \
       --tasks-per-node "${SLURM_TASKS_PER_NODE:-}" --ranks "$num_ranks" -o "$hostfile"
-    job_mpirun "$hostfile" "$num_ranks" "$config" "$@"
+    job_mpirun "$hostfile" "$num_ranks" "$config" "$@" || status=$?
     ;;
   *) die "LAUNCHER is '$LAUNCHER'; expected mpirun or srun" ;;
 esac
+if [ "$status" = 99 ] && [ "${REQUEUE:-1}" = 1 ]; then
+  echo "job ${SLURM_JOB_ID:-?}: the training stopped on request after saving a checkpoint; requeueing the" \
+    "job, it resumes when it runs again" >&2
+  scontrol requeue "$SLURM_JOB_ID" || echo "job ${SLURM_JOB_ID:-?}: scontrol requeue failed; submit the" \
+    "same command again to resume" >&2
+fi
+exit "$status"

@@ -132,9 +132,22 @@ def _short(spec: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+_CONFIG_SUFFIXES = (".py", ".config")
+
+
+def is_config_file(path: str) -> bool:
+    """Whether the tools may execute ``path`` as a Python config: it says so by its name (``.py``,
+    ``.config``) or by a ``#!`` first line. A file that merely is not HDF or ``.npz`` (a typo, a log, a
+    corpus in another format) must not be run as code."""
+    if path.endswith(_CONFIG_SUFFIXES):
+        return True
+    with open(path, "rb") as f:
+        return f.read(2) == b"#!"
+
+
 def dataset_from_cli_arg(arg: str, *, which: str = "train") -> Dataset:
-    """For the tools: a config file (its ``which`` dataset), a dict literal, a ``.npz`` file, an HDF file
-    list or a ``"Class:kw=v"`` string."""
+    """For the tools: a config file (its ``which`` dataset; see ``is_config_file``), a dict literal, a
+    ``.npz`` file, an HDF file list or a ``"Class:kw=v"`` string."""
     if arg.lstrip().startswith("{"):
         try:
             spec = ast.literal_eval(arg)
@@ -145,6 +158,10 @@ def dataset_from_cli_arg(arg: str, *, which: str = "train") -> Dataset:
         return create_dataset({"class": "NpzDataset", "file": arg})
     looks_like_hdf = arg.lower().endswith((".hdf", ".h5", ".hdf5")) or "," in arg
     if os.path.isfile(arg) and not looks_like_hdf and not h5py.is_hdf5(arg):
+        if not is_config_file(arg):
+            raise DataError(f"'{arg}' is not an HDF5 file, not a .npz archive and not a config file, so "
+                            f"it is not read: a config must end in {' or '.join(_CONFIG_SUFFIXES)} or "
+                            "start with a '#!' line (only those are executed as Python).")
         config = Config.from_sources([arg], [])
         if not config.has(which):
             raise DataError(f"Config file '{arg}' defines no '{which}' dataset (its keys: "

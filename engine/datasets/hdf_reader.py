@@ -1,7 +1,8 @@
 """``HDFDataset``: RETURNN's HDF corpus layout (``docs/hdf-format.md``), one or several files.
 
 Every file is checked completely when it is opened (objects, shapes, lengths against streams, agreement
-between files), so a broken corpus fails at start-up with the file and object named, not hours into
+between files, sparse class ids within ``[0, dim)``; with ``check_finite`` also no NaN/Inf in float
+streams), so a broken corpus fails at start-up with the file, object and sequence named, not hours into
 training. Data is read per sequence: with ``cache_size`` 0 straight from the file (only what is asked
 for); with ``cache_size`` > 0 that many bytes of the corpus are preloaded into memory on first use,
 smallest streams first (targets are small and cost a read per sequence each), the rest read from file.
@@ -16,6 +17,7 @@ import numpy as np
 
 from engine.datasets.base import DataKeyInfo, Dataset
 from engine.datasets.hdf_raw import RawRows
+from engine.datasets.hdf_values import StreamValues
 from engine.errors import DataError
 
 _SIZE_SUFFIX = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -81,8 +83,9 @@ class _Stream:
 class _HDFFile:
     """One opened and checked corpus file."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, check_finite: bool = False) -> None:
         self.path = path
+        self.check_finite = check_finite
         if not os.path.isfile(path):
             raise DataError(f"HDF file '{path}' does not exist (working directory: {os.getcwd()}).")
         try:
@@ -156,7 +159,18 @@ class _HDFFile:
                 raise self._error(ds_name, f"has {ds.shape[0]} frames, but column {col} of seqLengths "
                                            f"sums to {total}.")
             self.infos[key] = self._input_info(ds) if key == "data" else self._target_info(key, ds)
+            self._check_values(ds_name, ds, col, self.infos[key])
         self.labels = self._labels()
+
+    def _check_values(self, ds_name: str, ds: h5py.Dataset, col: int, info: DataKeyInfo) -> None:
+        values = StreamValues(f"HDF file '{self.path}', object '{ds_name}'", ds, self.lengths[:, col],
+                              lambda seq: decode_str(self.tags[seq]))
+        if info.sparse:
+            dim_source = ("root attribute inputPattSize" if ds_name == "inputs"
+                          else f"targets/size attribute '{ds_name.rsplit('/', 1)[-1]}'")
+            values.check_class_ids(info.dim, dim_source)
+        elif self.check_finite:
+            values.check_finite()
 
     def _target_keys(self) -> list[str]:
         if "targets" not in self.h5:
@@ -222,10 +236,19 @@ class _HDFFile:
 
 
 class HDFDataset(Dataset):
-    """Sequences of one or several HDF files, concatenated in the order given."""
+    """Sequences of one or several HDF files, concatenated in the order given.
 
-    def __init__(self, files: list[str] | str, *, cache_size: int | str = 0, **kwargs) -> None:
+    ``cache_size``: bytes of the corpus to preload (see above). ``check_finite``: also scan every dense
+    float stream (``inputs``, dense targets) for NaN and +-Inf when opening, and refuse the file naming
+    the first bad sequence; off by default because it reads the whole corpus once (about as long as
+    reading it from disk), while the class-id check (always on) reads only the small sparse streams.
+    """
+
+    def __init__(self, files: list[str] | str, *, cache_size: int | str = 0, check_finite: bool = False,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
+        if not isinstance(check_finite, bool):
+            raise DataError(f"{self.name}: check_finite must be True or False, got {check_finite!r}.")
         self.cache_size = parse_byte_size(cache_size)
         if isinstance(files, str):
             files = [files]
@@ -235,7 +258,7 @@ class HDFDataset(Dataset):
         self.files: list[_HDFFile] = []
         try:
             for path in files:
-                self._add_file(_HDFFile(path))
+                self._add_file(_HDFFile(path, check_finite))
         except BaseException:
             self.close()
             raise

@@ -2,9 +2,10 @@
 
 Sequences are appended one at a time with no second pass: they are buffered up to ``flush_bytes`` and
 appended to resizable (chunked) datasets, the way RETURNN's streaming writer works. The file is
-written under a temporary name in the target directory and renamed on ``close()``, so an interrupted
-write (exception, kill, full disk) never leaves a broken file under the final name; on an exception
-inside ``with HDFWriter(...)`` the temporary file is removed.
+written under a temporary name in the target directory (created as ``engine.atomic_file`` does:
+unpredictable name, exclusive, never through a planted symlink) and flushed to disk and renamed on
+``close()``, so an interrupted write (exception, kill, full disk) never leaves a broken file under the
+final name; on an exception inside ``with HDFWriter(...)`` the temporary file is removed.
 
 Layout choices that keep RETURNN's reader happy: ``data`` becomes ``inputs``; every other key becomes a
 target with all of ``targets/data``, ``targets/size`` (``[dim, ndim]``) and ``targets/labels``; the
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from typing import Mapping, Sequence
 
 import h5py
 import numpy as np
 
+from engine.atomic_file import commit, create_temp_beside, discard
 from engine.datasets.base import DataKeyInfo
 from engine.errors import DataError
 
@@ -61,16 +62,11 @@ class HDFWriter:
         self._buffer_lengths: list[list[int]] = []
         self._buffered_bytes = 0
         self._datasets: dict[str, h5py.Dataset] = {}
-        folder = os.path.dirname(os.path.abspath(path))
         try:
-            fd, self.tmp_path = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
-                                                 suffix=".tmp")
+            self.tmp_path = create_temp_beside(path)
         except OSError as exc:
+            folder = os.path.dirname(os.path.abspath(path))
             raise DataError(f"Cannot create output file '{path}' in '{folder}': {exc.strerror}.") from None
-        os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.tmp_path, 0o666 & ~umask)  # mkstemp's 0600 would make the corpus private
         self._h5: h5py.File | None = h5py.File(self.tmp_path, "w")
 
     # ----- writing -----
@@ -180,7 +176,7 @@ class HDFWriter:
             attrs["numDims"] = np.int64(1)
             self._h5.close()
             self._h5 = None
-            os.replace(self.tmp_path, self.path)
+            commit(self.tmp_path, self.path)
         except BaseException:
             self.abort()
             raise
@@ -193,8 +189,7 @@ class HDFWriter:
             except Exception:  # already failing; the temp file is removed either way
                 pass
             self._h5 = None
-        if os.path.exists(self.tmp_path):
-            os.remove(self.tmp_path)
+        discard(self.tmp_path)
 
     def __enter__(self) -> HDFWriter:
         return self

@@ -1,2 +1,3 @@
-"""Command-line tools, each ``main(argv) -> int``: installed as console commands (``hdf-dump``,
-``dump-dataset``, ``make-hostfile``) and run by the thin scripts in ``tools/``."""
+"""Command-line tools: each ``engine/tools/<name>.py`` has ``main(argv) -> int``, installed as a console
+command (``hdf-dump``, ``dump-dataset``, ``make-hostfile``, ``supervise``, ...) and run by the thin
+``tools/<name>.py`` scripts."""

@@ -1,9 +1,9 @@
 """Checkpoints: one HDF5 file ``<model>.<NNN>`` per saved epoch, written atomically.
 
 A checkpoint holds the model's variables and the optimizer's state by name, plus the epoch and the
-global step. It is written through ``atomic_file``, so a crash or kill during a save leaves the
-previous checkpoint intact and never a partial file under a checkpoint's name. One file (rather than
-TensorFlow's index + data shards) keeps the rename atomic.
+global step. It is written through ``atomic_file``, so a crash, kill or full disk during a save leaves
+the previous checkpoint intact and never a partial file under a checkpoint's name. One file (rather
+than TensorFlow's index + data shards) keeps the rename atomic.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 import engine
-from engine.atomic_file import atomic_path
+from engine.atomic_file import atomic_path, describe_io_error
 from engine.config import Config
 from engine.distributed.backend import Communicator
-from engine.errors import ConfigError
+from engine.errors import ConfigError, EngineError
 
 _GROUPS = ("params", "optimizer")
 
@@ -99,14 +99,23 @@ class CheckpointInfo:
 
 def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables,
                     epoch: int, global_step: int) -> None:
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        f.attrs["epoch"] = epoch
-        f.attrs["global_step"] = global_step
-        f.attrs["engine_version"] = engine.__version__
-        for group_name, variables in zip(_GROUPS, (params, optimizer_vars)):
-            group = f.create_group(group_name)
-            for name, var in named(variables).items():
-                group.create_dataset(name.replace("/", "|"), data=var.numpy())
+    """Write the checkpoint; a failed write (full disk, file size limit, permissions) is an EngineError
+    naming the path and the cause, and leaves an existing file of that name as it was."""
+    try:
+        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            f.attrs["epoch"] = epoch
+            f.attrs["global_step"] = global_step
+            f.attrs["engine_version"] = engine.__version__
+            for group_name, variables in zip(_GROUPS, (params, optimizer_vars)):
+                group = f.create_group(group_name)
+                for name, var in named(variables).items():
+                    group.create_dataset(name.replace("/", "|"), data=var.numpy())
+    except (OSError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "errno =" not in str(exc):
+            raise  # not a failed write (h5py reports those found while closing as RuntimeError)
+        raise EngineError(f"Cannot write checkpoint '{path}': {describe_io_error(exc)}. Earlier checkpoints "
+                          "are unchanged; free disk space or fix the permissions of that directory (or "
+                          "choose another `model` path), then run again to resume.") from None
 
 
 def _read_group(f: h5py.File, group_name: str) -> dict[str, np.ndarray]:

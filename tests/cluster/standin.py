@@ -1,27 +1,41 @@
-"""Local stand-ins for ``qsub``, ``sbatch``, ``srun`` and ``mpirun``, for testing the job scripts.
+"""Local stand-ins for ``qsub``, ``sbatch``, ``srun``, ``scontrol`` and ``mpirun``, for testing the job
+scripts.
 
     standin.py COMMAND [ARGS ...]      (the test puts wrappers named qsub, sbatch, ... first on PATH)
 
 ``qsub`` and ``sbatch`` check their options, then run the job at once the way the scheduler would: a
 copy of the script in a spool directory, the allocation in the scheduler's variables (taken from
 ``FAKE_PE_HOSTFILE`` / ``FAKE_SLURM_NODELIST`` and ``FAKE_SLURM_TASKS_PER_NODE``), the working
-directory and output file the options ask for. ``mpirun`` and ``srun`` only record. Every call appends
-one JSON line to ``$FAKE_RECORD``: the command, its arguments, its environment and, for ``mpirun``,
-the content of its ``--hostfile``.
+directory and output file the options ask for. ``FAKE_SIGNAL_JOB`` makes the scheduler signal the
+running job once its ``mpirun`` has started: ``warning`` sends what the job asked for before its end
+(sbatch ``--signal=B:SIG@T``: SIG to the job's shell only; qsub ``-notify``: SIGUSR2, the warning
+before SIGKILL, to every process of the job), a signal name (``SIGTERM``) sends that one to the job's
+shell only. ``srun`` and ``scontrol`` only record; ``mpirun`` records, then acts out the next entry of
+``FAKE_MPIRUN_OUTCOMES`` (comma-separated, one per call, the last one repeated; default ``0``): an exit
+code, or ``wait-signal``: wait for SIGUSR1, SIGUSR2 or SIGTERM, as ranks that save a checkpoint on it,
+record the signals received and exit 99. Every call appends one JSON line to ``$FAKE_RECORD``: the
+command, its arguments, its environment and, for ``mpirun``, the content of its ``--hostfile`` and the
+permissions of the directory it lies in.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
+import time
 
 # Options each stand-in accepts, with how many values follow them (anything else is an error, so a
 # script passing an option the test does not expect fails loudly).
-QSUB_OPTIONS = {"-N": 1, "-pe": 2, "-S": 1, "-o": 1, "-e": 1, "-j": 1, "-l": 1, "-q": 1, "-cwd": 0, "-V": 0}
+QSUB_OPTIONS = {"-N": 1, "-pe": 2, "-S": 1, "-o": 1, "-e": 1, "-j": 1, "-l": 1, "-q": 1, "-cwd": 0, "-V": 0,
+                "-notify": 0}
 SBATCH_OPTIONS = ("--job-name", "--ntasks", "--output", "--nodes", "--ntasks-per-node", "--gpus-per-task",
-                  "--cpus-per-task", "--time", "--partition")
+                  "--cpus-per-task", "--time", "--partition", "--signal", "--open-mode")
+SBATCH_FLAGS = ("--requeue",)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 QSUB_JOB_ID, SBATCH_JOB_ID = "4711", "4712"
 
 
@@ -38,6 +52,23 @@ def spool_copy(script: str, job_id: str) -> tuple[str, str]:
     copy = os.path.join(spool, "job_script")
     shutil.copy(script, copy)
     return spool, copy
+
+
+def run_job(cmd: list[str], env: dict, cwd: str, out, stderr, signal_job) -> int:
+    """Run the job in its own process group; ``signal_job(proc)`` once its mpirun has started."""
+    ready = os.path.join(os.environ["FAKE_SPOOL"], "mpirun_started")
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=stderr, start_new_session=True)
+    if os.environ.get("FAKE_SIGNAL_JOB"):
+        deadline = time.monotonic() + 30
+        while not os.path.exists(ready) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if proc.poll() is None:
+            signal_job(proc)
+    return proc.wait()
+
+
+def signal_shell(signame: str):
+    return lambda proc: proc.send_signal(signal.Signals[signame])
 
 
 def qsub(args: list[str]) -> int:
@@ -60,10 +91,17 @@ def qsub(args: list[str]) -> int:
                PE_HOSTFILE=pe_hostfile, TMPDIR=os.path.join(spool, "tmp"), SGE_O_WORKDIR=os.getcwd())
     out_dir = opts["-o"][0]
     out_path = os.path.join(out_dir, f"{opts['-N'][0]}.o{QSUB_JOB_ID}") if os.path.isdir(out_dir) else out_dir
-    with open(out_path, "w", encoding="utf-8") as out:
+    request = os.environ.get("FAKE_SIGNAL_JOB")
+    if request == "warning":
+        if "-notify" not in opts:
+            sys.exit("qsub stand-in: FAKE_SIGNAL_JOB=warning, but the job was submitted without -notify")
+        signal_job = lambda proc: os.killpg(proc.pid, signal.SIGUSR2)  # noqa: E731
+    else:
+        signal_job = signal_shell(request or "SIGTERM")
+    with open(out_path, "a", encoding="utf-8") as out:  # SGE appends: a rescheduled job adds to it
         cwd = os.getcwd() if "-cwd" in opts else env.get("HOME", "/")
-        status = subprocess.call([opts["-S"][0], copy, *script_args], env=env, cwd=cwd, stdout=out,
-                                 stderr=subprocess.STDOUT if opts.get("-j") == ["y"] else None)
+        status = run_job([opts["-S"][0], copy, *script_args], env, cwd, out,
+                         subprocess.STDOUT if opts.get("-j") == ["y"] else None, signal_job)
     print(f'Your job {QSUB_JOB_ID} ("{opts["-N"][0]}") has been submitted')
     with open(os.path.join(os.environ["FAKE_SPOOL"], "job_status"), "w") as f:
         f.write(str(status))
@@ -75,7 +113,7 @@ def sbatch(args: list[str]) -> int:
     i = 0
     while i < len(args) and args[i].startswith("-"):
         name, _, value = args[i].partition("=")
-        if name not in SBATCH_OPTIONS or not value:
+        if not (name in SBATCH_OPTIONS and value or name in SBATCH_FLAGS and not value):
             sys.exit(f"sbatch stand-in: unexpected option {args[i]!r} (write --option=value)")
         opts[name] = value
         i += 1
@@ -89,8 +127,16 @@ def sbatch(args: list[str]) -> int:
                SLURM_TASKS_PER_NODE=os.environ["FAKE_SLURM_TASKS_PER_NODE"],
                TMPDIR=os.path.join(spool, "tmp"))
     out_path = opts.get("--output", "slurm-%j.out").replace("%x", name).replace("%j", SBATCH_JOB_ID)
-    with open(out_path, "w", encoding="utf-8") as out:
-        status = subprocess.call([copy, *script_args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    request = os.environ.get("FAKE_SIGNAL_JOB")
+    if request == "warning":
+        if not opts.get("--signal", "").startswith("B:"):
+            sys.exit("sbatch stand-in: FAKE_SIGNAL_JOB=warning needs --signal=B:SIG@SECONDS")
+        signame = opts["--signal"][2:].split("@")[0]
+        request = signame if signame.startswith("SIG") else "SIG" + signame
+    mode = "a" if opts.get("--open-mode") == "append" else "w"
+    with open(out_path, mode, encoding="utf-8") as out:
+        status = run_job([copy, *script_args], env, os.getcwd(), out, subprocess.STDOUT,
+                         signal_shell(request or "SIGTERM"))
     print(f"Submitted batch job {SBATCH_JOB_ID}")
     with open(os.path.join(os.environ["FAKE_SPOOL"], "job_status"), "w") as f:
         f.write(str(status))
@@ -98,18 +144,41 @@ def sbatch(args: list[str]) -> int:
 
 
 def mpirun(args: list[str]) -> int:
-    hostfile = None
+    hostfile = hostfile_dir_mode = None
     if "--hostfile" in args:
-        with open(args[args.index("--hostfile") + 1], encoding="utf-8") as f:
+        path = args[args.index("--hostfile") + 1]
+        with open(path, encoding="utf-8") as f:
             hostfile = f.read()
-    record("mpirun", args, hostfile=hostfile)
-    return 0
+        hostfile_dir_mode = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+    received: list[str] = []
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda signum, frame: received.append(signal.Signals(signum).name))
+    record("mpirun", args, hostfile=hostfile, hostfile_dir_mode=hostfile_dir_mode)
+    outcome = next_mpirun_outcome()
+    open(os.path.join(os.environ["FAKE_SPOOL"], "mpirun_started"), "w").close()
+    if outcome != "wait-signal":
+        return int(outcome)
+    deadline = time.monotonic() + 30
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # the same stop may come twice (to the process group and forwarded): collect both
+    record("mpirun-signals", args, received=received)
+    return 99 if received else 1
+
+
+def next_mpirun_outcome() -> str:
+    outcomes = os.environ.get("FAKE_MPIRUN_OUTCOMES", "0").split(",")
+    counter = os.path.join(os.environ["FAKE_SPOOL"], "mpirun_calls")
+    calls = int(open(counter).read()) if os.path.exists(counter) else 0
+    with open(counter, "w") as f:
+        f.write(str(calls + 1))
+    return outcomes[min(calls, len(outcomes) - 1)]
 
 
 def main() -> int:
     command, args = sys.argv[1], sys.argv[2:]
-    if command == "srun":
-        record("srun", args)
+    if command in ("srun", "scontrol"):
+        record(command, args)
         return 0
     return {"qsub": qsub, "sbatch": sbatch, "mpirun": mpirun}[command](args)
 

@@ -1,0 +1,106 @@
+"""engine.training.preemption: stop signals recorded, previous handlers restored, a late second SIGTERM
+still kills."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from engine.training import preemption
+from helpers import child_env
+
+pytestmark = pytest.mark.tf_latest
+
+
+@pytest.fixture
+def stop_signals():
+    preemption.install()
+    yield
+    preemption.uninstall()
+
+
+def wait_for_request(timeout: float = 10.0) -> str | None:
+    deadline = time.monotonic() + timeout
+    while preemption.requested() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return preemption.requested()
+
+
+@pytest.mark.parametrize("signum", preemption.STOP_SIGNALS)
+def test_each_stop_signal_is_recorded_with_its_time(stop_signals, signum):
+    assert preemption.requested() is None
+    before = time.time()
+    os.kill(os.getpid(), signum)
+    assert wait_for_request() == signal.Signals(signum).name
+    assert before <= preemption.request().time <= time.time()
+
+
+def test_the_first_request_wins(stop_signals):
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert wait_for_request() == "SIGUSR2"
+    first = preemption.request()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    os.kill(os.getpid(), signal.SIGTERM)  # within the grace period: the same stop, delivered twice
+    time.sleep(0.05)
+    assert preemption.request() == first
+
+
+def test_signal_from_another_thread_while_the_main_thread_waits(stop_signals):
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    assert wait_for_request() == "SIGUSR1"
+
+
+def test_uninstall_restores_the_previous_handlers_and_forgets_the_request():
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+
+    old = signal.signal(signal.SIGUSR1, mine)
+    try:
+        preemption.install()
+        preemption.install()  # a second call keeps the first's saved handlers
+        assert signal.getsignal(signal.SIGUSR1) is not mine
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert wait_for_request() == "SIGUSR1" and seen == []
+        preemption.uninstall()
+        assert preemption.requested() is None
+        assert signal.getsignal(signal.SIGUSR1) is mine
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+        assert seen == [signal.SIGUSR1] and preemption.requested() is None
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def run_self_signalling(body: str) -> subprocess.CompletedProcess:
+    script = textwrap.dedent("""
+        import os, signal, time
+        from engine.training import preemption
+        preemption.REPEAT_GRACE_SECONDS = 0.3
+        preemption.install()
+        def term():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+    """) + textwrap.dedent(body) + "\nprint('still running after', preemption.requested(), flush=True)\n"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=child_env())
+
+
+def test_sigterm_twice_at_once_is_one_request():
+    r = run_self_signalling("term(); term()")
+    assert r.returncode == 0 and "still running after SIGTERM" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("first", ["SIGTERM", "SIGUSR1"])
+def test_a_later_sigterm_kills_with_the_default_action(first):
+    r = run_self_signalling(f"os.kill(os.getpid(), signal.{first}); time.sleep(0.5); term(); time.sleep(5)")
+    assert r.returncode == -signal.SIGTERM, r.stdout + r.stderr
+    assert "still running" not in r.stdout
