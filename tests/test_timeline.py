@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from engine import timeline
 from engine.errors import EngineError
-from helpers import ROOT, child_env, run_mpi
+from helpers import ROOT, child_env, run, run_mpi
 
 pytestmark = pytest.mark.tf_latest
 
@@ -145,3 +146,18 @@ def test_two_ranks_end_in_one_trace(tmp_path):
     allreduces = [e for e in spans_of(events) if e["cat"] == "allreduce"]
     assert {e["args"]["result"] for e in allreduces} == {1, 3, 5} and all(e["args"]["bytes"] == 8 for e in allreduces)
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_merge_tool_after_a_crash(tmp_path):
+    path = str(tmp_path / "t.json")
+    for rank in (0, 1):
+        timeline.start(path, rank=rank, size=3)
+        timeline.record("step", timeline.STEP, 1.0, 2.0)
+    timeline.stop()
+    tool = [sys.executable, str(ROOT / "tools" / "merge_timeline.py")]
+    proc = run(tool + [path, "--ranks", "3"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"merge-timeline: wrote {path}: 2 spans from ranks 0, 1; missing ranks 2\n"
+    assert len(spans_of(json.load(open(path)))) == 2 and sorted(os.listdir(tmp_path)) == ["t.json"]
+    proc = run(tool + [str(tmp_path / "other.json")])
+    assert proc.returncode == 1 and proc.stderr.startswith("merge-timeline: Timeline '") and "Traceback" not in proc.stderr
