@@ -62,7 +62,8 @@ def main() -> int:
                 rows.append((state, body, 1e6 * seconds / args.spans))
             timeline.stop()
         size = os.path.getsize(timeline.part_path(os.path.join(tmp, "timeline.json"), 0))
-    print(f"{'timeline':<9}{'call':<8}{'us/span':>9}{f'{args.spans_per_step} spans / {args.step_ms:g} ms step':>28}")
+    per_step = f"{args.spans_per_step} spans / {args.step_ms:g} ms step"
+    print(f"{'timeline':<9}{'call':<8}{'us/span':>9}{per_step:>28}")
     for state, body, micros in rows:
         share = 100.0 * micros * args.spans_per_step / (1000.0 * args.step_ms)
         print(f"{state:<9}{body:<8}{micros:>9.2f}{share:>27.4f}%")

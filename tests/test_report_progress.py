@@ -102,9 +102,11 @@ def test_plain_lines_every_interval_into_a_pipe():
     progress.close()
     lines = out.getvalue().splitlines()
     assert lines == [
-        "train epoch 3: step 120 of 400 (30.0%), 0:01:00 elapsed, about 0:02:20 to go, 200 frames/s, score 1.5000",
-        "train epoch 3: step 240 of 400 (60.0%), 0:02:00 elapsed, about 0:01:20 to go, 200 frames/s, score 1.5000",
-        "train epoch 3: step 360 of 400 (90.0%), 0:03:00 elapsed, about 0:00:20 to go, 200 frames/s, score 1.5000",
+        f"train epoch 3: step {step} of 400 ({done}), {elapsed} elapsed, about {to_go} to go, 200 frames/s, "
+        f"score 1.5000"
+        for step, done, elapsed, to_go in ((120, "30.0%", "0:01:00", "0:02:20"),
+                                           (240, "60.0%", "0:02:00", "0:01:20"),
+                                           (360, "90.0%", "0:03:00", "0:00:20"))
     ]
 
 
@@ -143,12 +145,12 @@ progress.close()
 
 
 def test_stdout_into_a_pipe_gets_plain_lines():
-    proc = subprocess.run([sys.executable, "-c", PIPED.format(root=str(ROOT))], capture_output=True, text=True,
-                          env=child_env(), timeout=60)
+    proc = subprocess.run([sys.executable, "-c", PIPED.format(root=str(ROOT))], capture_output=True,
+                          text=True, env=child_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert [line.split(",")[0] for line in lines] == [f"train epoch 1: step {s} of 3 ({p}%)"
-                                                     for s, p in ((1, "33.3"), (2, "66.7"), (3, "100.0"))]
+    expected = [f"train epoch 1: step {s} of 3 ({p}%)" for s, p in ((1, "33.3"), (2, "66.7"), (3, "100.0"))]
+    assert [line.split(",")[0] for line in lines] == expected
     assert "\r" not in proc.stdout and proc.stderr == ""
 
 

@@ -42,7 +42,8 @@ def test_resumed_run_best_from_the_whole_history_and_long_runs_shorten_the_table
     assert [line.split()[0] for line in lines[3:9]] == ["31", "32", "33", "34", "35", "all"]
     assert lines[9] == "  best dev_score: 1.1100 in epoch 11 (dev_error 0.1110)"
     history[4] = {"dev_score": 0.5}  # an epoch before the resume was better
-    assert "best dev_score: 0.5000 in epoch 4\n" in summary_text(records, total_seconds=1.0, history=history) + "\n"
+    resumed = summary_text(records, total_seconds=1.0, history=history)
+    assert "  best dev_score: 0.5000 in epoch 4" in resumed.splitlines()
     assert "model:" not in text and "TensorBoard" not in text and "timeline" not in text
 
 
@@ -51,6 +52,7 @@ def test_without_dev_data_or_epochs():
     assert text.splitlines()[0] == "Run summary: 1 epoch in this run (epoch 1), 0:01:40 in all."
     assert "  best dev_score: none (no epoch has one)" in text.splitlines()
     assert summary_text([], total_seconds=5.0).splitlines() == [
-        "Run summary: no epoch trained in this run, 0:00:05 in all.", "  best dev_score: none (no epoch has one)"]
-    assert "best dev_error: 0.1000 in epoch 1\n" in summary_text([record(1, 1.0)], total_seconds=1.0,
-                                                                 best_key="dev_error") + "\n"
+        "Run summary: no epoch trained in this run, 0:00:05 in all.",
+        "  best dev_score: none (no epoch has one)"]
+    by_error = summary_text([record(1, 1.0)], total_seconds=1.0, best_key="dev_error")
+    assert "  best dev_error: 0.1000 in epoch 1" in by_error.splitlines()

@@ -144,7 +144,8 @@ def test_two_ranks_end_in_one_trace(tmp_path):
         categories = {e["cat"] for e in spans_of(events) if e["pid"] == rank}
         assert categories == set(timeline.CATEGORIES)
     allreduces = [e for e in spans_of(events) if e["cat"] == "allreduce"]
-    assert {e["args"]["result"] for e in allreduces} == {1, 3, 5} and all(e["args"]["bytes"] == 8 for e in allreduces)
+    assert {e["args"]["result"] for e in allreduces} == {1, 3, 5}
+    assert all(e["args"]["bytes"] == 8 for e in allreduces)
     assert list(tmp_path.iterdir()) == [path]
 
 
@@ -160,4 +161,5 @@ def test_merge_tool_after_a_crash(tmp_path):
     assert proc.stdout == f"merge-timeline: wrote {path}: 2 spans from ranks 0, 1; missing ranks 2\n"
     assert len(spans_of(json.load(open(path)))) == 2 and sorted(os.listdir(tmp_path)) == ["t.json"]
     proc = run(tool + [str(tmp_path / "other.json")])
-    assert proc.returncode == 1 and proc.stderr.startswith("merge-timeline: Timeline '") and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.startswith("merge-timeline: Timeline '")
+    assert "Traceback" not in proc.stderr

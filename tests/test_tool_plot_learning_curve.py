@@ -49,7 +49,8 @@ def test_engine_and_returnn_runs_overlaid(tmp_path):
     assert sorted(lines_by_label(error_ax)) == ["engine: dev_error", "returnn: dev_error_output/output_prob"]
     rates = lines_by_label(rate_ax)
     assert sorted(rates) == ["engine", "returnn"]
-    assert rates["engine"][0] == [1, 2, 3, 4] and rates["engine"][1][3] == pytest.approx(0.005)  # newbob decay
+    assert rates["engine"][0] == [1, 2, 3, 4]
+    assert rates["engine"][1][3] == pytest.approx(0.005)  # newbob's decay
     assert rates["returnn"] == ([1, 2, 3, 4, 5], [0.001, 0.001, 0.001, 0.0005, 0.0005])
     assert rate_ax.get_yscale() == "log"
     colors = {label.split(":")[0]: line.get_color() for ax in fig.axes[:3] for line in ax.get_lines()
@@ -60,8 +61,9 @@ def test_engine_and_returnn_runs_overlaid(tmp_path):
 
 def test_command_line_writes_the_png(tmp_path):
     out = tmp_path / "plots" / "curve.png"
-    proc = run([sys.executable, str(ROOT / "tools" / "plot_learning_curve.py"), engine_file(str(tmp_path / "a")),
-                RETURNN_FILE, "-o", str(out), "--label", "mine", "--label", "returnn's"])
+    proc = run([sys.executable, str(ROOT / "tools" / "plot_learning_curve.py"),
+                engine_file(str(tmp_path / "a")), RETURNN_FILE, "-o", str(out),
+                "--label", "mine", "--label", "returnn's"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"plot-learning-curve: wrote {out} (2 runs)\n"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

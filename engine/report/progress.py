@@ -5,7 +5,7 @@ the running score; it disappears when closed, so the epoch's summary line takes 
 stream is not a terminal (a batch job's log) there is no bar: every ``interval`` seconds [60, config
 key ``progress_interval``] one line like
 
-    train epoch 3: step 1200 of 5000 (24.0%), 0:12:00 elapsed, about 0:38:00 to go, 5123 frames/s, score 1.2345
+    train epoch 3: step 1200 of 5000 (24.0%), 0:12:00 elapsed, about 0:38:00 to go, 5123 frames/s, ...
 
 shows that the job lives. Both appear from ``log_verbosity`` 3 (the level of the epoch lines) on.
 

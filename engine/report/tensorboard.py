@@ -130,7 +130,8 @@ class TensorBoardWriter:
         self._writer = tf.summary.create_file_writer(log_dir)
 
     @classmethod
-    def from_config(cls, config, *, resume_step: int = 0, resume_epoch: int = 0) -> "TensorBoardWriter | None":
+    def from_config(cls, config, *, resume_step: int = 0,
+                    resume_epoch: int = 0) -> "TensorBoardWriter | None":
         """The writer the config asks for (keys in the module docstring), or None when off."""
         if not config.bool("tensorboard", True):
             return None

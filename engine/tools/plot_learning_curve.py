@@ -6,10 +6,10 @@ Reads the files this engine writes (``learning_rate_file``) and those RETURNN wr
 ``{epoch: EpochData(learningRate=..., error={...})}`` format, with RETURNN's key names such as
 ``dev_score_output``, ``train_score_output/output_prob`` or ``dev_error_output``; its ``:meta:`` entries
 are skipped. One panel for the scores (every key without ``error`` in its name), one for the errors,
-one for the learning rate (log scale when all rates are above 0); one line per run and measure, a colour per run, a line style
-per dataset (train solid, dev dashed, eval dotted). A run is named by its file name, or by ``--label``
-(once per file, in order). The image format follows the output's extension (png, pdf, svg, ...); the
-image is written under a temporary name and renamed.
+one for the learning rate (log scale when all rates are above 0); one line per run and measure, a
+colour per run, a line style per dataset (train solid, dev dashed, eval dotted, others dash-dotted).
+A run is named by its file name, or by ``--label`` (once per file, in order). The image format follows
+the output's extension (png, pdf, svg, ...); the image is written under a temporary name and renamed.
 """
 from __future__ import annotations
 

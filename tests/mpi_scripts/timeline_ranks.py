@@ -26,7 +26,8 @@ def main() -> None:
         with timeline.span("step", timeline.STEP, step=step):
             t0 = timeline.now()
             grads = comm.allreduce(comm.rank + step)
-            timeline.record("gradient allreduce", timeline.ALLREDUCE, t0, timeline.now(), bytes=8, result=grads)
+            timeline.record("gradient allreduce", timeline.ALLREDUCE, t0, timeline.now(), bytes=8,
+                            result=grads)
         with timeline.span("step signal", timeline.STEP_SIGNAL, bytes=4):
             comm.allreduce(1)
     with timeline.span("parameter average", timeline.PARAM_AVERAGE, bytes=1024):
@@ -39,7 +40,8 @@ def main() -> None:
     comm.Barrier()
     if comm.rank == 0:
         result = timeline.merge(path, comm.size)
-        print(f"merged ranks {result.ranks}, {result.events} spans, missing {result.missing_ranks}", flush=True)
+        print(f"merged ranks {result.ranks}, {result.events} spans, missing {result.missing_ranks}",
+              flush=True)
 
 
 if __name__ == "__main__":
