@@ -11,14 +11,13 @@ import time
 
 import pytest
 
-pytest.importorskip("tensorboard")  # TensorFlow >= 2.16 no longer brings it; install_env.sh installs it
-import tensorflow as tf  # noqa: E402
-from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator  # installed by tools/install_env.sh
 
-from engine.config import Config  # noqa: E402
-from engine.errors import ConfigError  # noqa: E402
-from engine.report.tensorboard import TensorBoardWriter, cut_event_files  # noqa: E402
-from helpers import ROOT, child_env  # noqa: E402
+from engine.config import Config
+from engine.errors import ConfigError
+from engine.report.tensorboard import TensorBoardWriter, cut_event_files
+from helpers import ROOT, child_env
 
 pytestmark = pytest.mark.tf_latest
 
