@@ -117,6 +117,11 @@ def test_unknown_total_and_no_scores():
     clock.now += 10
     progress.update(7)
     assert out.getvalue() == "eval dev: step 7, 0:00:10 elapsed\n"
+    seqs = Progress("dump", total_steps=20, stream=out, interval=10, enabled=True, clock=clock, unit="seq")
+    clock.now += 10
+    seqs.update(5)
+    last = out.getvalue().splitlines()[-1]
+    assert last == "dump: seq 5 of 20 (25.0%), 0:00:10 elapsed, about 0:00:30 to go"
 
 
 def test_log_verbosity_decides(terminal):

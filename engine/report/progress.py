@@ -40,14 +40,17 @@ class Progress:
     """``update`` after every step with the epoch's totals so far; ``close`` before the epoch's lines.
 
     ``total_steps``: the steps the epoch is planned to have, None when unknown (no percentage, no ETA).
+    ``unit``: what is counted, "step" unless a tool counts something else (sequences, say).
     ``enabled``: None decides by ``log_verbosity`` (on from 3). ``clock``: seconds, for the plain lines
     (tests pass a fake one). ``bar_refresh``: least seconds between redraws of the bar.
     """
 
     def __init__(self, name: str, total_steps: int | None = None, *, stream: TextIO | None = None,
                  interval: float = DEFAULT_INTERVAL, enabled: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic, bar_refresh: float = 0.5) -> None:
+                 clock: Callable[[], float] = time.monotonic, bar_refresh: float = 0.5,
+                 unit: str = "step") -> None:
         self.name = name
+        self.unit = unit
         self.total_steps = total_steps
         self.stream = stream if stream is not None else sys.stdout
         self.interval = interval
@@ -57,7 +60,7 @@ class Progress:
         self.next_line = self.start + interval
         self.bar: tqdm | None = None
         if self.enabled and _is_terminal(self.stream):
-            self.bar = tqdm(total=total_steps, desc=name, unit="step", file=self.stream, leave=False,
+            self.bar = tqdm(total=total_steps, desc=name, unit=unit, file=self.stream, leave=False,
                             dynamic_ncols=True, mininterval=bar_refresh, miniters=1, smoothing=0.1)
 
     @property
@@ -82,7 +85,7 @@ class Progress:
 
     def line(self, steps_done: int, frames: float | None, score: float | None, elapsed: float) -> str:
         """The plain progress line."""
-        parts = [f"{self.name}: step {steps_done}"]
+        parts = [f"{self.name}: {self.unit} {steps_done}"]
         if self.total_steps:
             done = steps_done / self.total_steps
             parts[0] += f" of {self.total_steps} ({100 * done:.1f}%)"
