@@ -14,17 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_data import make_corpus  # noqa: E402
+from bench_data import make_corpus
 
-from engine.datasets import HDFDataset  # noqa: E402
-from engine.datasets.hdf_values import StreamValues  # noqa: E402
+from engine.datasets import HDFDataset
+from engine.datasets.hdf_values import StreamValues
 
 
 def open_seconds(path: str, variant: str) -> float:

@@ -18,9 +18,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import timeline  # noqa: E402
+from engine import timeline
 
 
 def loop_seconds(body: str, spans: int, repeats: int) -> float:

@@ -140,7 +140,6 @@ def test_log_verbosity_decides(terminal):
 
 PIPED = """
 import sys
-sys.path.insert(0, {root!r})
 from engine.report.progress import Progress
 progress = Progress("train epoch 1", total_steps=3, interval=1e-9)
 for step in (1, 2, 3):

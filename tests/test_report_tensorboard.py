@@ -97,7 +97,6 @@ def test_a_fresh_run_starts_with_no_curves(tmp_path):
 
 KILLED_RUN = """
 import os, signal, sys
-sys.path.insert(0, {root!r})
 from engine.report.tensorboard import TensorBoardWriter
 writer = TensorBoardWriter({log_dir!r}, step_interval=1)
 for step in range(1, 21):

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-"""Rerun a command after an abnormal end: see engine/tools/supervise.py."""
-import os
+"""``supervise``: see engine/tools/supervise.py."""
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from engine.tools.supervise import main  # noqa: E402
+from engine.tools.supervise import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,15 +5,12 @@ the ranks meet, and rank 0 merges the part files into the run's one trace.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 from mpi4py import MPI
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-
-from engine import timeline  # noqa: E402
+from engine import timeline
 
 
 def main() -> None:
