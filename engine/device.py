@@ -1,5 +1,6 @@
 """Where this rank computes: ``device = "cpu"`` hides the GPUs; otherwise rank r takes visible GPU
-``local_rank`` (the rule and its errors are ``cluster.gpu_for_rank``'s)."""
+``local_rank`` (the rule and its errors are ``cluster.gpu_for_rank``'s). The CPU thread pools are set
+first (``tf_threads``): TensorFlow fixes them when it starts."""
 from __future__ import annotations
 
 import os
@@ -9,12 +10,14 @@ from engine import log, process
 from engine.cluster import gpu_for_rank
 from engine.config import Config
 from engine.errors import ConfigError
+from engine.tf_threads import configure_threads
 
 
 def select_device(config: Config) -> None:
     """Call once the communicator exists (``engine.process`` then knows the local rank), before the model."""
     import tensorflow as tf
 
+    configure_threads(config)
     device = config.str("device")
     gpus = tf.config.list_physical_devices("GPU")  # those CUDA_VISIBLE_DEVICES leaves visible
     if device.startswith("cpu") or not gpus:

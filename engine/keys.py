@@ -62,6 +62,15 @@ _section(
     ("device", "str", "", "cpu | gpu", "GPU when present"),
 )
 _section(
+    "tf_threads",
+    ("intra_op_threads", "int", None, "TensorFlow threads one op may use, per rank (0: TensorFlow's default; "
+     "TF_NUM_INTRAOP_THREADS wins)", "from the rank's cores"),
+    ("inter_op_threads", "int", None, "TensorFlow ops run at once, per rank (0: TensorFlow's default; "
+     "TF_NUM_INTEROP_THREADS wins)", "from the rank's cores"),
+    ("tf_session_opts", "dict", None, "RETURNN's session options: intra_op_parallelism_threads and "
+     "inter_op_parallelism_threads as the two keys above; other entries have no effect"),
+)
+_section(
     "training",
     ("num_epochs", "int", 5, "epochs to train"),
     ("optimizer", "any", None, "adam | sgd | momentum | rmsprop | nadam, or a dict with 'class'",

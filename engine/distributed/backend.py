@@ -45,6 +45,8 @@ class Communicator(abc.ABC):
     size: int = 1
     local_rank: int = 0
     local_size: int = 1
+    # The CPU affinity of each rank on this host, by local rank (empty: unknown); ``tf_threads`` reads it.
+    local_cpus: tuple[frozenset[int], ...] = ()
 
     def __init__(self, stall_timeout: float | None = None) -> None:
         # A collective that waits longer than this (seconds) aborts the job; None: wait forever.

@@ -31,6 +31,9 @@ class MPICommunicator(Communicator):
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
         node = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        local_cpus = node.allgather(affinity)
+        self.local_cpus = tuple(map(frozenset, local_cpus)) if all(local_cpus) else ()
         node.Free()
         self._fusion = FusionBuffers()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}

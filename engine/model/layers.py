@@ -16,6 +16,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from engine.errors import ConfigError
+from engine.model.block_lstm import fused_lstm
 
 ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
     None: None,
@@ -167,8 +168,8 @@ class Softmax(Linear):
 class Rec(Layer):
     """``rec`` with an LSTM unit; ``direction`` -1 runs over the valid part of each sequence reversed.
 
-    Uses TensorFlow's fused ``BlockLSTM`` kernel (one op for all time steps; measured faster than a
-    ``tf.while_loop`` cell and than ``keras.layers.LSTM``, see ``benchmarks/bench_lstm.py``). Padding
+    The LSTM is ``block_lstm.fused_lstm`` (TensorFlow's fused ``BlockLSTM`` kernel, one op for all time
+    steps, with a faster backward pass on the CPU; see ``benchmarks/bench_lstm.py``). Padding
     cannot leak into valid frames: forward, padded frames come after all valid ones; backward, the
     valid part is reversed in place (``tf.reverse_sequence``) so the padding still comes last.
     """
@@ -195,28 +196,7 @@ class Rec(Layer):
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         if self.direction == -1:
             x = tf.reverse_sequence(x, lengths, seq_axis=0, batch_axis=1)
-        zeros = tf.zeros([tf.shape(x)[1], self.n_out], x.dtype)
-        peephole = tf.zeros([self.n_out], x.dtype)
-        h = tf.raw_ops.BlockLSTM(
-            seq_len_max=self._steps(x, lengths),
-            x=x,
-            cs_prev=zeros,
-            h_prev=zeros,
-            w=self.params["W"],
-            wci=peephole,
-            wcf=peephole,
-            wco=peephole,
-            b=self.params["b"],
-            forget_bias=0.0,
-            cell_clip=-1.0,
-            use_peephole=False,
-        )[6]
+        h = fused_lstm(x, lengths, self.params["W"], self.params["b"], self.n_out)
         if self.direction == -1:
             h = tf.reverse_sequence(h, lengths, seq_axis=0, batch_axis=1)
         return h
-
-    @staticmethod
-    def _steps(x: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
-        """Time steps to run: the longest sequence (never past T; outputs after it are zeros)."""
-        longest = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
-        return tf.cast(tf.minimum(longest, tf.shape(x)[0]), tf.int64)

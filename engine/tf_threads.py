@@ -1,0 +1,206 @@
+"""TensorFlow's CPU threads for this rank, chosen before TensorFlow starts: intra-op threads (one op splits
+its work over them) and inter-op threads (independent ops run at the same time).
+
+Who decides, for each of the two numbers on its own, first match wins:
+
+1. the environment: ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` (what a job script or
+   ``mpirun -x`` sets for one run);
+2. the config: ``intra_op_threads`` / ``inter_op_threads``, or RETURNN's ``tf_session_opts`` with
+   ``intra_op_parallelism_threads`` / ``inter_op_parallelism_threads``;
+3. automatic (``AUTO_RULE``), from the cores this rank may use (``cores_for_rank``).
+
+0 anywhere means TensorFlow's own choice: every core of the machine, whatever the scheduler granted.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from engine import log, process
+from engine.cluster import parse_pe_hostfile
+from engine.config import Config
+from engine.errors import ConfigError, EngineError
+
+ENV_VARS = {"intra": "TF_NUM_INTRAOP_THREADS", "inter": "TF_NUM_INTEROP_THREADS"}
+CONFIG_KEYS = {"intra": "intra_op_threads", "inter": "inter_op_threads"}
+SESSION_OPTS = {"intra": "intra_op_parallelism_threads", "inter": "inter_op_parallelism_threads"}
+# TensorFlow 1 session options that exist but mean nothing without a session; accepted and reported.
+SESSION_OPTS_WITHOUT_EFFECT = ("log_device_placement", "allow_soft_placement", "device_count", "gpu_options",
+                               "graph_options", "use_per_session_threads", "operation_timeout_in_ms")
+# Measured on the RETURNN-style workload (benchmarks/bench_train.py); see docs/performance.md.
+AUTO_RULE = "1 intra-op and 1 inter-op thread up to 2 cores, else cores - 1 intra-op and 2 inter-op threads"
+
+
+@dataclass(frozen=True)
+class CoreGrant:
+    """The cores this rank may use, and which limit decided that."""
+
+    cores: int
+    why: str
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    intra: int
+    inter: int
+    why: str
+
+
+def cores_for_rank(local_cpus: Sequence[frozenset[int]], local_rank: int, environ: Mapping[str, str],
+                   host: str) -> CoreGrant:
+    """The cores of this rank: the smallest of what the CPU affinity, SLURM and SGE grant.
+
+    ``local_cpus``: the CPU affinity of every rank on this host, by local rank. Where the ranks' sets
+    do not overlap, the launcher bound each rank to its own cores; where they do, the ranks share them
+    and each gets an equal part. SLURM's ``SLURM_CPUS_PER_TASK`` is per rank already; SGE's slots
+    (``PE_HOSTFILE``'s line for this host, else ``NSLOTS``) are for all ranks on the host.
+    """
+    local_size = max(1, len(local_cpus))
+    own = local_cpus[local_rank] if local_cpus else frozenset()
+    if not own:  # affinity unknown (no sched_getaffinity): the machine's size
+        grants = [CoreGrant(max(1, (os.cpu_count() or 1) // local_size),
+                            f"{os.cpu_count()} CPUs of the machine for {local_size} rank(s)")]
+    elif local_size == 1 or _disjoint(local_cpus):
+        grants = [CoreGrant(len(own), f"CPU affinity of this rank: {len(own)} cores")]
+    else:
+        shared = frozenset().union(*local_cpus)
+        grants = [CoreGrant(max(1, len(shared) // local_size),
+                            f"CPU affinity of {len(shared)} cores shared by {local_size} ranks on this host")]
+    slurm = _positive_int(environ, "SLURM_CPUS_PER_TASK")
+    if slurm:
+        grants.append(CoreGrant(slurm, f"SLURM_CPUS_PER_TASK={slurm}"))
+    sge = _sge_slots(environ, host)
+    if sge:
+        slots, source = sge
+        grants.append(CoreGrant(max(1, slots // local_size),
+                                f"{source}: {slots} slots for {local_size} rank(s)"))
+    return min(grants, key=lambda grant: grant.cores)
+
+
+def _disjoint(sets: Sequence[frozenset[int]]) -> bool:
+    return sum(map(len, sets)) == len(frozenset().union(*sets))
+
+
+def _positive_int(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _sge_slots(environ: Mapping[str, str], host: str) -> tuple[int, str] | None:
+    """SGE's slots on this host: its PE_HOSTFILE line, else NSLOTS (a job on one host)."""
+    path = environ.get("PE_HOSTFILE")
+    if path:
+        try:
+            with open(path) as f:
+                hosts = parse_pe_hostfile(f.read(), f"PE_HOSTFILE {path}")
+        except (OSError, EngineError) as exc:
+            log.warning(f"threads: cannot read the SGE slots of this host ({exc}); using NSLOTS if set")
+        else:
+            short = host.split(".")[0]
+            for entry in hosts:
+                if entry.host == host or entry.host.split(".")[0] == short:
+                    return entry.slots, f"PE_HOSTFILE ({entry.host})"
+    nslots = _positive_int(environ, "NSLOTS")
+    return (nslots, "NSLOTS") if nslots else None
+
+
+def automatic_threads(cores: int) -> tuple[int, int]:
+    """(intra, inter) for a rank with ``cores`` cores (``AUTO_RULE``).
+
+    One core stays free for the rank's Python side (the step loop, the batch prefetch thread, MPI), which
+    an intra-op pool that spins while it waits would otherwise take: on 2 cores 1 thread ran faster than
+    2 (docs/performance.md)."""
+    if cores <= 2:
+        return 1, 1
+    return cores - 1, 2
+
+
+def choose_threads(config: Config, grant: CoreGrant, environ: Mapping[str, str]) -> ThreadChoice:
+    """The environment over the config over the automatic choice, for intra and inter on their own."""
+    from_config = _from_config(config)
+    auto = dict(zip(("intra", "inter"), automatic_threads(grant.cores)))
+    numbers, sources = {}, {}
+    for kind in ("intra", "inter"):
+        env_value = _env_threads(environ, ENV_VARS[kind])
+        if env_value is not None:
+            numbers[kind], sources[kind] = env_value, ENV_VARS[kind]
+        elif from_config[kind] is not None:
+            numbers[kind], sources[kind] = from_config[kind]
+        else:
+            numbers[kind], sources[kind] = auto[kind], "automatic"
+    parts = [f"{kind}-op from {source}" for kind, source in sources.items() if source != "automatic"]
+    if "automatic" in sources.values():
+        parts.append(f"automatic for {grant.cores} core(s) ({grant.why}): {AUTO_RULE}")
+    return ThreadChoice(numbers["intra"], numbers["inter"], "; ".join(parts))
+
+
+def _env_threads(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    if not value.strip().isdigit():
+        raise ConfigError(f"Environment variable {name}={value!r} is not a thread count; expected an integer "
+                          ">= 0 (0: TensorFlow's default), or unset it for the engine's choice.")
+    return int(value)
+
+
+def _from_config(config: Config) -> dict[str, tuple[int, str] | None]:
+    """Thread counts the config sets: its keys, or tf_session_opts; both for one number must agree."""
+    session = config.dict("tf_session_opts") or {}
+    unknown = sorted(set(session) - set(SESSION_OPTS.values()) - set(SESSION_OPTS_WITHOUT_EFFECT))
+    if unknown:
+        raise ConfigError(
+            f"Config key 'tf_session_opts' has {', '.join(map(repr, unknown))}, which this engine does not "
+            f"know; it reads {', '.join(SESSION_OPTS.values())} (thread counts) and accepts "
+            f"{', '.join(SESSION_OPTS_WITHOUT_EFFECT)} (no effect without a session).")
+    ignored = sorted(set(session) & set(SESSION_OPTS_WITHOUT_EFFECT))
+    if ignored:
+        log.info(f"tf_session_opts: {', '.join(ignored)} have no effect here: TensorFlow 2 has no session "
+                 "(GPU memory grows as needed; placement is automatic)")
+    result: dict[str, tuple[int, str] | None] = {}
+    for kind in ("intra", "inter"):
+        key, opt = CONFIG_KEYS[kind], SESSION_OPTS[kind]
+        values = {name: _config_threads(name, value) for name, value in
+                  ((key, config.int(key)), (f"tf_session_opts['{opt}']", session.get(opt)))
+                  if value is not None}
+        if len(set(values.values())) > 1:
+            raise ConfigError(f"Config keys {' and '.join(values)} set different thread counts "
+                              f"({', '.join(map(str, values.values()))}); keep one.")
+        result[kind] = next(((n, name) for name, n in values.items()), None)
+    return result
+
+
+def _config_threads(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"Config key {name} is {value!r}; expected a thread count, an integer >= 0 "
+                          "(0: TensorFlow's default).")
+    return value
+
+
+def configure_threads(config: Config) -> ThreadChoice:
+    """Choose this rank's threads and hand them to TensorFlow; call before TensorFlow runs anything."""
+    import tensorflow as tf
+
+    comm = process.communicator()
+    local_cpus = comm.local_cpus if comm is not None and comm.local_cpus else (_own_affinity(),)
+    local_rank = comm.local_rank if comm is not None and comm.local_cpus else 0
+    grant = cores_for_rank(local_cpus, local_rank, os.environ, socket.gethostname())
+    choice = choose_threads(config, grant, os.environ)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(choice.intra)
+        tf.config.threading.set_inter_op_parallelism_threads(choice.inter)
+    except RuntimeError as exc:  # TensorFlow already started: its pools are fixed
+        log.warning(f"threads: TensorFlow already runs, its thread pools stay as they are ({exc})")
+        return choice
+    log.info(f"threads: {_shown(choice.intra)} intra-op, {_shown(choice.inter)} inter-op ({choice.why})")
+    return choice
+
+
+def _shown(threads: int) -> str:
+    return str(threads) if threads else "TensorFlow's default number of"
+
+
+def _own_affinity() -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()

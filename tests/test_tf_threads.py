@@ -1,0 +1,143 @@
+"""TensorFlow's thread pools per rank: the cores a rank is granted, who decides the counts, and that a real
+run (1 and 2 ranks) uses what it logs."""
+import os
+import re
+import sys
+
+import pytest
+
+from engine.config import Config
+from engine.errors import ConfigError
+from engine.tf_threads import CoreGrant, automatic_threads, choose_threads, cores_for_rank
+from helpers import ROOT, mpirun_cmd, run, run_rnn
+
+pytestmark = pytest.mark.tf_latest
+
+TWO = frozenset({0, 1})
+
+
+# ----- the cores of a rank -----
+
+def test_affinity_shared_by_the_ranks_of_a_host_is_divided():
+    grant = cores_for_rank([frozenset(range(8))] * 4, 2, {}, "node1")
+    assert grant.cores == 2 and "shared by 4 ranks" in grant.why
+
+
+def test_affinity_bound_per_rank_is_used_as_it_is():
+    sets = [frozenset({0, 1, 2}), frozenset({3, 4, 5}), frozenset({6, 7, 8})]
+    assert cores_for_rank(sets, 1, {}, "node1") == CoreGrant(3, "CPU affinity of this rank: 3 cores")
+
+
+def test_a_single_rank_gets_its_affinity():
+    assert cores_for_rank([frozenset(range(6))], 0, {}, "h").cores == 6
+
+
+def test_slurm_cpus_per_task_is_per_rank():
+    grant = cores_for_rank([frozenset(range(64))] * 2, 0, {"SLURM_CPUS_PER_TASK": "4"}, "h")
+    assert grant == CoreGrant(4, "SLURM_CPUS_PER_TASK=4")
+
+
+def test_sge_slots_of_this_host_are_shared_by_its_ranks(tmp_path):
+    hostfile = tmp_path / "pe"
+    hostfile.write_text("node1.example.org 6 all.q@node1 UNDEFINED\n"
+                        "node2.example.org 4 all.q@node2 UNDEFINED\n")
+    env = {"PE_HOSTFILE": str(hostfile), "NSLOTS": "10"}
+    grant = cores_for_rank([frozenset(range(32))] * 2, 1, env, "node2")
+    assert grant.cores == 2 and "PE_HOSTFILE (node2.example.org): 4 slots for 2 rank(s)" in grant.why
+    assert cores_for_rank([frozenset(range(32))] * 2, 1, {"NSLOTS": "10"}, "node2").cores == 5
+
+
+def test_the_smallest_grant_wins_and_never_below_one_core():
+    assert cores_for_rank([frozenset({0})] * 3, 0, {"SLURM_CPUS_PER_TASK": "8"}, "h").cores == 1
+
+
+# ----- who decides -----
+
+def test_automatic_rule():
+    assert automatic_threads(1) == (1, 1) and automatic_threads(2) == (1, 1)
+    assert automatic_threads(16) == (15, 2)
+
+
+def test_environment_over_config_over_automatic():
+    grant = CoreGrant(16, "test")
+    config = Config({"intra_op_threads": 4, "tf_session_opts": {"inter_op_parallelism_threads": 3}})
+    choice = choose_threads(config, grant, {})
+    assert (choice.intra, choice.inter) == (4, 3)
+    choice = choose_threads(config, grant, {"TF_NUM_INTRAOP_THREADS": "1"})
+    assert (choice.intra, choice.inter) == (1, 3) and "TF_NUM_INTRAOP_THREADS" in choice.why
+    choice = choose_threads(Config({}), grant, {"TF_NUM_INTEROP_THREADS": "0"})
+    assert (choice.intra, choice.inter) == (15, 0) and "automatic for 16 core(s)" in choice.why
+
+
+def test_config_overrides_as_strings_are_read():
+    config = Config({})
+    config.apply_overrides([("intra_op_threads", "2")])
+    assert choose_threads(config, CoreGrant(8, "t"), {}).intra == 2
+
+
+@pytest.mark.parametrize("config, environ, words", [
+    ({"intra_op_threads": 2, "tf_session_opts": {"intra_op_parallelism_threads": 3}}, {}, "different thread"),
+    ({"tf_session_opts": {"intra_op_paralellism_threads": 3}}, {}, "'intra_op_paralellism_threads'"),
+    ({"inter_op_threads": -1}, {}, "expected a thread count"),
+    ({"tf_session_opts": {"inter_op_parallelism_threads": "many"}}, {}, "expected a thread count"),
+    ({}, {"TF_NUM_INTRAOP_THREADS": "two"}, "TF_NUM_INTRAOP_THREADS='two'"),
+])
+def test_bad_settings_are_refused_with_their_name(config, environ, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        choose_threads(Config(config), CoreGrant(2, "t"), environ)
+
+
+def test_session_options_without_effect_are_accepted():
+    options = {"gpu_options": {"allow_growth": True}, "log_device_placement": False}
+    config = Config({"tf_session_opts": options})
+    assert choose_threads(config, CoreGrant(2, "t"), {}).intra == 1
+
+
+# ----- real runs -----
+
+TINY = """
+train = {"class": "DummyDataset", "input_dim": 3, "output_dim": 2, "num_seqs": 4, "seq_len": 5}
+network = {"output": {"class": "softmax", "loss": "ce"}}
+batch_size = 20
+num_epochs = 1
+log_all_ranks = True
+"""
+UNSET = {"TF_NUM_INTRAOP_THREADS": "", "TF_NUM_INTEROP_THREADS": ""}
+
+
+def test_a_run_sets_tensorflow_pools_from_the_config(tmp_path):
+    """get_network runs once the model is built: what TensorFlow itself reports then."""
+    config = tmp_path / "c.py"
+    config.write_text(TINY.replace("network =", "layers =") + """
+intra_op_threads = 2
+tf_session_opts = {"inter_op_parallelism_threads": 3}
+
+def get_network(epoch, **_):
+    import tensorflow as tf
+    print("pools", tf.config.threading.get_intra_op_parallelism_threads(),
+          tf.config.threading.get_inter_op_parallelism_threads())
+    return layers
+""")
+    r = run_rnn([str(config)], env=UNSET)
+    assert r.returncode == 0, r.stderr
+    assert "threads: 2 intra-op, 3 inter-op" in r.stdout
+    assert "pools 2 3" in r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("binding, words", [
+    ("none", "CPU affinity of {n} cores shared by 2 ranks on this host"),
+    ("core", "CPU affinity of this rank: 1 cores"),
+])
+def test_two_ranks_on_one_host_share_or_own_their_cores(tmp_path, binding, words):
+    config = tmp_path / "c.py"
+    config.write_text(TINY)
+    cmd = mpirun_cmd(2, [sys.executable, str(ROOT / "rnn.py"), str(config), "++use_horovod", "1",
+                         "++distributed_backend", "mpi"])
+    cmd[cmd.index("--bind-to") + 1] = binding
+    r = run(cmd, env=UNSET)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if "threads:" in line]
+    assert len(lines) == 2, r.stdout
+    words = words.format(n=len(os.sched_getaffinity(0)))
+    assert all(words in line and "1 intra-op, 1 inter-op" in line for line in lines), lines
