@@ -41,7 +41,7 @@ def test_more_ranks_than_gpus_on_a_host_is_an_error_with_the_fixes():
 class FakeComm:
     """Rank 0 of 2 on one host: what select_device and distributed.start ask of a communicator."""
 
-    name, rank, size, watchdog = "fake", 0, 2, None
+    name, rank, size, watchdog, local_cpus = "fake", 0, 2, None, ()
 
     def __init__(self, local_rank: int = 0, local_size: int = 2) -> None:
         self.local_rank, self.local_size = local_rank, local_size
@@ -111,7 +111,7 @@ def test_start_logs_the_host_to_rank_map(monkeypatch, capsys):
 
     log.init()  # rank 0 prints level info on stdout, whatever earlier tests configured
     comm = FakeComm()
-    monkeypatch.setattr(start_module, "create_communicator", lambda name, stall: comm)
+    monkeypatch.setattr(start_module, "create_communicator", lambda name, stall, device: comm)
     monkeypatch.setattr(start_module, "install_failure_handler", lambda: None)
     monkeypatch.setattr(start_module, "check_config_consistency", lambda comm, items: None)
     try:

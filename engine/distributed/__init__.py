@@ -11,7 +11,7 @@ from engine.distributed.consistency import check_config_consistency
 from engine.distributed.failure import fail, format_error, install_failure_handler
 from engine.distributed.protocol import (StepSignal, agree_on_failure, broadcast_initial, raise_on_failure,
                                          reduce_scores, step_signal)
-from engine.distributed.select import BACKENDS, create_communicator, horovod_import_error
+from engine.distributed.select import BACKENDS, auto_backend, create_communicator, horovod_import_error
 from engine.distributed.settings import DataParallelSettings
 from engine.distributed.startup import start
 from engine.distributed.strategy import (GradAllreduce, ParamAverage, ParamSyncSchedule, StepPlan, Strategy,
@@ -20,7 +20,7 @@ from engine.distributed.watchdog import Watchdog
 
 __all__ = [
     "OPS", "BACKENDS", "Communicator", "DataParallelSettings", "GradAllreduce", "ParamAverage",
-    "ParamSyncSchedule", "StepPlan", "StepSignal", "Strategy", "Watchdog", "agree_on_failure",
+    "ParamSyncSchedule", "StepPlan", "StepSignal", "Strategy", "Watchdog", "agree_on_failure", "auto_backend",
     "broadcast_initial", "build_strategy", "check_config_consistency", "create_communicator", "fail",
     "format_error", "helpers", "horovod_import_error", "install_failure_handler", "raise_on_failure",
     "reduce_scores", "start", "step_signal",

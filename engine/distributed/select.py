@@ -1,5 +1,13 @@
 """Choosing the backend: config key ``distributed_backend`` = "auto" | "horovod" | "mpi"; the engine uses
-"local" when ``use_horovod`` is off. "auto" takes Horovod when it imports, else MPI, and says why."""
+"local" when ``use_horovod`` is off.
+
+"auto" takes the faster backend for where the tensors live: Horovod where training runs on GPUs and
+Horovod was built with NCCL (it reduces GPU tensors on the GPU), the ``mpi`` backend otherwise. On CPUs
+the ``mpi`` backend was the faster one in every measurement (``benchmarks/bench_train.py``,
+``benchmarks/bench_allreduce.py``, docs/performance.md): Horovod's background thread wakes every
+``HOROVOD_CYCLE_TIME`` to negotiate in MPI, on the cores the compute threads need, and a reduction waits
+for its next cycle. The log line says which backend and why.
+"""
 from __future__ import annotations
 
 import os
@@ -21,11 +29,36 @@ def horovod_import_error() -> str | None:
     return None
 
 
-def create_communicator(name: str = "auto", stall_timeout: float | None = None) -> Communicator:
+def auto_backend(device: str = "") -> tuple[str, str]:
+    """("horovod" or "mpi", why) for ``distributed_backend = "auto"`` and the config's ``device``."""
+    if device.startswith("cpu"):
+        return "mpi", "training on the CPU (device = 'cpu'), where the mpi backend is the faster"
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        return "mpi", "training on the CPU (no GPU visible), where the mpi backend is the faster"
+    error = horovod_import_error()
+    if error is not None:
+        return "mpi", f"training on GPUs, but Horovod does not import ({error})"
+    import horovod.tensorflow as hvd
+
+    if not hvd.nccl_built():
+        return "mpi", f"training on GPUs, but Horovod {_horovod_version()} was built without NCCL"
+    return "horovod", f"training on GPUs, Horovod {_horovod_version()} built with NCCL"
+
+
+def _horovod_version() -> str:
+    import horovod
+
+    return horovod.__version__
+
+
+def create_communicator(name: str = "auto", stall_timeout: float | None = None,
+                        device: str = "") -> Communicator:
     """The communicator for backend ``name``; call once per process, on every rank.
 
     With ``stall_timeout`` (seconds) the communicator gets its watchdog, and Horovod its own stall
-    shutdown for the reductions inside a ``tf.function``.
+    shutdown for the reductions inside a ``tf.function``. ``device``: the config's, for "auto".
     """
     if name not in BACKENDS:
         raise ConfigError(f"Config key 'distributed_backend' is {name!r}; expected one of "
@@ -41,18 +74,16 @@ def create_communicator(name: str = "auto", stall_timeout: float | None = None) 
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     _require_mpi4py(name)
     reason = f"distributed_backend = {name!r}"
-    if name in ("auto", "horovod"):
+    if name == "auto":
+        name, why = auto_backend(device)
+        reason = f"{reason}: {why}"
+    elif name == "horovod":
         error = horovod_import_error()
-        if error is None:
-            import horovod
-
-            name, reason = "horovod", f"{reason}, Horovod {horovod.__version__} imports"
-        elif name == "horovod":
+        if error is not None:
             raise ConfigError(f"Config key 'distributed_backend' is 'horovod', but Horovod does not import "
                               f"({error}). Install it (tools/install_env.sh, TensorFlow <= 2.15) or set "
                               "distributed_backend = 'mpi' or 'auto'.")
-        else:
-            name, reason = "mpi", f"{reason}, Horovod does not import ({error})"
+        reason = f"{reason}, Horovod {_horovod_version()}"
     if name == "horovod":
         from engine.distributed.horovod_backend import HorovodCommunicator
 

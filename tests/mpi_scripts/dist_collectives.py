@@ -12,9 +12,9 @@ import socket
 import numpy as np
 
 from engine import process
-from engine.distributed import (ParamAverage, ParamSyncSchedule, broadcast_initial, check_config_consistency,
-                                create_communicator, helpers, horovod_import_error, install_failure_handler,
-                                reduce_scores, step_signal)
+from engine.distributed import (ParamAverage, ParamSyncSchedule, auto_backend, broadcast_initial,
+                                check_config_consistency, create_communicator, helpers,
+                                install_failure_handler, reduce_scores, step_signal)
 from engine.errors import ConfigError, DistributedError
 
 SHAPES = [(), (0,), (3, 0), (7,), (5, 3), (1000,), (333, 17), (300_007,)] + [(1 + i % 5,) for i in range(60)]
@@ -277,9 +277,11 @@ def main() -> None:
         other = create_communicator(args.compare_with)
         check_bitwise_agreement(comm, other)
         checks.append(check_bitwise_agreement)
-    if not args.no_tf:  # last: "auto" may start Horovod
+    if not args.no_tf:  # last: "auto" may start Horovod (on GPUs with NCCL), never on the CPU
+        assert create_communicator("auto", device="cpu").name == "mpi"
+        expected, _ = auto_backend("")
         auto = create_communicator("auto")
-        assert auto.name == ("horovod" if horovod_import_error() is None else "mpi"), auto.name
+        assert auto.name == expected, auto.name
         checks.append(create_communicator)
     comm.barrier()
     print(f"rank {comm.rank}: {len(checks)} checks passed ({comm.name} backend, {comm.size} ranks)",
