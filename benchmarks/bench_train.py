@@ -1,153 +1,178 @@
 #!/usr/bin/env python3
-"""Training throughput: 1 rank against 2 ranks in grad and param mode, on the horovod and mpi backends.
+"""Training throughput on one machine: what a user can choose for one process against N ranks, on both
+backends, in grad mode and in param mode with syncs inside the epoch; and each rank's peak memory.
 
-    .venv/bin/python benchmarks/bench_train.py [--seqs 600] [--epochs 3] [--backends horovod,mpi]
+    .venv/bin/python benchmarks/bench_train.py [--seqs 1000] [--epochs 3] [--runs 3] [--ranks N]
+        [--backends auto,horovod]
 
-A generated HDF corpus (40-dim features, 50 classes, lengths 50-250), a 2-layer LSTM of 128 units,
-batch_size 5000, max_seqs 40, Adam, one TensorFlow thread per rank. Every run trains ``--epochs``
-epochs through ``rnn.py``; the first epoch (graph tracing) is left out and the rest are summed. Prints
-frames/s, the speed-up over 1 rank and the computing-time share, all from this one invocation. The
-"ceiling" row runs two unrelated single-process trainings at the same time: what two ranks could reach
-on this machine if communication and coordination cost nothing (they still share caches and memory).
+The RETURNN-style workload of ``workload.py`` (2x LSTM-128, batch_size 5000, max_seqs 40, random order,
+``cache_size = "0"``), ``--epochs`` epochs per run through ``rnn.py``; frames/s over epochs 2..E, timed
+from rank 0's output lines (``timing.py``). Every row is the median of ``--runs`` runs (rows take turns)
+with the range. Rows:
+
+- 1 process with the engine's default threading (no thread variable, no thread key), with 1 thread, and
+  with as many threads as cores (TensorFlow's own default);
+- N single processes of 1 thread at once, no MPI: the ceiling of N ranks on this machine when
+  communication and coordination cost nothing (they still share caches and memory bandwidth);
+- 1 rank under mpirun (``use_horovod``: MPI loaded, nothing to reduce);
+- N ranks (N = the cores of this machine) with the engine's default threading, per backend: grad;
+  param with ``horovod_param_sync_step`` 5 and 20 (syncs inside the epoch: at 1000 sequences a rank
+  takes about 25 steps an epoch) and with syncs only at the end of each epoch.
+
+Speed-ups are against the best single-process row. The verdicts check the targets of issue 13.
+Peak memory: the kernel's high-water mark of each rank's process (``peak_memory.py``), medians.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
-import subprocess
-import sys
+import statistics
 import tempfile
+import threading
 
-import numpy as np
+from timing import Output, Row, child_env, interleaved, rnn_command, run_stamped, verdict
+from workload import make_corpus, write_engine_config
 
-from engine.datasets import DataKeyInfo, HDFWriter
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-CONFIG = """
-train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random"}}
-cache_size = "0"
-network = {{
-    "lstm0": {{"class": "rec", "unit": "NativeLstm2", "n_out": 128}},
-    "lstm1": {{"class": "rec", "unit": "NativeLstm2", "n_out": 128, "from": "lstm0"}},
-    "output": {{"class": "softmax", "loss": "ce", "from": "lstm1"}},
-}}
-batch_size = 5000
-max_seqs = 40
-optimizer = {{"class": "adam"}}
-learning_rate = 0.001
-num_epochs = {epochs}
-log_verbosity = 3
-log_all_ranks = True
-"""
-
-RUNS = [  # (name, ranks, ++ overrides)
-    ("grad", 2, ["++horovod_reduce_type", "grad"]),
-    ("param, sync 100, random_seed_offset", 2,
-     ["++horovod_reduce_type", "param", "++horovod_param_sync_step", "100",
-      "++horovod_dataset_distribution", "random_seed_offset"]),
-]
-
-EPOCH_LINE = re.compile(r"^(?:\[rank (\d+)\] )?train epoch (\d+), finished after (\d+) steps, \S+ elapsed "
-                        r"\(([\d.]+)% computing time\)$", re.M)
-FRAMES_LINE = re.compile(r"^(?:\[rank (\d+)\] )?train epoch (\d+): ([\d.]+) frames/sec \((\d+) frames, "
-                         r"([\d.]+)s computing\)$", re.M)
+FRAMES_LINE = re.compile(r"^train epoch (\d+): [\d.]+ frames/sec \((\d+) frames", re.M)
+BACKEND_LINE = re.compile(r"^distributed: using the (\w+) backend", re.M)
+THREADS_LINE = re.compile(r"^threads: (.*?) \(", re.M)
+MEMORY_LINE = re.compile(r"^peak memory rank (\d+): ([\d.]+) MiB", re.M)
+PARAM_BYTES = 4 * ((40 + 128) * 512 + 512 + (128 + 128) * 512 + 512 + 128 * 50 + 50)
+FUSED_BUFFERS = 2  # the mpi backend pools two fusion buffers per dtype (engine/distributed/fusion.py)
 
 
-def make_corpus(path: str, num_seqs: int) -> None:
-    rng = np.random.RandomState(0)
-    mapping = rng.standard_normal((40, 50))
-    keys = {"data": DataKeyInfo(dim=40), "classes": DataKeyInfo(dim=50, sparse=True)}
-    with HDFWriter(path, keys) as writer:
-        for i in range(num_seqs):
-            features = rng.standard_normal((rng.randint(50, 251), 40)).astype(np.float32)
-            writer.insert(f"seq-{i}", {"data": features, "classes": (features @ mapping).argmax(1)})
+class Trainer:
+    """Runs training and remembers what each row's runs printed besides their speed."""
+
+    def __init__(self, config: str, epochs: int) -> None:
+        self.config, self.epochs = config, epochs
+        self.memory: dict[str, list[float]] = {}  # row name -> each run's largest rank peak (MiB)
+        self.notes: dict[str, set[str]] = {}
+
+    def rate(self, output: Output) -> float:
+        """frames/s of epochs 2..E, timed from the end of epoch 1 to the end of the last."""
+        frames = sum(int(n) for epoch, n in FRAMES_LINE.findall(output.text) if int(epoch) > 1)
+        return frames / output.seconds_between(r"^train epoch 1: ", rf"^train epoch {self.epochs}: ")
+
+    def row(self, name: str, ranks: int, overrides: list[str], threads: int | None = None,
+            mpirun: bool | None = None) -> Row:
+        def measure() -> float:
+            env = child_env(threads)
+            output = run_stamped(rnn_command(self.config, ranks, overrides, env, mpirun=mpirun), env)
+            self._remember(name, output)
+            return self.rate(output)
+
+        return Row(name, measure)
+
+    def independent_row(self, name: str, processes: int) -> Row:
+        """``processes`` single-process trainings of 1 thread at once; their rates add up."""
+        def measure() -> float:
+            env = child_env(1)
+            outputs: list[Output] = []
+            threads = [threading.Thread(target=lambda: outputs.append(
+                run_stamped(rnn_command(self.config, 1, [], env), env))) for _ in range(processes)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return sum(self.rate(output) for output in outputs)
+
+        return Row(name, measure)
+
+    def _remember(self, name: str, output: Output) -> None:
+        peaks = [float(mib) for _, mib in MEMORY_LINE.findall(output.text)]
+        self.memory.setdefault(name, []).append(max(peaks))
+        notes = self.notes.setdefault(name, set())
+        notes.update(f"{b} backend" for b in BACKEND_LINE.findall(output.text))
+        notes.update(f"threads {t}" for t in THREADS_LINE.findall(output.text))
 
 
-ENV = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+def parallel_overrides(backend: str, mode: str) -> list[str]:
+    overrides = ["++use_horovod", "1", "++distributed_backend", backend]
+    if mode == "grad":
+        return overrides + ["++horovod_reduce_type", "grad"]
+    sync = {"param sync 5": "5", "param sync 20": "20", "param, sync at epoch end": "1000000"}[mode]
+    return overrides + ["++horovod_reduce_type", "param", "++horovod_param_sync_step", sync]
 
 
-def command(config: str, ranks: int, overrides: list[str], backend: str) -> list[str]:
-    cmd = [sys.executable, os.path.join(ROOT, "rnn.py"), config]
-    if ranks > 1:
-        mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
-        cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "--map-by", "slot", "-np", str(ranks),
-               "-x", "TF_NUM_INTRAOP_THREADS", "-x", "TF_NUM_INTEROP_THREADS", *cmd,
-               "++use_horovod", "1", "++distributed_backend", backend, *overrides]
-    return cmd
+MODES = ("grad", "param sync 5", "param sync 20", "param, sync at epoch end")
 
 
-def finished(proc: subprocess.Popen, cmd: list[str]) -> str:
-    stdout, stderr = proc.communicate(timeout=1200)
-    if proc.returncode != 0:
-        sys.exit(f"bench_train: run failed ({' '.join(cmd)}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    return stdout
+def report(single: list[Row], ceiling: Row, under_mpirun: Row, parallel: dict[str, dict[str, Row]],
+           trainer: Trainer, ranks: int) -> None:
+    best = max(single, key=lambda row: row.median)
+    print(f"\n{'run':<58} {'frames/s':>9} {'range':>13} {'vs best 1-process':>18}")
+    for row in [*single, ceiling, under_mpirun, *[r for rows in parallel.values() for r in rows.values()]]:
+        notes = ", ".join(sorted(trainer.notes.get(row.name, ())))
+        print(f"{row.name:<58} {row.median:>9.0f} {row.spread():>13} {row.median / best.median:>17.2f}x"
+              f"{'   (' + notes + ')' if notes else ''}")
+    default_backend = next(iter(parallel))
+    rows = parallel[default_backend]
+    print(f"\nverdicts (best single-process row: '{best.name}', {best.median:.0f} frames/s; "
+          f"default backend: {default_backend}):")
+    default = single[0]
+    print(verdict(default.median >= 0.95 * best.median,
+                  f"1 process with the default threading is {default.median / best.median:.3f}x the best "
+                  f"single-process row (target >= 0.95)"))
+    grad = rows["grad"].median / best.median
+    print(verdict(grad >= 1.8, f"{ranks} ranks grad, default backend and threading: {grad:.2f}x the best "
+                               f"single-process row (target >= 1.8x; ceiling {ceiling.median / best.median:.2f}x)"))
+    for mode in ("param sync 5", "param sync 20"):
+        ratio = rows[mode].median / best.median
+        print(verdict(ratio >= 1.85, f"{ranks} ranks {mode} (syncs inside the epoch): {ratio:.2f}x (target >= 1.85x)"))
+    if len(parallel) > 1:
+        for backend, other in list(parallel.items())[1:]:
+            ratios = ", ".join(f"{mode} {other[mode].median / rows[mode].median:.2f}x" for mode in MODES)
+            print(f"info: {backend} against {default_backend}: {ratios}")
+    memory_report(single[0], under_mpirun, parallel, trainer)
 
 
-def start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-
-
-def run(config: str, ranks: int, overrides: list[str], backend: str) -> tuple[float, float]:
-    """(frames/s summed over ranks, computing-time %) over the epochs after the first."""
-    cmd = command(config, ranks, overrides, backend)
-    return parse(finished(start(cmd), cmd), per_rank_scores="random_seed_offset" in overrides)
-
-
-def run_two_independent(config: str) -> tuple[float, float]:
-    """Two single-process trainings at once, no MPI: what sharing the machine alone costs."""
-    cmd = command(config, 1, [], "local")
-    procs = [start(cmd) for _ in range(2)]
-    results = [parse(finished(p, cmd), per_rank_scores=False) for p in procs]
-    return sum(r[0] for r in results), float(np.mean([r[1] for r in results]))
-
-
-def parse(stdout: str, per_rank_scores: bool) -> tuple[float, float]:
-    frames: dict[int, float] = {}
-    seconds: dict[int, float] = {}
-    percents = []
-    for rank, epoch, _, percent in EPOCH_LINE.findall(stdout):
-        if int(epoch) > 1:
-            percents.append(float(percent))
-    for rank, epoch, per_sec, n, _ in FRAMES_LINE.findall(stdout):
-        if int(epoch) > 1:
-            r = int(rank or 0)
-            frames[r] = frames.get(r, 0.0) + float(n)
-            seconds[r] = seconds.get(r, 0.0) + float(n) / float(per_sec)
-    # Train scores (and frames) are global in grad and shard mode, so rank 0 speaks for all; in
-    # param + random_seed_offset each rank reports its own, so the ranks' rates add up.
-    rate = sum(frames[r] / seconds[r] for r in frames) if per_rank_scores else frames[0] / seconds[0]
-    return rate, float(np.mean(percents))
+def memory_report(alone: Row, under_mpirun: Row, parallel: dict[str, dict[str, Row]], trainer: Trainer) -> None:
+    fused = FUSED_BUFFERS * PARAM_BYTES / 2**20
+    base = statistics.median(trainer.memory[alone.name])
+    print(f"\npeak resident memory per rank, MiB (median of the runs' largest rank; cache_size = \"0\"; "
+          f"fused buffers {fused:.1f} MiB):")
+    rows = [alone, under_mpirun] + [r for rows in parallel.values() for r in rows.values()]
+    for row in rows:
+        print(f"  {row.name:<56} {statistics.median(trainer.memory[row.name]):>8.1f}")
+    mpi_base = statistics.median(trainer.memory[under_mpirun.name])
+    for backend, rows_of_backend in parallel.items():
+        peak = max(statistics.median(trainer.memory[r.name]) for r in rows_of_backend.values())
+        print(verdict(peak <= mpi_base + fused + 1.0,
+                      f"{backend}: a rank of several holds {peak:.1f} MiB, one rank under mpirun {mpi_base:.1f} "
+                      f"MiB + fused buffers {fused:.1f} MiB (1 MiB slack); one process without MPI {base:.1f}"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seqs", type=int, default=600)
+    parser.add_argument("--seqs", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--backends", default="horovod,mpi")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--backends", default="auto,horovod",
+                        help="comma-separated; the first is the default backend the verdicts use")
     args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus.hdf")
-        make_corpus(corpus, args.seqs)
-        config = os.path.join(tmp, "bench.py")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(corpus=corpus, epochs=args.epochs))
-        print(f"corpus: {args.seqs} seqs, {os.path.getsize(corpus) / 1e6:.1f} MB; 2x128 LSTM, "
-              f"batch_size 5000, max_seqs 40, Adam, 1 TF thread per rank; epochs 2..{args.epochs} measured")
-        rows = []
-        base_rate, base_pct = run(config, 1, [], "local")
-        rows.append(("1 rank", "-", base_rate, base_pct))
-        rate, pct = run_two_independent(config)
-        rows.append(("2 independent 1-rank runs at once (ceiling)", "-", rate, pct))
-        for backend in args.backends.split(","):
-            for name, ranks, overrides in RUNS:
-                rate, pct = run(config, ranks, overrides, backend)
-                rows.append((f"{ranks} ranks {name}", backend, rate, pct))
-        print(f"{'run':<42} {'backend':<8} {'frames/s':>10} {'speed-up':>9} {'computing':>10}")
-        for name, backend, rate, pct in rows:
-            print(f"{name:<42} {backend:<8} {rate:>10.0f} {rate / base_rate:>8.2f}x {pct:>9.1f}%")
+        frames = make_corpus(corpus, args.seqs)
+        trainer = Trainer(write_engine_config(tmp, corpus, args.epochs), args.epochs)
+        print(f"corpus: {args.seqs} seqs, {frames} frames; 2x LSTM-128, batch_size 5000, max_seqs 40, Adam; "
+              f"{cores} cores; epochs 2..{args.epochs} timed; {args.runs} runs per row, taking turns")
+        single = [trainer.row("1 process, engine default threading", 1, []),
+                  trainer.row("1 process, 1 thread", 1, [], threads=1),
+                  trainer.row(f"1 process, {cores} threads (as many as cores)", 1, [], threads=cores)]
+        ceiling = trainer.independent_row(f"{args.ranks} single processes of 1 thread at once (ceiling)",
+                                          args.ranks)
+        under_mpirun = trainer.row("1 rank under mpirun (use_horovod, mpi backend)", 1,
+                                   ["++use_horovod", "1", "++distributed_backend", "mpi"], mpirun=True)
+        parallel = {b: {m: trainer.row(f"{args.ranks} ranks {m}, {b} backend", args.ranks,
+                                       parallel_overrides(b, m)) for m in MODES}
+                    for b in args.backends.split(",")}
+        rows = [*single, ceiling, under_mpirun, *[r for rs in parallel.values() for r in rs.values()]]
+        interleaved(rows, args.runs)
+        report(single, ceiling, under_mpirun, parallel, trainer, args.ranks)
 
 
 if __name__ == "__main__":

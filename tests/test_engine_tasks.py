@@ -177,6 +177,12 @@ def test_forward_with_2_ranks_writes_one_file_in_corpus_order(tmp_path):
         np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
     with h5py.File(out) as f:  # RETURNN's layout: inputs + seqLengths with 2 columns
         assert f["seqLengths"].shape == (37, 2) and f["inputs"].shape[1] == 2
+        two_ranks = f["inputs"][:]
+    one = tmp_path / "one.hdf"  # one rank writes the same file: the same batches, in corpus order too
+    r = run_rnn([cfg, "++task", "forward", "++output_file", str(one)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    with h5py.File(one) as f:
+        assert np.array_equal(f["inputs"][:], two_ranks)
 
 
 @pytest.mark.mpi

@@ -1,62 +1,94 @@
 """``task = "forward"``: run the model over the ``eval`` dataset and write its outputs to ``output_file``.
 
-Every rank forwards its shard into a part file beside ``output_file``; rank 0 then merges the parts
-into one HDF file in the corpus' original sequence order and removes them. The parts go through the
-file system (as checkpoints do), so ``output_file`` must be on storage that all ranks share.
+One output frame per input frame, sequences in the corpus' original order. The sequence lengths are
+known before anything is forwarded, so rank 0 lays the whole file out first (``hdf_rows``: under a
+temporary name beside ``output_file``) and every rank then writes its shard's rows straight into it, all
+at once: no part files, nothing merged afterwards (the merge had been rank 0 alone re-reading and
+re-writing every rank's output while the others waited). When every rank has written, rank 0 renames
+the file to ``output_file``; after an error it removes it. All ranks write into the one file, so
+``output_file`` must be on storage that all ranks share.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+
+import numpy as np
 
 from engine import log
+from engine.atomic_file import commit, create_temp_beside, discard
 from engine.config import Config
-from engine.datasets import (BatchOptions, DataKeyInfo, Dataset, HDFWriter, create_dataset,
-                             dataset_from_config, generate_batches)
-from engine.distributed import agree_on_failure, broadcast_initial, start
-from engine.errors import ConfigError, EngineError
+from engine.datasets import BatchOptions, Dataset, dataset_from_config, generate_batches
+from engine.datasets.hdf_rows import RowWriter, create_rows_file
+from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
+from engine.errors import ConfigError, DataError, EngineError
 from engine.tasks.evaluate import load_model_for_inference
 from engine.training.report import EpochReport
 from engine.training.step import Steps
 
 
-def part_path(output_file: str, rank: int, size: int) -> str:
-    return f"{output_file}.part-{rank}-of-{size}"
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where each sequence of the epoch goes in the output file: corpus order."""
+
+    corpus_idx: np.ndarray  # the epoch's corpus indices, sorted: the file's sequence order
+    first_row: dict[int, int]  # corpus index -> its first frame in ``inputs``
+    lengths: np.ndarray  # frames per sequence, in file order
+    tags: list[str]
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> OutputLayout:
+        """From the dataset's current epoch order (every rank computes the same)."""
+        column = dataset.data_keys.index("data")
+        order = np.asarray(dataset.order)
+        lengths_by_idx = dict(zip(order.tolist(), dataset.epoch_seq_lengths()[:, column].tolist()))
+        tags_by_idx = {int(idx): dataset.get_seq_tag(i) for i, idx in enumerate(order)}
+        corpus_idx = np.array(sorted(lengths_by_idx), dtype=np.int64)
+        lengths = np.array([lengths_by_idx[i] for i in corpus_idx.tolist()], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        return cls(corpus_idx, dict(zip(corpus_idx.tolist(), starts.tolist())), lengths,
+                   [tags_by_idx[i] for i in corpus_idx.tolist()])
 
 
-def forward_shard(steps: Steps, dataset: Dataset, path: str, out_dim: int, batching: BatchOptions, rank: int,
-                  size: int) -> list[int]:
-    """Write this rank's share of ``dataset``; returns the corpus indices in the order written."""
-    written: list[int] = []
-    report = EpochReport(f"forward '{os.path.basename(path)}'")
-    with HDFWriter(path, {"data": DataKeyInfo(dim=out_dim)}) as writer:
-        for batch in generate_batches(dataset, batching, shard_rank=rank, shard_size=size):
-            with report.computing():
-                outputs = steps.forward(batch)
-            lengths = batch.lengths["data"]
-            for i, tag in enumerate(batch.seq_tags):
-                writer.insert(tag, {"data": outputs[i, :lengths[i]]})
-            written.extend(int(x) for x in batch.corpus_seq_idx)
-            report.steps += 1
-            report.scores.frames += float(lengths.sum())
+def forward_shard(steps: Steps, dataset: Dataset, writer: RowWriter, layout: OutputLayout,
+                  batching: BatchOptions, rank: int, size: int) -> int:
+    """Forward this rank's share of ``dataset`` into its rows; returns the number of sequences."""
+    report = EpochReport(f"forward '{os.path.basename(writer.path)}'")
+    done = 0
+    for batch in generate_batches(dataset, batching, shard_rank=rank, shard_size=size):
+        with report.computing():
+            outputs = steps.forward(batch)
+        lengths = batch.lengths["data"]
+        if len(lengths) and outputs.shape[1] < lengths.max():
+            raise EngineError(f"forward: the model's output has {outputs.shape[1]} frames for an input of "
+                              f"{lengths.max()}; forward writes one output frame per input frame.")
+        for i, corpus_idx in enumerate(batch.corpus_seq_idx):
+            writer.write(layout.first_row[int(corpus_idx)], outputs[i, :lengths[i]])
+        done += batch.num_seqs
+        report.steps += 1
+        report.scores.frames += float(lengths.sum())
     report.finish()
-    return written
+    return done
 
 
-def merge_parts(output_file: str, parts: list[str], order_per_part: list[list[int]], out_dim: int) -> int:
-    """One file in corpus order from the ranks' part files; returns the number of sequences."""
-    location = {corpus_idx: (p, pos)
-                for p, order in enumerate(order_per_part) for pos, corpus_idx in enumerate(order)}
-    readers = [create_dataset({"class": "HDFDataset", "files": [path], "cache_size": "0"}) for path in parts]
-    for reader in readers:
-        reader.init_seq_order(1)
-    with HDFWriter(output_file, {"data": DataKeyInfo(dim=out_dim)}) as writer:
-        for corpus_idx in sorted(location):
-            p, pos = location[corpus_idx]
-            writer.insert(readers[p].get_seq_tag(pos), {"data": readers[p].get_data(pos, "data")})
-    for reader, path in zip(readers, parts):
-        reader.close()
-        os.remove(path)
-    return len(location)
+def _create_output(comm: Communicator, output_file: str, layout: OutputLayout,
+                   out_dim: int) -> tuple[str, int | None]:
+    """Rank 0 lays the file out under a temporary name; every rank gets (temporary path, block offset)."""
+    created, error = (None, None), None
+    if comm.rank == 0:
+        try:
+            tmp = create_temp_beside(output_file)
+        except OSError as exc:
+            error = DataError(f"Cannot create the output file '{output_file}': {exc.strerror}.")
+        else:
+            try:
+                created = (tmp, create_rows_file(tmp, layout.tags, layout.lengths, out_dim))
+            except (OSError, EngineError) as exc:
+                discard(tmp)
+                error = exc if isinstance(exc, EngineError) else DataError(
+                    f"Cannot write the output file '{output_file}': {exc}.")
+    agree_on_failure(comm, error)
+    return comm.broadcast_object(created, root=0)
 
 
 def run_forward(config: Config) -> None:
@@ -78,22 +110,33 @@ def run_forward(config: Config) -> None:
     broadcast_initial(comm, list(model.variables))
     steps = Steps(model)
     out_dim = steps.output_dim()
-    path = part_path(output_file, comm.rank, comm.size) if comm.size > 1 else output_file
-    written, error = [], None
+    layout = OutputLayout.of(dataset)
+    tmp, offset = _create_output(comm, output_file, layout, out_dim)
+    written, error = 0, None
     try:
-        written = forward_shard(steps, dataset, path, out_dim, batching, comm.rank, comm.size)
+        writer = RowWriter(tmp, offset, out_dim)
+        try:
+            written = forward_shard(steps, dataset, writer, layout, batching, comm.rank, comm.size)
+        finally:
+            writer.close()  # this rank's rows are on disk
     except EngineError as exc:
         error = exc
-    agree_on_failure(comm, error)
-    if comm.size > 1:
-        order_per_part = comm.allgather_object(written)
-        error = None
-        if comm.rank == 0:
-            try:
-                parts = [part_path(output_file, r, comm.size) for r in range(comm.size)]
-                merge_parts(output_file, parts, order_per_part, out_dim)
-            except EngineError as exc:
-                error = exc
-        agree_on_failure(comm, error)
-    total = sum(map(len, order_per_part)) if comm.size > 1 else len(written)
+    _agree_or_discard(comm, error, tmp)  # also waits until every rank has written
+    if comm.rank == 0:
+        try:
+            commit(tmp, output_file)
+        except OSError as exc:
+            error = DataError(f"Cannot finish the output file '{output_file}': {exc}.")
+    _agree_or_discard(comm, error, tmp)
+    total = int(comm.allreduce([np.array([written], np.int64)], "sum")[0][0])
     log.info(f"forward: wrote {total} sequences to {output_file}")
+
+
+def _agree_or_discard(comm: Communicator, error: EngineError | None, tmp: str) -> None:
+    """``agree_on_failure``; rank 0 removes the unfinished file first when any rank failed."""
+    try:
+        agree_on_failure(comm, error)
+    except BaseException:
+        if comm.rank == 0:
+            discard(tmp)
+        raise

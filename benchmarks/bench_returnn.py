@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""One process of this engine against RETURNN on the same RETURNN-style config and corpus, side by side.
+
+    .venv/bin/python benchmarks/bench_returnn.py [--seqs 600] [--epochs 3] [--runs 3] [--threads 1]
+        [--units BasicLSTM,NativeLstm2]
+
+RETURNN is not part of this project: the comparison runs only where a Python with RETURNN installed is
+found, ``$RETURNN_PYTHON`` or else ``/tmp/returnn-venv/bin/python`` (``pip install returnn
+tensorflow-cpu==2.15.1`` in a virtual environment of its own), and says so when there is none.
+
+Both programs train ``workload.py``'s config (2x LSTM-128, 40-dim input, 50 classes, batch_size 5000,
+max_seqs 40, random order, Adam) on one corpus written by the engine's HDFWriter, with ``--threads``
+TensorFlow threads (RETURNN: ``tf_session_opts``; the engine: the thread variables). RETURNN runs each
+of ``--units``: ``BasicLSTM`` (on TensorFlow 2 RETURNN runs its StandardLSTM cell in a loop) and
+``NativeLstm2`` (RETURNN's own C++ LSTM op, its default ``lstm``, compiled on first use). The engine runs
+the same LSTM whatever the unit name. RETURNN runs with ``DISABLE_CUDA=1``: without it, a CUDA toolkit
+on a machine without GPU makes RETURNN compile its op with CUDA headers that tensorflow-cpu lacks.
+
+frames/s over epochs 2..E, from the end of epoch 1 to the end of the last (the epoch lines of both
+programs, ``timing.py``), median of ``--runs`` runs taking turns, with the range.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+from timing import Output, Row, child_env, interleaved, rnn_command, run_stamped, verdict
+from workload import make_corpus, write_engine_config, write_returnn_config
+
+DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
+TARGET = 1.5
+
+
+def returnn_python() -> str | None:
+    path = os.environ.get("RETURNN_PYTHON") or DEFAULT_RETURNN_PYTHON
+    return path if os.access(path, os.X_OK) else None
+
+
+def rate(output: Output, frames_per_epoch: int, epochs: int) -> float:
+    seconds = output.seconds_between(r"^train epoch 1, finished after", rf"^train epoch {epochs}, finished after")
+    return frames_per_epoch * (epochs - 1) / seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seqs", type=int, default=600)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--units", default="BasicLSTM,NativeLstm2", help="RETURNN's LSTM units to run")
+    args = parser.parse_args()
+    python = returnn_python()
+    if python is None:
+        print(f"bench_returnn: no RETURNN found (RETURNN_PYTHON is unset and {DEFAULT_RETURNN_PYTHON} does not "
+              "exist): the comparison with RETURNN is skipped. Set RETURNN_PYTHON to a Python that has "
+              "returnn and tensorflow-cpu 2.15 installed to run it.")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = os.path.join(tmp, "corpus.hdf")
+        frames = make_corpus(corpus, args.seqs)
+        engine_config = write_engine_config(tmp, corpus, args.epochs)
+        env = child_env(args.threads)
+
+        def engine() -> float:
+            return rate(run_stamped(rnn_command(engine_config, 1, [], env), env), frames, args.epochs)
+
+        def returnn(unit: str):
+            config = write_returnn_config(tmp, corpus, args.epochs, unit, args.threads)
+            returnn_env = dict(env, DISABLE_CUDA="1")
+            return lambda: rate(run_stamped([python, "-m", "returnn", config], returnn_env, timeout=3600),
+                                frames, args.epochs)
+
+        units = args.units.split(",")
+        rows = [Row(f"engine, 1 process, {args.threads} thread(s)", engine)]
+        rows += [Row(f"RETURNN {unit}, 1 process, {args.threads} thread(s)", returnn(unit)) for unit in units]
+        print(f"corpus: {args.seqs} seqs, {frames} frames; RETURNN: {python} ({returnn_version(python, env)}); "
+              f"epochs 2..{args.epochs} timed, {args.runs} runs per row, taking turns")
+        interleaved(rows, args.runs)
+    ours = rows[0]
+    print(f"\n{'run':<46} {'frames/s':>9} {'range':>13} {'engine / this':>14}")
+    for row in rows:
+        print(f"{row.name:<46} {row.median:>9.0f} {row.spread():>13} {ours.median / row.median:>13.2f}x")
+    for unit, row in zip(units, rows[1:]):
+        ratio = ours.median / row.median
+        print(verdict(ratio >= TARGET, f"engine = {ratio:.2f}x RETURNN {unit} (target >= {TARGET}x)"))
+    return 0
+
+
+def returnn_version(python: str, env: dict) -> str:
+    output = run_stamped([python, "-c", "import returnn, tensorflow as tf; print('RETURNN', returnn.__version__, "
+                                        "'TensorFlow', tf.__version__)"], env)
+    found = re.search(r"^RETURNN .*$", output.text, re.M)
+    return found.group(0) if found else "version unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

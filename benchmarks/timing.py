@@ -1,0 +1,114 @@
+"""Running the programs a benchmark compares and timing them from their output, side by side.
+
+A run's time is the wall time between two of its output lines, stamped as they arrive (the programs
+print unbuffered): for training, from the end of epoch 1 (graph building and tracing done) to the end of
+the last epoch, so start-up and the first epoch are left out alike for every program. Rows are run in
+turns (``interleaved``): a machine whose load drifts slows every row alike, and each row reports the
+median of its runs with the range.
+"""
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+BASE_ENV = dict(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+
+
+def child_env(threads: int | None = None, extra: dict | None = None) -> dict:
+    """The benchmark's environment without the thread variables (the engine's default threading), or
+    with both set to ``threads``."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    env.update(BASE_ENV, PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    if threads is not None:
+        env.update(TF_NUM_INTRAOP_THREADS=str(threads), TF_NUM_INTEROP_THREADS=str(threads))
+    env.update(extra or {})
+    return env
+
+
+PEAK_MEMORY = os.path.join(ROOT, "benchmarks", "peak_memory.py")  # rnn.py that reports its peak memory
+
+
+def rnn_command(config: str, ranks: int, overrides: Sequence[str] = (), env: dict | None = None,
+                program: str = PEAK_MEMORY, mpirun: bool | None = None) -> list[str]:
+    """``python rnn.py CONFIG ...`` (by default through ``peak_memory.py``), under ``mpirun -np ranks``
+    (forwarding the thread variables that ``env`` sets) when ranks > 1 or ``mpirun``."""
+    cmd = [sys.executable, program, config, *overrides]
+    if not (ranks > 1 if mpirun is None else mpirun):
+        return cmd
+    forwarded = [arg for var in THREAD_VARS if var in (env or {}) for arg in ("-x", var)]
+    return [os.path.join(BIN, "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
+            "-np", str(ranks), *forwarded, *cmd]
+
+
+@dataclass
+class Output:
+    text: str
+    stamps: list[tuple[float, str]]  # (seconds since start, line)
+
+    def seconds_between(self, start: str, end: str) -> float:
+        """From the first line matching ``start`` to the last line matching ``end``."""
+        starts = [t for t, line in self.stamps if re.search(start, line)]
+        ends = [t for t, line in self.stamps if re.search(end, line)]
+        if not starts or not ends:
+            raise RuntimeError(f"no line matching {start!r} or {end!r} in the output:\n{self.text[-3000:]}")
+        return ends[-1] - starts[0]
+
+
+def run_stamped(cmd: list[str], env: dict, timeout: float = 1800) -> Output:
+    """Run ``cmd`` (stderr into stdout), stamping each line; exits the benchmark when it fails."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=ROOT)
+    stamps = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        stamps.append((time.perf_counter() - start, line.rstrip("\n")))
+        if time.perf_counter() - start > timeout:
+            proc.kill()
+            break
+    proc.wait()
+    text = "\n".join(line for _, line in stamps)
+    if proc.returncode != 0:
+        sys.exit(f"benchmark run failed (exit {proc.returncode}): {' '.join(cmd)}\n{text[-4000:]}")
+    return Output(text, stamps)
+
+
+@dataclass
+class Row:
+    """One line of a result table: a name and the measurements of its runs."""
+
+    name: str
+    measure: Callable[[], float]
+    values: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def spread(self, fmt: str = "{:.0f}") -> str:
+        return f"{fmt.format(min(self.values))}-{fmt.format(max(self.values))}"
+
+
+def interleaved(rows: Sequence[Row], runs: int, progress: bool = True) -> None:
+    """``runs`` rounds; in each, every row measures once (the order reversed every other round)."""
+    for i in range(runs):
+        order = list(rows) if i % 2 == 0 else list(reversed(rows))
+        for row in order:
+            row.values.append(row.measure())
+            if progress:
+                print(f"  round {i + 1}/{runs}: {row.name}: {row.values[-1]:.0f}", file=sys.stderr, flush=True)
+
+
+def verdict(ok: bool, text: str) -> str:
+    return f"{'PASS' if ok else 'MISS'}: {text}"
