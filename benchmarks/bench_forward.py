@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -114,13 +113,15 @@ def main() -> int:
         forwarder = Forwarder(config)
         rows = [forwarder.row("1 rank", 1), forwarder.row(f"{args.ranks} ranks", args.ranks)]
         interleaved(rows, args.runs)
-    print(f"\n{'run':<10} {'seconds':>8} {'range':>12} {'frames/s':>9} {'speed-up':>9} {'after the forward pass':>23}")
+    print(f"\n{'run':<10} {'seconds':>8} {'range':>12} {'frames/s':>9} {'speed-up':>9} "
+          f"{'after the forward pass':>23}")
     for row in rows:
         after = statistics.median(forwarder.after[row.name])
         print(f"{row.name:<10} {row.median:>8.2f} {row.spread('{:.2f}'):>12} {frames / row.median:>9.0f} "
               f"{rows[0].median / row.median:>8.2f}x {after:>22.2f}s")
     speedup = rows[0].median / rows[1].median
-    print(verdict(speedup >= TARGET, f"forward on {args.ranks} ranks is {speedup:.2f}x 1 rank (target >= {TARGET}x)"))
+    print(verdict(speedup >= TARGET,
+                  f"forward on {args.ranks} ranks is {speedup:.2f}x 1 rank (target >= {TARGET}x)"))
     return 0
 
 

@@ -40,7 +40,8 @@ def returnn_python() -> str | None:
 
 
 def rate(output: Output, frames_per_epoch: int, epochs: int) -> float:
-    seconds = output.seconds_between(r"^train epoch 1, finished after", rf"^train epoch {epochs}, finished after")
+    seconds = output.seconds_between(r"^train epoch 1, finished after",
+                                     rf"^train epoch {epochs}, finished after")
     return frames_per_epoch * (epochs - 1) / seconds
 
 
@@ -54,9 +55,9 @@ def main() -> int:
     args = parser.parse_args()
     python = returnn_python()
     if python is None:
-        print(f"bench_returnn: no RETURNN found (RETURNN_PYTHON is unset and {DEFAULT_RETURNN_PYTHON} does not "
-              "exist): the comparison with RETURNN is skipped. Set RETURNN_PYTHON to a Python that has "
-              "returnn and tensorflow-cpu 2.15 installed to run it.")
+        print(f"bench_returnn: no RETURNN found (RETURNN_PYTHON is unset and {DEFAULT_RETURNN_PYTHON} "
+              "does not exist): the comparison with RETURNN is skipped. Set RETURNN_PYTHON to a Python "
+              "that has returnn and tensorflow-cpu 2.15 installed to run it.")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus.hdf")
@@ -76,8 +77,9 @@ def main() -> int:
         units = args.units.split(",")
         rows = [Row(f"engine, 1 process, {args.threads} thread(s)", engine)]
         rows += [Row(f"RETURNN {unit}, 1 process, {args.threads} thread(s)", returnn(unit)) for unit in units]
-        print(f"corpus: {args.seqs} seqs, {frames} frames; RETURNN: {python} ({returnn_version(python, env)}); "
-              f"epochs 2..{args.epochs} timed, {args.runs} runs per row, taking turns")
+        print(f"corpus: {args.seqs} seqs, {frames} frames; RETURNN: {python} "
+              f"({returnn_version(python, env)}); epochs 2..{args.epochs} timed, {args.runs} runs per row, "
+              "taking turns")
         interleaved(rows, args.runs)
     ours = rows[0]
     print(f"\n{'run':<46} {'frames/s':>9} {'range':>13} {'engine / this':>14}")
@@ -90,8 +92,9 @@ def main() -> int:
 
 
 def returnn_version(python: str, env: dict) -> str:
-    output = run_stamped([python, "-c", "import returnn, tensorflow as tf; print('RETURNN', returnn.__version__, "
-                                        "'TensorFlow', tf.__version__)"], env)
+    code = ("import returnn, tensorflow as tf; "
+            "print('RETURNN', returnn.__version__, 'TensorFlow', tf.__version__)")
+    output = run_stamped([python, "-c", code], env)
     found = re.search(r"^RETURNN .*$", output.text, re.M)
     return found.group(0) if found else "version unknown"
 

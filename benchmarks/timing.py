@@ -107,7 +107,8 @@ def interleaved(rows: Sequence[Row], runs: int, progress: bool = True) -> None:
         for row in order:
             row.values.append(row.measure())
             if progress:
-                print(f"  round {i + 1}/{runs}: {row.name}: {row.values[-1]:.0f}", file=sys.stderr, flush=True)
+                print(f"  round {i + 1}/{runs}: {row.name}: {row.values[-1]:.0f}", file=sys.stderr,
+                      flush=True)
 
 
 def verdict(ok: bool, text: str) -> str:
