@@ -180,3 +180,12 @@ def test_non_recurrent_network_is_not_chunked(corpus):
     ds.init_seq_order(1)
     whole = list(generate_batches(ds, BatchOptions(500, 10), recurrent=False))
     assert sum(b.num_frames["data"] for b in whole) == 5932 and len(whole) == 19  # as unchunked, above
+
+
+def test_forward_refuses_a_chunked_eval_dataset(tmp_path, corpus):
+    cfg = tmp_path / "forward.py"
+    cfg.write_text(TRAIN % {"corpus": corpus} + f"task = 'forward'\nchunk_eval = True\neval = train\n"
+                                                f"output_file = {str(tmp_path / 'out.hdf')!r}\n")
+    r = run_rnn([str(cfg)])
+    assert r.returncode != 0 and "writes one output per sequence, but the 'eval' dataset is chunked" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -118,8 +118,20 @@ def plan_batches(lengths: np.ndarray, *, batch_size: int, max_seqs: int = -1,
     return batches, len(lengths) - len(positions), oversized
 
 
+class PlannedBatches:
+    """This rank's batches of an epoch, read as they are iterated; ``num_seqs``: the sequences (or chunks)
+    they hold."""
+
+    def __init__(self, batches: Iterator[Batch], num_seqs: int) -> None:
+        self._batches = batches
+        self.num_seqs = num_seqs
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self._batches
+
+
 def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0, shard_size: int = 1,
-                     keys: Sequence[str] | None = None, recurrent: bool = True) -> Iterator[Batch]:
+                     keys: Sequence[str] | None = None, recurrent: bool = True) -> PlannedBatches:
     """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
 
     ``keys``: the data keys to batch (default: all of the dataset's); with ``dataset.chunking`` the
@@ -149,7 +161,8 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if oversized:
         log.warning(f"{where}: {oversized} {what} longer than batch_size {options.batch_size}; each got a "
                     f"batch of its own.")
-    return _materialise(dataset, keys, pieces, batches[shard_rank::shard_size])
+    mine = batches[shard_rank::shard_size]
+    return PlannedBatches(_materialise(dataset, keys, pieces, mine), sum(len(b) for b in mine))
 
 
 def _materialise(dataset: Dataset, keys: list[str], pieces: EpochPieces,

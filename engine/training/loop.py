@@ -34,10 +34,10 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
     report = EpochReport(f"train epoch {epoch}")
     dataset.init_seq_order(epoch)
     shard_rank, shard_size = strategy.train_shard
-    report.expected_seqs = dataset.num_seqs // shard_size
     local_scores = np.zeros(3)
     planned = generate_batches(dataset, batching, shard_rank=shard_rank, shard_size=shard_size,
                                keys=steps.batch_keys, recurrent=steps.model.recurrent)
+    report.expected_seqs = planned.num_seqs
     with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
         step = 0
