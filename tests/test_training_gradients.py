@@ -169,3 +169,33 @@ def test_maximize_grad_norm_adds_the_gradient_of_minus_f_times_the_gradient_norm
     steps.train(batch)
     for p, w, g, d in zip(params, before, grads, numeric):
         np.testing.assert_allclose(p.numpy(), w - (g - factor * d), rtol=2e-3, atol=2e-4)
+
+
+def test_maximize_grad_norm_with_an_op_that_cannot_be_differentiated_twice_is_a_clear_error():
+    from engine.model.network import NetworkModel
+
+    net = {"lstm": {"class": "rec", "n_out": 3}, "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+    model = NetworkModel(net, input_dim=2, input_sparse=False, target_dims={"classes": 3}, random_seed=1)
+    updater = Updater(model.named_trainable_variables(), optimizer_for_config(Config({})),
+                      gradient_options=GradientOptions(maximize_norm=0.1))
+    steps = Steps(model, updater, Strategy(LocalCommunicator()))
+    with pytest.raises(ConfigError, match=r"gradient \(BlockLSTMGrad\) cannot be differentiated"):
+        steps.train(one_batch())
+
+
+def test_dropout_and_noise_are_reproducible_from_random_seed_and_step():
+    network = {"hidden": {"class": "linear", "activation": "tanh", "n_out": 4, "dropout": 0.3},
+               "output": {"class": "softmax", "loss": "ce", "from": "hidden", "dropout": 0.2}}
+
+    def train(seed):
+        config = Config({"network": network, "random_seed": seed, "gradient_noise": 0.05, "adam": True})
+        model = build_model(config, input_dim=2, input_sparse=False, target_dims={"classes": 3}, random_seed=1)
+        steps = Steps(model, Updater.from_config(config, model.named_trainable_variables()),
+                      Strategy(LocalCommunicator()))
+        for _ in range(3):
+            steps.train(one_batch())
+        return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+
+    first = train(5)
+    np.testing.assert_array_equal(first, train(5))
+    assert not np.allclose(first, train(6))  # same initial parameters, other dropout masks and noise

@@ -10,6 +10,7 @@ gradients (``gradients.py``) and updates. Random numbers (dropout, gradient nois
 from __future__ import annotations
 
 import contextlib
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -19,7 +20,6 @@ from engine.errors import ConfigError
 from engine.model.base import SeqModel
 from engine.training.updater import Updater
 
-# A step returns the score vector [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up.
 DROPOUT_STREAM = 0x64726F70  # keeps dropout's random numbers apart from other users of the step's seed
 
 
@@ -58,6 +58,7 @@ class Steps:
 
     # ----- graph functions -----
     def _scores(self, losses) -> tf.Tensor:
+        """A step returns [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up."""
         return tf.stack([losses.loss, losses.error, losses.num_frames])
 
     def _train_step(self, data, lengths, targets, target_lengths):
@@ -116,7 +117,15 @@ class Steps:
         return data, lengths, targets, target_lengths
 
     def train(self, batch) -> np.ndarray:
-        return self._train(*self._inputs(batch)).numpy()
+        try:
+            return self._train(*self._inputs(batch)).numpy()
+        except Exception as exc:  # tracing fails when an op's gradient has no gradient of its own
+            missing = re.search(r"gradient registry has no entry for: (\w+)", str(exc))
+            if not (missing and self.updater.gradient_options.maximize_norm):
+                raise
+            raise ConfigError(f"maximize_grad_norm differentiates the gradient, but the model has an op whose "
+                              f"gradient ({missing.group(1)}) cannot be differentiated; set maximize_grad_norm = 0."
+                              ) from None
 
     def eval(self, batch) -> np.ndarray:
         return self._eval(*self._inputs(batch)).numpy()
