@@ -146,7 +146,7 @@ def test_training_epoch_is_chunked_and_dev_is_not(tmp_path, corpus):
 @pytest.mark.mpi
 def test_chunks_are_sharded_over_2_ranks(tmp_path, corpus):
     cfg = tmp_path / "train.py"
-    cfg.write_text(TRAIN % {"corpus": corpus} + "use_horovod = True\ndistributed_backend = 'mpi'\n")
+    cfg.write_text(TRAIN % {"corpus": corpus} + "use_horovod = True\ndistributed_backend = 'mpi'\ndev = None\n")
     r = run_mpi(2, [str(ROOT / "rnn.py"), str(cfg)])
     assert r.returncode == 0, r.stdout + r.stderr
     # 26 batches of chunks: rank r takes batches r, r + 2, ...; the frames are summed over both ranks

@@ -1,6 +1,7 @@
 """L2, maximize_grad_norm, gradient noise and clipping with real mpirun and 2 ranks: every rank applies the
 same update, the L2 term counts as in RETURNN (on every rank for 'sum'/'average', once for 'global_frames'),
-and the norm term and the noise are those of the reduced gradient."""
+and the norm term and the noise are those of the reduced gradient (the effect of each is checked on one
+process in test_training_gradients.py and test_model_recipe_layers.py)."""
 import numpy as np
 import pytest
 
@@ -11,8 +12,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest]
 NETWORK = {"hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "L2": 0.02},
            "lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 5, "from": "hidden", "L2": 0.01},
            "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
-TRAINING = {"network": NETWORK, "maximize_grad_norm": 0.1, "gradient_noise": 0.01, "gradient_clip": 0.5,
-            "gradient_clip_global_norm": 2.0}
+TRAINING = {"network": NETWORK, "gradient_noise": 0.01, "gradient_clip": 0.5, "gradient_clip_global_norm": 2.0}
 
 
 def scaled_l2(network, factor):
@@ -29,13 +29,12 @@ def test_average_mode_counts_l2_on_every_rank_as_returnn_does(tmp_path):
     assert ranks[0]["num_steps"] == single[0]["num_steps"] == 2
     np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
     np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)
-    plain, _ = train(tmp_path, 1, base_config(batch_size=80, **TRAINING))
-    assert not np.allclose(plain[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)  # L2 matters
 
 
 def test_global_frames_counts_l2_once_and_equals_the_union_batch(tmp_path):
     corpus = {"class": "Task12AXDataset", "num_seqs": 8, "fixed_random_seed": 5}  # unequal lengths
-    common = dict(train=corpus, batch_size=10000, **TRAINING)
+    feed_forward = {"hidden": NETWORK["hidden"], "output": {"class": "softmax", "loss": "ce", "from": "hidden"}}
+    common = dict(train=corpus, batch_size=10000, maximize_grad_norm=0.1, **{**TRAINING, "network": feed_forward})
     exact, _ = train(tmp_path, 2, base_config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
                                               horovod_grad_normalization="global_frames", **common))
     single, _ = train(tmp_path, 1, base_config(max_seqs=4, **common))

@@ -1,7 +1,9 @@
 """Which optimizer a config asks for: the ``optimizer`` dict, or RETURNN's older flags.
 
-RETURNN's flags (used when there is no ``optimizer``), first match wins:
-- ``adam = True``: adam;  ``nadam = True``: nadam (both refuse a ``momentum``);
+RETURNN's flags (for configs without ``optimizer``):
+- ``adam = True``: adam;  ``nadam = True``: nadam (both refuse a ``momentum``). nadam is the rule of
+  RETURNN's own NadamOptimizer (also its ``optimizer = "nadam"``); RETURNN on TensorFlow 2 gives the flag
+  Keras' Nadam instead, whose momentum schedule differs;
 - ``rmsprop = <float>``: rmsprop with that decay;  ``rmsprop = True``: rmsprop (decay 0.9); both take
   ``momentum`` as rmsprop's momentum;
 - ``momentum = <m>`` (not 0): momentum SGD;  none of them: the engine's default (adam).
@@ -18,9 +20,6 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.training.optimizers import Optimizer, optimizer_from_config
-
-FLAGS = ("adam", "nadam", "rmsprop", "momentum")
-
 
 def _set_flags(config) -> dict[str, Any]:
     """The flags that select something: ``adam``/``nadam`` true, ``rmsprop`` a float (its decay) or true,
@@ -43,9 +42,9 @@ def optimizer_for_config(config) -> Optimizer:
     value = config.typed("optimizer")
     if value is not None:
         if flags:
-            raise ConfigError(f"Config keys {sorted(flags)} and 'optimizer' are both set; RETURNN would take "
-                              f"'optimizer' and drop the others. Put everything into 'optimizer', e.g. "
-                              "optimizer = {'class': 'rmsprop', 'momentum': 0.9}.")
+            raise ConfigError(f"Config keys {sorted(flags)} and 'optimizer' are both set; give the optimizer in "
+                              "one place, e.g. optimizer = {'class': 'rmsprop', 'momentum': 0.9} (RETURNN would "
+                              "drop the flags, or take 'momentum' only for optimizers that have one).")
         return optimizer_from_config(value, epsilon=epsilon)
     chosen = [key for key in ("adam", "nadam", "rmsprop") if key in flags]
     if len(chosen) > 1:
