@@ -69,7 +69,7 @@ def test_chunks_follow_returnns_rules():
 
 
 def test_keys_that_cannot_be_cut_together_are_an_error():
-    with pytest.raises(DataError, match="key 'classes' has 7 frames but 'data' has 9"):
+    with pytest.raises(DataError, match="key 'classes' has 7 frames but 'data' has 9, with chunk step 2"):
         chunks([[9, 7]], "4:2")
     with pytest.raises(DataError, match="gives 3 chunks"):
         chunks([[20, 5]], ({"data": 8, "classes": 4}, {"data": 4, "classes": 2}))

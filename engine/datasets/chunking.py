@@ -112,10 +112,9 @@ def cut_into_chunks(lengths: np.ndarray, keys: Sequence[str], chunking: Chunking
         ref = keys.index(min(key for key, s in zip(keys, step) if s > 0))
     whole = _keys_kept_whole(lengths, keys, step, min_size, ref, owner)
     count = -(-lengths[:, ref] // step[ref])  # chunk starts j*step below the reference length
-    with np.errstate(divide="ignore"):
-        # after chunk j-1 the cutting stops once a key has <= min_size frames left at j*step
-        left = lengths - min_size
-        stop = np.where(step > 0, np.maximum(1, -(-left // np.maximum(step, 1))), np.where(left <= 0, 1, 2**62))
+    # after chunk j-1 the cutting stops once a key has <= min_size frames left at j*step
+    left = lengths - min_size
+    stop = np.where(step > 0, np.maximum(1, -(-left // np.maximum(step, 1))), np.where(left <= 0, 1, 2**62))
     count = np.minimum(count, stop.min(axis=1))
     seq = np.repeat(np.arange(len(lengths), dtype=np.int64), count)
     j = np.arange(len(seq), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
@@ -134,10 +133,10 @@ def _keys_kept_whole(lengths: np.ndarray, keys: Sequence[str], step: np.ndarray,
     whole = ~same & (lengths <= 1)
     other = ~same & ~whole
     for row, col in zip(*np.nonzero(other)):
-        if step[col] == step[ref]:
+        if step[col] in (0, step[ref]):
             raise DataError(f"{owner}: cannot chunk sequence {row} of the epoch: key '{keys[col]}' has "
-                            f"{lengths[row, col]} frames but '{keys[ref]}' has {lengths[row, ref]}, with the "
-                            f"same chunk step; give per-key chunk sizes and steps for streams of other rates.")
+                            f"{lengths[row, col]} frames but '{keys[ref]}' has {lengths[row, ref]}, with chunk "
+                            f"step {step[col]}; give per-key chunk sizes and steps for streams of other rates.")
         n_key = (lengths[row, col] - (min_size[col] or 1)) // step[col] + 1
         n_ref = (lengths[row, ref] - (min_size[ref] or 1)) // step[ref] + 1
         if n_key != n_ref:
