@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from engine.config import Config
-from engine.datasets import BatchOptions, DataKeyInfo, HDFDataset, HDFWriter, dataset_from_config, generate_batches
+from engine.datasets import (BatchOptions, DataKeyInfo, HDFDataset, HDFWriter, dataset_from_config,
+                             generate_batches)
 from engine.datasets.chunking import Chunking, cut_into_chunks, parse_chunking
 from engine.errors import ConfigError, DataError
 from helpers import ROOT, run_mpi, run_rnn
@@ -45,9 +46,9 @@ def test_parse_forms():
         {"data": 8, "classes": 4}, {"data": 4, "classes": 2}, 0)
     for off in (None, 0, "0"):
         assert parse_chunking(off) is None
-    for bad, message in [("50:x", "not understood"), ("", "not understood"), ("1:2:3", "not understood"), (-5, "positive"),
-                         (({"data": 4}, {"classes": 2}), "same data keys"), (lambda **kw: [], "function"),
-                         (("50", 2), "chunk size")]:
+    for bad, message in [("50:x", "not understood"), ("", "not understood"), ("1:2:3", "not understood"),
+                         (-5, "positive"), (({"data": 4}, {"classes": 2}), "same data keys"),
+                         (lambda **kw: [], "function"), (("50", 2), "chunk size")]:
         with pytest.raises(ConfigError, match=message):
             parse_chunking(bad)
 
@@ -146,7 +147,8 @@ def test_training_epoch_is_chunked_and_dev_is_not(tmp_path, corpus):
 @pytest.mark.mpi
 def test_chunks_are_sharded_over_2_ranks(tmp_path, corpus):
     cfg = tmp_path / "train.py"
-    cfg.write_text(TRAIN % {"corpus": corpus} + "use_horovod = True\ndistributed_backend = 'mpi'\ndev = None\n")
+    cfg.write_text(TRAIN % {"corpus": corpus}
+                   + "use_horovod = True\ndistributed_backend = 'mpi'\ndev = None\n")
     r = run_mpi(2, [str(ROOT / "rnn.py"), str(cfg)])
     assert r.returncode == 0, r.stdout + r.stderr
     # 26 batches of chunks: rank r takes batches r, r + 2, ...; the frames are summed over both ranks
@@ -187,5 +189,6 @@ def test_forward_refuses_a_chunked_eval_dataset(tmp_path, corpus):
     cfg.write_text(TRAIN % {"corpus": corpus} + f"task = 'forward'\nchunk_eval = True\neval = train\n"
                                                 f"output_file = {str(tmp_path / 'out.hdf')!r}\n")
     r = run_rnn([str(cfg)])
-    assert r.returncode != 0 and "writes one output per sequence, but the 'eval' dataset is chunked" in r.stderr
+    assert (r.returncode != 0
+            and "writes one output per sequence, but the 'eval' dataset is chunked" in r.stderr)
     assert "Traceback" not in r.stderr

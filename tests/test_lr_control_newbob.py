@@ -169,7 +169,8 @@ def test_config_errors():
 def test_newbob_multi_epoch_averages_relative_changes_at_update_epochs():
     control = LearningRateControl.from_config(Config({
         "learning_rate_control": "newbob_multi_epoch", "learning_rate": 1.0, "newbob_multi_num_epochs": 2}))
-    assert control.multi_update_interval == 2  # defaults to newbob_multi_num_epochs: decides at epochs 1, 3, 5, ...
+    # defaults to newbob_multi_num_epochs: decides at epochs 1, 3, 5, ...
+    assert control.multi_update_interval == 2
     # epoch 3: (9-10)/9 = -0.111 keep; epoch 5: mean((8.9-9)/8.9, (8.85-8.9)/8.85) = -0.00844 > -0.01 decay;
     # epoch 7: mean((8.8-8.85)/8.8, (7-8.8)/7) = -0.131 keep; even epochs carry the rate on
     assert run_epochs(control, [10, 9, 8.9, 8.85, 8.8, 7.0, 6.0]) == [1, 1, 1, 1, 0.5, 0.5, 0.5]

@@ -30,7 +30,8 @@ def test_every_lstm_unit_name_is_the_same_lstm(unit):
     assert unit.lower() in LSTM_UNITS
     rng = np.random.RandomState(0)
     x, lengths, _ = batch(rng, [5, 3], 4)
-    outputs = [build_model({"l": {"class": "rec", "unit": u, "n_out": 3}, "output": {"class": "copy", "from": "l"}},
+    outputs = [build_model({"l": {"class": "rec", "unit": u, "n_out": 3},
+                            "output": {"class": "copy", "from": "l"}},
                            input_dim=4, input_sparse=False, target_dims={"classes": 3})(x, lengths)["output"]
                for u in ("lstm", unit)]
     np.testing.assert_array_equal(outputs[0], outputs[1])
@@ -38,7 +39,8 @@ def test_every_lstm_unit_name_is_the_same_lstm(unit):
 
 @pytest.mark.parametrize("unit", ["GRU", "ZoneoutLSTM", "LayerNormVariantsLSTM", 3])
 def test_other_units_are_refused_naming_the_supported_ones(unit):
-    with pytest.raises(ConfigError, match=r"unit .* is not supported; supported \(all a plain LSTM\): LSTM, lstmp"):
+    with pytest.raises(ConfigError,
+                       match=r"unit .* is not supported; supported \(all a plain LSTM\): LSTM, lstmp"):
         build_model({"output": {"class": "rec", "unit": unit, "n_out": 3}}, input_dim=4, input_sparse=False,
                     target_dims={})
 
@@ -102,7 +104,8 @@ def test_ce_loss_options_follow_returnns_formulas(loss_opts):
 
 
 @pytest.mark.parametrize("layer, message", [
-    ({"loss": "ce", "loss_opts": {"label_smoothing_gaussian": True}}, r"loss_opts \['label_smoothing_gaussian'\]"),
+    ({"loss": "ce", "loss_opts": {"label_smoothing_gaussian": True}},
+     r"loss_opts \['label_smoothing_gaussian'\]"),
     ({"loss": "ce", "loss_opts": {"label_smoothing": 1.0}}, r"label_smoothing must be a number in \[0, 1\)"),
     ({"loss": "ce", "loss_scale": 2.0, "loss_opts": {"scale": 3.0}}, "disagree"),
     ({"loss_opts": {"focal_loss_factor": 1.0}}, "has no loss"),
@@ -115,7 +118,8 @@ def test_bad_loss_options_are_clear_errors(layer, message):
 
 
 def numpy_chunks(x, lengths, size, step):
-    """RETURNN's Chunking op, loop by loop: (T, B, D) -> (size, B * n, D), chunk k of b in column b * n + k."""
+    """RETURNN's Chunking op, loop by loop: (T, B, D) -> (size, B * n, D), chunk k of b in column
+    b * n + k."""
     n_time, n_batch, dim = x.shape
     n = max(n_time - size + step - 1, 0) // step + 1
     out, out_len = np.zeros((size, n_batch * n, dim)), np.zeros(n_batch * n, int)
@@ -151,7 +155,8 @@ def test_time_chunking_and_unchunking_are_returnns_ops(size, step, lengths):
     np.testing.assert_array_equal(chunk_lengths.numpy(), ref_lengths)
     y = rng.randn(*ref.shape).astype("float32")  # chunks that disagree where they overlap
     back = unchunk_time(tf.constant(y), chunk_lengths, size, step, tf.shape(x)[0])
-    np.testing.assert_allclose(back.numpy(), numpy_unchunk(y, ref_lengths, size, step, *x.shape[:2]), rtol=1e-5)
+    np.testing.assert_allclose(back.numpy(), numpy_unchunk(y, ref_lengths, size, step, *x.shape[:2]),
+                               rtol=1e-5)
     # the gradient of chunking sums over the chunks that copied a frame
     weights = rng.randn(*ref.shape).astype("float32")
     xt = tf.constant(x)
@@ -196,9 +201,12 @@ def test_chunked_blstm_network_runs_the_lstm_on_the_chunks():
 
 @pytest.mark.parametrize("edit, message", [
     ({"output": {"class": "softmax", "loss": "ce", "from": "fw0"}}, "add a time_unchunking layer"),
-    ({"out": {"class": "time_unchunking", "chunking_layer": "fw0", "from": "fw0"}}, "must be the time_chunking layer"),
-    ({"out": {"class": "time_unchunking", "chunking_layer": "in", "from": ["fw0", "data"]}}, "different time axes"),
-    ({"in": {"class": "time_chunking", "chunk_size": 0, "chunk_step": 3}}, "'chunk_size' must be a positive int"),
+    ({"out": {"class": "time_unchunking", "chunking_layer": "fw0", "from": "fw0"}},
+     "must be the time_chunking layer"),
+    ({"out": {"class": "time_unchunking", "chunking_layer": "in", "from": ["fw0", "data"]}},
+     "different time axes"),
+    ({"in": {"class": "time_chunking", "chunk_size": 0, "chunk_step": 3}},
+     "'chunk_size' must be a positive int"),
 ])
 def test_time_chunking_mistakes_are_clear_errors(edit, message):
     with pytest.raises(ConfigError, match=message):
@@ -214,4 +222,5 @@ def test_dropout_is_a_function_of_the_seed():
            for s in ([1, 2], [1, 2], [1, 3])]
     np.testing.assert_array_equal(run[0], run[1])
     assert not np.array_equal(run[0], run[2])
-    np.testing.assert_array_equal(model(x, lengths)["output"], model(x, lengths)["output"])  # no dropout in eval
+    # no dropout in eval
+    np.testing.assert_array_equal(model(x, lengths)["output"], model(x, lengths)["output"])

@@ -34,10 +34,13 @@ def test_keeps_pattern_last_and_best_per_score():
     control = history(dev_score=[5, 4, 3.5, 3.6, 3.2, 3.3, 3.1, 3.15, 3.05, 3.08],
                       train_score=[6, 5, 4.5, 4, 3.8, 3.6, 3.5, 3.4, 3.3, 3.2],
                       dev_error=[0.5] * 10)  # the same everywhere: tells nothing
-    # pattern {4, 5, 8, 10}, last 2 {9, 10}, best 4 by dev_score {9, 10, 7, 8} and by train_score {10, 9, 8, 7}
+    # pattern {4, 5, 8, 10}, last 2 {9, 10}, best 4 by dev_score {9, 10, 7, 8}
+    # and by train_score {10, 9, 8, 7}
     assert epochs_to_delete(range(1, 11), control, CleanupPolicy()) == [1, 2, 3, 6]
-    assert epochs_to_delete(range(1, 11), control, CleanupPolicy(2, 1, frozenset({1}))) == [2, 3, 4, 5, 6, 7, 8]
-    assert epochs_to_delete([2, 5, 9], control, CleanupPolicy(keep_best_n=3)) == []  # not more than keep_best_n
+    assert epochs_to_delete(range(1, 11), control,
+                            CleanupPolicy(2, 1, frozenset({1}))) == [2, 3, 4, 5, 6, 7, 8]
+    # not more than keep_best_n
+    assert epochs_to_delete([2, 5, 9], control, CleanupPolicy(keep_best_n=3)) == []
 
 
 def test_best_and_newest_survive_even_without_keep_best_n():
@@ -61,12 +64,14 @@ def test_only_this_runs_checkpoint_files_are_deleted(tmp_path):
 
 
 @pytest.mark.parametrize("value, message", [
-    ({"keep_last": 1}, r"unknown option\(s\) \['keep_last'\]"), ({"keep_last_n": 0}, "keep_last_n must be >= 1"),
+    ({"keep_last": 1}, r"unknown option\(s\) \['keep_last'\]"),
+    ({"keep_last_n": 0}, "keep_last_n must be >= 1"),
     ({"keep": 5}, "keep must be a list"), ("yes please", "must be True or a dict")])
 def test_bad_options(value, message):
     with pytest.raises(ConfigError, match=message):
         CleanupPolicy.from_config(Config({"cleanup_old_models": value}))
-    assert CleanupPolicy.from_config(Config({"cleanup_old_models": {}})) is None  # RETURNN: an empty dict is off
+    # RETURNN: an empty dict is off
+    assert CleanupPolicy.from_config(Config({"cleanup_old_models": {}})) is None
     assert CleanupPolicy.from_config(Config({"cleanup_old_models": True})) == CleanupPolicy(2, 4, None)
 
 
@@ -117,7 +122,8 @@ def test_training_saves_every_second_epoch_and_cleans_up(tmp_path, ranks):
                     timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "could not delete" not in r.stdout + r.stderr
-    assert re.findall(r"saved model to \S+\.(\d+)", r.stdout) == ["002", "004", "005"]  # every 2nd and the last
+    # every 2nd and the last
+    assert re.findall(r"saved model to \S+\.(\d+)", r.stdout) == ["002", "004", "005"]
     stored = sorted(int(name[-3:]) for name in os.listdir(tmp_path) if re.fullmatch(r"net\.\d{3}", name))
     assert set(stored) == expected_files(prefix + ".lr", [2, 4, 5], 5)
     assert 5 in stored

@@ -46,7 +46,8 @@ def test_noise_is_truncated_gaussian_of_the_given_stddev_keyed_by_seed_step_and_
     np.testing.assert_array_equal(noise[1].numpy(), expected.numpy())
     other_step = process_gradients(grads, GradientOptions(noise=0.3), tf.constant([7, 4], tf.int64))
     assert not np.array_equal(other_step[1].numpy(), noise[1].numpy())
-    clipped = process_gradients([tf.constant([5.0, -5.0, 0.0])], GradientOptions(noise=1.0, clip_value=0.1), SEED)
+    clipped = process_gradients([tf.constant([5.0, -5.0, 0.0])],
+                                GradientOptions(noise=1.0, clip_value=0.1), SEED)
     assert np.abs(clipped[0].numpy()).max() <= np.float32(0.1)  # noise first, then the value clipping
 
 
@@ -102,7 +103,8 @@ def one_batch():
     rng = np.random.RandomState(0)
 
     class Batch:
-        data = {"data": rng.randn(2, 4, 2).astype(np.float32), "classes": rng.randint(0, 3, (2, 4)).astype(np.int32)}
+        data = {"data": rng.randn(2, 4, 2).astype(np.float32),
+                "classes": rng.randint(0, 3, (2, 4)).astype(np.int32)}
         lengths = {"data": np.array([4, 3], np.int32), "classes": np.array([4, 3], np.int32)}
     return Batch
 
@@ -118,7 +120,8 @@ def sgd_steps(network, **gradient_options):
 
 def losses_of(model, batch):
     out = model(batch.data["data"], batch.lengths["data"])
-    return model.compute_losses(out, {"classes": batch.data["classes"]}, {"classes": batch.lengths["classes"]})
+    return model.compute_losses(out, {"classes": batch.data["classes"]},
+                                {"classes": batch.lengths["classes"]})
 
 
 def test_l2_enters_the_step_at_returnns_weight_relative_to_the_summed_loss():
@@ -189,7 +192,8 @@ def test_dropout_and_noise_are_reproducible_from_random_seed_and_step():
 
     def train(seed):
         config = Config({"network": network, "random_seed": seed, "gradient_noise": 0.05, "adam": True})
-        model = build_model(config, input_dim=2, input_sparse=False, target_dims={"classes": 3}, random_seed=1)
+        model = build_model(config, input_dim=2, input_sparse=False, target_dims={"classes": 3},
+                            random_seed=1)
         steps = Steps(model, Updater.from_config(config, model.named_trainable_variables()),
                       Strategy(LocalCommunicator()))
         for _ in range(3):

@@ -178,7 +178,8 @@ def _materialise(dataset: Dataset, keys: list[str], pieces: EpochPieces,
     largest = int((sizes[:, None] * maxima * frame_bytes).sum(axis=1).max()) + (len(keys) + 1) * ALIGN
     pool = BufferPool(largest)  # sized for the largest batch: buffers never grow
     for piece_idx, batch_max in zip(batches, maxima.tolist()):
-        layout = [((len(piece_idx), t) + info.shape, dtype) for t, info, dtype in zip(batch_max, infos, dtypes)]
+        layout = [((len(piece_idx), t) + info.shape, dtype)
+                  for t, info, dtype in zip(batch_max, infos, dtypes)]
         piece_lengths = pieces.lengths[piece_idx]
         arrays = carve(pool.take(layout_bytes(layout)), layout)
         positions = pieces.positions[piece_idx]

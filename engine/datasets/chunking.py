@@ -60,7 +60,8 @@ def _check_numbers(value: Any, what: str, *, positive: bool) -> PerKey:
 
 
 def parse_chunking(value: Any, min_chunk_size: Any = 0, *, owner: str = "chunking") -> Chunking | None:
-    """RETURNN's forms of ``chunking`` -> ``Chunking``, or None when chunking is off (``0``, ``"0"``, None)."""
+    """RETURNN's forms of ``chunking`` -> ``Chunking``, or None when chunking is off
+    (``0``, ``"0"``, None)."""
     text = value.strip() if isinstance(value, str) else None
     if text is not None:
         try:
@@ -85,7 +86,8 @@ def parse_chunking(value: Any, min_chunk_size: Any = 0, *, owner: str = "chunkin
             isinstance(size, dict) and sorted(size) != sorted(step)):
         raise ConfigError(f"{owner}: chunk sizes {size!r} and steps {step!r} must name the same data keys.")
     if (max(step.values()) if isinstance(step, dict) else step) <= 0:
-        raise ConfigError(f"{owner}: the chunk step must be positive (for at least one data key), got {step!r}.")
+        raise ConfigError(f"{owner}: the chunk step must be positive (for at least one data key), "
+                          f"got {step!r}.")
     min_size = _check_numbers(min_chunk_size or 0, f"{owner}: min_chunk_size", positive=False)
     return Chunking(size, step, min_size)
 
@@ -135,8 +137,9 @@ def _keys_kept_whole(lengths: np.ndarray, keys: Sequence[str], step: np.ndarray,
     for row, col in zip(*np.nonzero(other)):
         if step[col] in (0, step[ref]):
             raise DataError(f"{owner}: cannot chunk sequence {row} of the epoch: key '{keys[col]}' has "
-                            f"{lengths[row, col]} frames but '{keys[ref]}' has {lengths[row, ref]}, with chunk "
-                            f"step {step[col]}; give per-key chunk sizes and steps for streams of other rates.")
+                            f"{lengths[row, col]} frames but '{keys[ref]}' has {lengths[row, ref]}, "
+                            f"with chunk step {step[col]}; give per-key chunk sizes and steps for streams "
+                            "of other rates.")
         n_key = (lengths[row, col] - (min_size[col] or 1)) // step[col] + 1
         n_ref = (lengths[row, ref] - (min_size[ref] or 1)) // step[ref] + 1
         if n_key != n_ref:

@@ -37,7 +37,8 @@ class LossResult(NamedTuple):
 
 
 def masked_ce_sums(
-    logits: tf.Tensor, labels: tf.Tensor, lengths: tf.Tensor, where: str, criterion: CrossEntropy | None = None
+    logits: tf.Tensor, labels: tf.Tensor, lengths: tf.Tensor, where: str,
+    criterion: CrossEntropy | None = None,
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Cross-entropy sum (unscaled; ``criterion`` adds RETURNN's ``loss_opts``), frame-error sum and frame
     count over the frames ``t < lengths[b]``.

@@ -58,7 +58,8 @@ class CrossEntropy:
                 raise ConfigError(f"Network layer '{layer}': loss_scale {scale:g} and loss_opts scale "
                                   f"{given:g} disagree; give one of them.")
             scale = given
-        smoothing = _number(layer, "loss_opts label_smoothing", loss_opts.get("label_smoothing", 0.0), 0.0, 1.0)
+        smoothing = _number(layer, "loss_opts label_smoothing", loss_opts.get("label_smoothing", 0.0),
+                            0.0, 1.0)
         if smoothing and num_classes < 2:
             raise ConfigError(f"Network layer '{layer}': label_smoothing needs at least 2 classes.")
         focal = _number(layer, "loss_opts focal_loss_factor", loss_opts.get("focal_loss_factor", 0.0), 0.0)
@@ -71,7 +72,8 @@ class CrossEntropy:
             on = 1.0 - self.label_smoothing
             off = self.label_smoothing / tf.cast(num_classes - 1, logits.dtype)
             soft = tf.one_hot(labels, num_classes, on_value=on, off_value=off, dtype=logits.dtype)
-            entropy = -(on * tf.math.log(on) + tf.cast(num_classes - 1, logits.dtype) * off * tf.math.log(off + 1e-20))
+            entropy = -(on * tf.math.log(on)
+                        + tf.cast(num_classes - 1, logits.dtype) * off * tf.math.log(off + 1e-20))
             loss = tf.nn.softmax_cross_entropy_with_logits(labels=soft, logits=logits) - entropy
         else:
             loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)

@@ -20,7 +20,8 @@ def _steps(x: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
     return tf.minimum(longest, tf.shape(x)[0])
 
 
-def fused_lstm(x: tf.Tensor, lengths: tf.Tensor, weights: tf.Tensor, bias: tf.Tensor, n_out: int) -> tf.Tensor:
+def fused_lstm(x: tf.Tensor, lengths: tf.Tensor, weights: tf.Tensor, bias: tf.Tensor,
+               n_out: int) -> tf.Tensor:
     zeros = tf.zeros([tf.shape(x)[1], n_out], x.dtype)
     peephole = tf.zeros([n_out], x.dtype)
     return tf.raw_ops.BlockLSTM(
@@ -34,7 +35,8 @@ def scan_lstm(x: tf.Tensor, lengths: tf.Tensor, weights: tf.Tensor, bias: tf.Ten
 
     def step(state, x_t):
         cell, out = state
-        gate_in, cell_in, forget, gate_out = tf.split(tf.matmul(tf.concat([x_t, out], 1), weights) + bias, 4, 1)
+        gate_in, cell_in, forget, gate_out = tf.split(
+            tf.matmul(tf.concat([x_t, out], 1), weights) + bias, 4, 1)
         cell = tf.sigmoid(gate_in) * tf.tanh(cell_in) + tf.sigmoid(forget) * cell
         return cell, tf.sigmoid(gate_out) * tf.tanh(cell)
 

@@ -30,7 +30,8 @@ _CLASS_OPTIONS = {
     "time_unchunking": {"chunking_layer"},
 }
 _COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2"}
-RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking"}  # layers for which the order of frames matters
+# layers for which the order of frames matters
+RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking"}
 
 
 class LayerSpec(NamedTuple):
@@ -152,7 +153,8 @@ class NetworkModel(SeqModel):
         self.specs = parse_network(network)
         self.order = build_order(self.specs)
         check_time_axes(self.specs, self.order,
-                        [n for n in self.order if self.specs[n].cls == "softmax" and self.specs[n].opts.get("loss")])
+                        [n for n in self.order
+                         if self.specs[n].cls == "softmax" and self.specs[n].opts.get("loss")])
         self.random_seed = random_seed
         self.twice_differentiable = twice_differentiable
         dims = {"data": input_dim}
@@ -177,7 +179,8 @@ class NetworkModel(SeqModel):
                 name, spec.opts, in_dim, sparse_input=ids, random_seed=seed, target_dims=self.target_dims
             )
         if spec.cls == "rec":
-            return Rec(name, spec.opts, in_dim, random_seed=seed, twice_differentiable=self.twice_differentiable)
+            return Rec(name, spec.opts, in_dim, random_seed=seed,
+                       twice_differentiable=self.twice_differentiable)
         if spec.cls == "time_chunking":
             return TimeChunking(name, spec.opts, in_dim)
         if spec.cls == "time_unchunking":
@@ -240,7 +243,8 @@ class NetworkModel(SeqModel):
             result[name] = _batch_major(y)
         return result
 
-    def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool, seed: tf.Tensor) -> tf.Tensor:
+    def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
+                     seed: tf.Tensor) -> tf.Tensor:
         spec = self.specs[name]
         if self.layers[name].sparse_input:
             return outs["data"]

@@ -35,7 +35,8 @@ def chunk_time(x: tf.Tensor, lengths: tf.Tensor, size: int, step: int) -> tuple[
     return out, tf.reshape(tf.transpose(chunk_lengths), [-1])
 
 
-def unchunk_time(y: tf.Tensor, chunk_lengths: tf.Tensor, size: int, step: int, n_time: tf.Tensor) -> tf.Tensor:
+def unchunk_time(y: tf.Tensor, chunk_lengths: tf.Tensor, size: int, step: int,
+                 n_time: tf.Tensor) -> tf.Tensor:
     """(size, B * n, D) chunks with (B * n,) lengths -> (n_time, B, D), each frame the mean of its chunks."""
     n = num_chunks(n_time, size, step)
     n_batch = tf.shape(y)[1] // n
@@ -90,8 +91,8 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str]) -> No
         cls, sources, opts = specs[name]
         source_axes = {axes[src] for src in sources}
         if len(source_axes) > 1:
-            raise ConfigError(f"Network layer '{name}': its sources {list(sources)} are on different time axes "
-                              f"(some went through a time_chunking layer that the others did not).")
+            raise ConfigError(f"Network layer '{name}': its sources {list(sources)} are on different time "
+                              "axes (some went through a time_chunking layer that the others did not).")
         axis = source_axes.pop()
         if cls == "time_chunking":
             axis = axis + (name,)

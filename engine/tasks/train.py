@@ -40,7 +40,8 @@ class Trainer:
         self.num_epochs = config.int("num_epochs")
         self.save_interval = config.int("save_interval")
         if self.save_interval < 1:
-            raise ConfigError(f"Config key 'save_interval' must be >= 1 (save every N epochs), got {self.save_interval}.")
+            raise ConfigError("Config key 'save_interval' must be >= 1 (save every N epochs), "
+                              f"got {self.save_interval}.")
         self.cleanup = CleanupPolicy.from_config(config)
         self.lr_file = config.str("learning_rate_file")
         self.start_epoch = resolve_start_epoch(config, self.comm)

@@ -41,20 +41,21 @@ class CleanupPolicy:
         if value is True:
             return cls()
         if not isinstance(value, dict):
-            raise ConfigError(f"Config key 'cleanup_old_models' must be True or a dict with {', '.join(OPTIONS)}, "
-                              f"got {value!r}.")
+            raise ConfigError("Config key 'cleanup_old_models' must be True or a dict with "
+                              f"{', '.join(OPTIONS)}, got {value!r}.")
         unknown = sorted(set(value) - set(OPTIONS))
         if unknown:
             raise ConfigError(f"Config key 'cleanup_old_models': unknown option(s) {unknown}; known: "
                               f"{', '.join(OPTIONS)}.")
         last, best = value.get("keep_last_n", 2), value.get("keep_best_n", 4)
         if not _is_int(last) or last < 1 or not _is_int(best) or best < 0:
-            raise ConfigError(f"Config key 'cleanup_old_models': keep_last_n must be >= 1 and keep_best_n >= 0, "
-                              f"got {last!r} and {best!r}.")
+            raise ConfigError("Config key 'cleanup_old_models': keep_last_n must be >= 1 and "
+                              f"keep_best_n >= 0, got {last!r} and {best!r}.")
         keep = value.get("keep")
         if keep is not None and (not isinstance(keep, (list, tuple, set, frozenset, range))
                                  or not all(_is_int(e) for e in keep)):
-            raise ConfigError(f"Config key 'cleanup_old_models': keep must be a list of epochs, got {keep!r}.")
+            raise ConfigError("Config key 'cleanup_old_models': keep must be a list of epochs, "
+                              f"got {keep!r}.")
         return cls(last, best, None if keep is None else frozenset(keep))
 
 
@@ -71,7 +72,8 @@ def default_keep_pattern(newest: int) -> set[int]:
     elif newest <= 100:
         every, doubling = 40, 10
     else:
-        every, doubling = 80 * 2 ** (newest // 240).bit_length(), 20  # 80 * next power of 2 >= 1 + newest // 240
+        # 80 * next power of 2 >= 1 + newest // 240
+        every, doubling = 80 * 2 ** (newest // 240).bit_length(), 20
     kept = set(range(every, newest + 1, every))
     epoch = doubling
     while epoch <= newest:

@@ -66,8 +66,8 @@ def process_gradients(grads: Sequence[tf.Tensor | None], options: GradientOption
         if options.noise:
             var_seed = tf.random.experimental.stateless_fold_in(
                 tf.random.experimental.stateless_fold_in(seed, NOISE_STREAM), index)
-            grad = grad + tf.random.stateless_truncated_normal(tf.shape(grad), seed=var_seed, stddev=options.noise,
-                                                               dtype=grad.dtype)
+            grad = grad + tf.random.stateless_truncated_normal(tf.shape(grad), seed=var_seed,
+                                                               stddev=options.noise, dtype=grad.dtype)
         if options.clip_value:
             grad = tf.clip_by_value(grad, -options.clip_value, options.clip_value)
         if norm is not None:

@@ -78,13 +78,15 @@ class LearningRateControl:
         self.default_learning_rate = float(default_learning_rate)
         self.decay, self.growth = float(decay), float(growth)
         self.relative_error_threshold = float(relative_error_threshold)
-        self.grow_threshold = self.relative_error_threshold if grow_threshold is None else float(grow_threshold)
+        self.grow_threshold = (self.relative_error_threshold if grow_threshold is None
+                               else float(grow_threshold))
         self.error_threshold = float(error_threshold)
         self.relative_error_div_by_old = relative_error_div_by_old
         self.relative_error_relative_lr = relative_error_relative_lr
         self.min_epochs_per_new_rate = min_epochs_per_new_rate
         self.multi_num_epochs = multi_num_epochs
-        self.multi_update_interval = multi_num_epochs if multi_update_interval is None else multi_update_interval
+        self.multi_update_interval = (multi_num_epochs if multi_update_interval is None
+                                      else multi_update_interval)
         self.min_learning_rate = float(min_learning_rate)
         self.error_measure = error_measure
         self.filename = filename
@@ -174,7 +176,8 @@ class LearningRateControl:
         if self.kind == "constant" or len(earlier) < 2:
             return rate
         old, new = earlier
-        change = self.relative_error(old, new) if self.kind == "newbob_rel" else self._absolute_error(old, new)
+        change = (self.relative_error(old, new) if self.kind == "newbob_rel"
+                  else self._absolute_error(old, new))
         if change is None:
             return rate
         threshold = self.relative_error_threshold if self.kind == "newbob_rel" else self.error_threshold
@@ -195,7 +198,8 @@ class LearningRateControl:
                              grow=mean < self.grow_threshold)
 
     def _changed(self, rate: float, change: float, epoch: int, *, decay: bool, grow: bool) -> float:
-        new_rate = max(rate * self.decay, self.min_learning_rate) if decay else rate * self.growth if grow else rate
+        new_rate = (max(rate * self.decay, self.min_learning_rate) if decay
+                    else rate * self.growth if grow else rate)
         if new_rate != rate:
             log.info(f"Learning-rate control ({self.kind}): score change {change:.4g}; learning rate "
                      f"{rate:g} -> {new_rate:g} for epoch {epoch}.")

@@ -21,6 +21,7 @@ from typing import Any
 from engine.errors import ConfigError
 from engine.training.optimizers import Optimizer, optimizer_from_config
 
+
 def _set_flags(config) -> dict[str, Any]:
     """The flags that select something: ``adam``/``nadam`` true, ``rmsprop`` a float (its decay) or true,
     ``momentum`` not 0."""
@@ -42,9 +43,10 @@ def optimizer_for_config(config) -> Optimizer:
     value = config.typed("optimizer")
     if value is not None:
         if flags:
-            raise ConfigError(f"Config keys {sorted(flags)} and 'optimizer' are both set; give the optimizer in "
-                              "one place, e.g. optimizer = {'class': 'rmsprop', 'momentum': 0.9} (RETURNN would "
-                              "drop the flags, or take 'momentum' only for optimizers that have one).")
+            raise ConfigError(f"Config keys {sorted(flags)} and 'optimizer' are both set; give the optimizer "
+                              "in one place, e.g. optimizer = {'class': 'rmsprop', 'momentum': 0.9} "
+                              "(RETURNN would drop the flags, or take 'momentum' only for optimizers that "
+                              "have one).")
         return optimizer_from_config(value, epsilon=epsilon)
     chosen = [key for key in ("adam", "nadam", "rmsprop") if key in flags]
     if len(chosen) > 1:
@@ -52,7 +54,8 @@ def optimizer_for_config(config) -> Optimizer:
                           f"'{chosen[0]}' and drop the others).")
     momentum = flags.get("momentum", 0.0)
     if chosen and chosen[0] in ("adam", "nadam") and momentum:
-        raise ConfigError(f"Config key '{chosen[0]}' does not take 'momentum' (= {momentum}); remove one of them.")
+        raise ConfigError(f"Config key '{chosen[0]}' does not take 'momentum' (= {momentum}); "
+                          "remove one of them.")
     if chosen and chosen[0] == "rmsprop":
         rmsprop = flags["rmsprop"]
         options = {"class": "rmsprop", "momentum": momentum}

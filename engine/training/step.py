@@ -124,9 +124,9 @@ class Steps:
             missing = re.search(r"gradient registry has no entry for: (\w+)", str(exc))
             if not (missing and self.updater.gradient_options.maximize_norm):
                 raise
-            raise ConfigError(f"maximize_grad_norm differentiates the gradient, but the model has an op whose "
-                              f"gradient ({missing.group(1)}) cannot be differentiated; set maximize_grad_norm = 0."
-                              ) from None
+            raise ConfigError("maximize_grad_norm differentiates the gradient, but the model has an op "
+                              f"whose gradient ({missing.group(1)}) cannot be differentiated; set "
+                              "maximize_grad_norm = 0.") from None
 
     def eval(self, batch) -> np.ndarray:
         return self._eval(*self._inputs(batch)).numpy()
