@@ -3,7 +3,7 @@
 Shape: 2-layer LSTM of 128 units on 40-dim input, softmax over 50 classes, batches of at most 5000 padded
 frames and 40 sequences with lengths 50-250, Adam; forward + backward + update in one ``tf.function``,
 one TensorFlow thread. Implementations:
-- ``engine``: the engine's ``rec`` layer (``block_lstm.fused_lstm``: TensorFlow's fused ``BlockLSTM``
+- ``engine``: the engine's ``rec`` layer (``lstm.fused_lstm``: TensorFlow's fused ``BlockLSTM``
   kernel forward, on the CPU our own backward), via ``build_model``.
 - ``blocklstmgrad``: the same ``BlockLSTM`` forward with TensorFlow's own gradient, ``BlockLSTMGrad``
   (what the engine ran before: its per-step packing of the transposed weights was 43% of a step).

@@ -1,10 +1,10 @@
-"""The CPU backward pass of ``block_lstm.fused_lstm`` against TensorFlow's own ``BlockLSTMGrad``."""
+"""The CPU backward pass of ``lstm.fused_lstm`` against TensorFlow's own ``BlockLSTMGrad``."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.model.block_lstm import fused_lstm
+from engine.model.lstm import fused_lstm
 
 pytestmark = pytest.mark.tf_latest
 

@@ -50,6 +50,8 @@ class Strategy:
         self.lr_scale = 1.0  # the learning rate is multiplied by this (horovod_scale_lr)
         # True: the step differentiates the loss sum, not the frame average (reduce_gradients divides)
         self.differentiates_loss_sum = False
+        # with the loss sum: this rank's share of the model's regularisers, so that they count once in all
+        self.regularizer_share = 1.0
 
     def describe(self) -> str:
         return "single process"
@@ -63,6 +65,11 @@ class Strategy:
     def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
         """Inside the train step's ``tf.function``: the gradients to apply and the step's score sums."""
         return grads, scores
+
+    def reduce_extra_gradients(self, grads: list, reduced_scores: Any) -> list:
+        """A second set of per-rank gradient terms of the same step (``maximize_grad_norm``), reduced and
+        normalised like the gradients; ``reduced_scores``: what ``reduce_gradients`` returned."""
+        return grads
 
     def after_step(self, plan: StepPlan, params: Sequence[Any]) -> None:
         pass
@@ -79,6 +86,7 @@ class GradAllreduce(Strategy):
         self.train_shard = (comm.rank, comm.size)
         self.lr_scale = float(comm.size) if scale_lr else 1.0
         self.differentiates_loss_sum = normalization == "global_frames"
+        self.regularizer_share = 1.0 if comm.rank == 0 or not self.differentiates_loss_sum else 0.0
 
     def describe(self) -> str:
         return f"reduce type grad ({self.normalization} of the ranks' gradients)"
@@ -93,14 +101,20 @@ class GradAllreduce(Strategy):
         # rank reports the global scores.
         reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum")
         grads, scores = reduced[:-1], reduced[-1]
+        return self._normalize(grads, scores), scores
+
+    def reduce_extra_gradients(self, grads: list, reduced_scores: Any) -> list:
+        return self._normalize(self.comm.allreduce_tensors(list(grads), "sum"), reduced_scores)
+
+    def _normalize(self, summed: list, reduced_scores: Any) -> list:
         if self.normalization == "average":
-            grads = [g / float(self.comm.size) for g in grads]
-        elif self.normalization == "global_frames":
+            return [g / float(self.comm.size) for g in summed]
+        if self.normalization == "global_frames":
             import tensorflow as tf
 
-            frames = tf.maximum(scores[2], 1.0)  # all ranks' frames: the union batch's
-            grads = [g / frames for g in grads]
-        return grads, scores
+            frames = tf.maximum(reduced_scores[2], 1.0)  # all ranks' frames: the union batch's
+            return [g / frames for g in summed]
+        return list(summed)
 
 
 class ParamSyncSchedule:

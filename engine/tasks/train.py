@@ -11,6 +11,7 @@ from engine.distributed import Strategy, agree_on_failure, broadcast_initial, st
 from engine.errors import ConfigError, EngineError
 from engine.model import build_model
 from engine.training.checkpoint import checkpoint_path, load_checkpoint, resolve_start_epoch, save_checkpoint
+from engine.training.cleanup import CleanupPolicy, cleanup_old_models
 from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
 from engine.training.report import hms
@@ -38,6 +39,10 @@ class Trainer:
         self.model_prefix = config.str("model")
         self.num_epochs = config.int("num_epochs")
         self.save_interval = config.int("save_interval")
+        if self.save_interval < 1:
+            raise ConfigError("Config key 'save_interval' must be >= 1 (save every N epochs), "
+                              f"got {self.save_interval}.")
+        self.cleanup = CleanupPolicy.from_config(config)
         self.lr_file = config.str("learning_rate_file")
         self.start_epoch = resolve_start_epoch(config, self.comm)
         self.global_step = 0
@@ -95,6 +100,8 @@ class Trainer:
             save_checkpoint(path, self.model.named_variables(), self.updater.named_variables(),
                             epoch, self.global_step)
             log.info(f"saved model to {path}")
+        if self.model_prefix and self.cleanup is not None:
+            cleanup_old_models(self.model_prefix, self.num_epochs, self.lr_control, self.cleanup)
 
 
 def run_train(config: Config) -> None:

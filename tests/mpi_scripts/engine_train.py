@@ -80,12 +80,12 @@ def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
     original = Dataset.read_into
     reads = {"n": 0}
 
-    def read_into(self, seq_idx, key, out):
+    def read_into(self, seq_idx, key, out, offset=0):
         if process.rank() == fail_rank:
             reads["n"] += 1
             if reads["n"] > fail_after_reads:
                 raise DataError(f"injected corrupt sequence {seq_idx} in dataset {self.name!r}")
-        return original(self, seq_idx, key, out)
+        return original(self, seq_idx, key, out, offset)
 
     Dataset.read_into = read_into
 

@@ -1,14 +1,19 @@
-"""The LSTM of ``rec`` layers: TensorFlow's fused ``BlockLSTM`` kernel forward, and on the CPU a backward
-pass of our own.
+"""The LSTM of ``rec`` layers, in two implementations with the same math and parameters.
 
 Weights W: rows [input; recurrent], gate columns in the order input, cell input, forget, output; bias b.
 Per step: z = [x_t, h] W + b; c = sigmoid(z_i) tanh(z_c) + sigmoid(z_f) c; h = sigmoid(z_o) tanh(c).
 Outputs after the longest sequence are 0.
 
+- ``fused_lstm``: TensorFlow's fused ``BlockLSTM`` kernel forward, one op for all time steps, and on the
+  CPU a backward pass of our own (the fast one, see ``benchmarks/bench_lstm.py``). Its gradient has no
+  gradient of its own.
+- ``scan_lstm``: the same steps in a ``tf.scan`` of plain ops, which can be differentiated twice
+  (``maximize_grad_norm`` differentiates the gradient's norm).
+
 Why a backward of our own: TensorFlow's ``BlockLSTMGrad`` multiplies each step's gate gradients by the
 transposed weight matrix and adds [x_t, h]^T times them to the weight gradient, two small matrix products
 per step whose operands Eigen re-packs from strided memory every step. On the CPU that packing was 43% of
-a whole training step (perf, 1 thread, 2x LSTM-128, ``benchmarks/bench_lstm.py``). Here each step runs
+a whole training step (perf, 1 thread, 2x LSTM-128, docs/performance.md). Here each step runs
 ``LSTMBlockCellGrad`` (the same elementwise gate math, one op) and one product with the recurrent weights
 transposed once before the loop; the weight and input gradients of all steps are then three large
 matrix products. Same math, the sums in a different order (gradients agree to float rounding); a step
@@ -85,3 +90,18 @@ def _lstm_with_loop_backward(x: tf.Tensor, steps: tf.Tensor, weights: tf.Tensor,
         return h, backward
 
     return lstm(x, weights, bias)
+
+
+def scan_lstm(x: tf.Tensor, lengths: tf.Tensor, weights: tf.Tensor, bias: tf.Tensor, n_out: int) -> tf.Tensor:
+    zeros = tf.zeros([tf.shape(x)[1], n_out], x.dtype)
+
+    def step(state, x_t):
+        cell, out = state
+        gate_in, cell_in, forget, gate_out = tf.split(
+            tf.matmul(tf.concat([x_t, out], 1), weights) + bias, 4, 1)
+        cell = tf.sigmoid(gate_in) * tf.tanh(cell_in) + tf.sigmoid(forget) * cell
+        return cell, tf.sigmoid(gate_out) * tf.tanh(cell)
+
+    _, outputs = tf.scan(step, x, initializer=(zeros, zeros))
+    running = tf.range(tf.shape(x)[0]) < _steps(x, lengths)
+    return outputs * tf.cast(running, x.dtype)[:, None, None]
