@@ -29,8 +29,7 @@ SESSION_OPTS = {"intra": "intra_op_parallelism_threads", "inter": "inter_op_para
 # TensorFlow 1 session options that exist but mean nothing without a session; accepted and reported.
 SESSION_OPTS_WITHOUT_EFFECT = ("log_device_placement", "allow_soft_placement", "device_count", "gpu_options",
                                "graph_options", "use_per_session_threads", "operation_timeout_in_ms")
-# Measured on the RETURNN-style workload (benchmarks/bench_train.py); see docs/performance.md.
-AUTO_RULE = "1 intra-op and 1 inter-op thread up to 2 cores, else cores - 1 intra-op and 2 inter-op threads"
+AUTO_RULE = "1 intra-op thread up to 2 cores, else cores - 1; inter-op threads: 1 on 1 core, else 2"
 
 
 @dataclass(frozen=True)
@@ -107,13 +106,17 @@ def _sge_slots(environ: Mapping[str, str], host: str) -> tuple[int, str] | None:
 
 
 def automatic_threads(cores: int) -> tuple[int, int]:
-    """(intra, inter) for a rank with ``cores`` cores (``AUTO_RULE``).
+    """(intra, inter) for a rank with ``cores`` cores (``AUTO_RULE``; measurements: docs/performance.md).
 
-    One core stays free for the rank's Python side (the step loop, the batch prefetch thread, MPI), which
-    an intra-op pool that spins while it waits would otherwise take: on 2 cores 1 thread ran faster than
-    2 (docs/performance.md)."""
-    if cores <= 2:
+    On 2 cores a second intra-op thread cost a quarter more CPU for the same work (Eigen splits each
+    time step's small products and its workers spin between them), a second inter-op thread 2%, and it
+    runs independent ops (one layer's weight gradients beside the next layer's backward pass) at once.
+    From 3 cores on, the intra-op pool takes all cores but one, which the second inter-op thread's op
+    may use: large products (long batches, wide layers) gain from the pool."""
+    if cores <= 1:
         return 1, 1
+    if cores == 2:
+        return 1, 2
     return cores - 1, 2
 
 

@@ -54,8 +54,8 @@ def test_the_smallest_grant_wins_and_never_below_one_core():
 # ----- who decides -----
 
 def test_automatic_rule():
-    assert automatic_threads(1) == (1, 1) and automatic_threads(2) == (1, 1)
-    assert automatic_threads(16) == (15, 2)
+    assert automatic_threads(1) == (1, 1) and automatic_threads(2) == (1, 2)
+    assert automatic_threads(3) == (2, 2) and automatic_threads(16) == (15, 2)
 
 
 def test_environment_over_config_over_automatic():
