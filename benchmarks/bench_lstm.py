@@ -102,14 +102,20 @@ def block_lstm_grad_step():
                                     wcf=peephole, wco=peephole, b=b, forget_bias=0.0, cell_clip=-1.0,
                                     use_peephole=False)[6]
 
+    return compiled_step(two_layer_loss(lstm, params, lambda x, lengths: lengths), list(params.values()))
+
+
+def two_layer_loss(lstm, params, lstm_arg):
+    """The benchmark network's loss with ``lstm(x, lstm_arg(x, lengths), W, b)`` as its LSTM layers."""
     def loss(x, lengths, y):
+        extra = lstm_arg(x, lengths)
         h = tf.transpose(x, [1, 0, 2])
-        h = lstm(h, lengths, params["lstm1/W"], params["lstm1/b"])
-        h = lstm(h, lengths, params["lstm2/W"], params["lstm2/b"])
+        h = lstm(h, extra, params["lstm1/W"], params["lstm1/b"])
+        h = lstm(h, extra, params["lstm2/W"], params["lstm2/b"])
         logits = tf.einsum("tbf,fc->btc", h, params["output/W"]) + params["output/b"]
         return masked_ce(logits, y, lengths)
 
-    return compiled_step(loss, list(params.values()))
+    return loss
 
 
 def while_loop_step():
@@ -139,15 +145,10 @@ def while_loop_step():
         )
         return out[3].stack()
 
-    def loss(x, lengths, y):
-        mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(x)[1]))[:, :, None]
-        h = tf.transpose(x, [1, 0, 2])
-        h = lstm(h, mask, params["lstm1/W"], params["lstm1/b"])
-        h = lstm(h, mask, params["lstm2/W"], params["lstm2/b"])
-        logits = tf.einsum("tbf,fc->btc", h, params["output/W"]) + params["output/b"]
-        return masked_ce(logits, y, lengths)
+    def time_major_mask(x, lengths):
+        return tf.transpose(tf.sequence_mask(lengths, tf.shape(x)[1]))[:, :, None]
 
-    return compiled_step(loss, list(params.values()))
+    return compiled_step(two_layer_loss(lstm, params, time_major_mask), list(params.values()))
 
 
 def keras_step():

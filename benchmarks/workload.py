@@ -14,28 +14,7 @@ import numpy as np
 
 from engine.datasets import DataKeyInfo, HDFWriter
 
-ENGINE_CONFIG = """
-train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random"}}
-cache_size = "0"
-network = {{
-    "lstm0": {{"class": "rec", "unit": "{unit}", "n_out": 128}},
-    "lstm1": {{"class": "rec", "unit": "{unit}", "n_out": 128, "from": "lstm0"}},
-    "output": {{"class": "softmax", "loss": "ce", "from": "lstm1"}},
-}}
-batch_size = 5000
-max_seqs = 40
-optimizer = {{"class": "adam"}}
-learning_rate = 0.001
-num_epochs = {epochs}
-log_verbosity = 3
-"""
-
-RETURNN_CONFIG = """#!rnn.py
-use_tensorflow = True
-task = "train"
-device = "cpu"
-train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random", "cache_byte_size": 0}}
-extern_data = {{"data": {{"dim": 40}}, "classes": {{"dim": 50, "sparse": True}}}}
+COMMON = """
 network = {{
     "lstm0": {{"class": "rec", "unit": "{unit}", "n_out": 128, "from": "data"}},
     "lstm1": {{"class": "rec", "unit": "{unit}", "n_out": 128, "from": "lstm0"}},
@@ -47,8 +26,19 @@ optimizer = {{"class": "adam"}}
 learning_rate = 0.001
 num_epochs = {epochs}
 log_verbosity = 3
-tf_session_opts = {{"intra_op_parallelism_threads": {threads}, "inter_op_parallelism_threads": {threads}}}
 """
+ENGINE_CONFIG = """
+train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random"}}
+cache_size = "0"
+""" + COMMON
+RETURNN_CONFIG = """#!rnn.py
+use_tensorflow = True
+task = "train"
+device = "cpu"
+train = {{"class": "HDFDataset", "files": [{corpus!r}], "seq_ordering": "random", "cache_byte_size": 0}}
+extern_data = {{"data": {{"dim": 40}}, "classes": {{"dim": 50, "sparse": True}}}}
+tf_session_opts = {{"intra_op_parallelism_threads": {threads}, "inter_op_parallelism_threads": {threads}}}
+""" + COMMON
 
 
 def make_corpus(path: str, num_seqs: int) -> int:
