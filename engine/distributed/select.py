@@ -75,7 +75,7 @@ def create_communicator(name: str = "auto", stall_timeout: float | None = None,
     _require_mpi4py(name)
     reason = f"distributed_backend = {name!r}"
     if name == "auto":
-        name, why = auto_backend(device)
+        name, why = _agreed(*auto_backend(device))
         reason = f"{reason}: {why}"
     elif name == "horovod":
         error = horovod_import_error()
@@ -94,6 +94,18 @@ def create_communicator(name: str = "auto", stall_timeout: float | None = None,
         comm = MPICommunicator(stall_timeout)
     log.info(f"distributed: using the {comm.name} backend ({reason}); {comm.size} ranks")
     return comm
+
+
+def _agreed(name: str, why: str) -> tuple[str, str]:
+    """Every rank's "auto" choice must be the same one (a host without GPUs, or without Horovod, among
+    hosts with them would choose differently): else all take the mpi backend, which runs everywhere."""
+    from mpi4py import MPI
+
+    choices = MPI.COMM_WORLD.allgather(name)
+    if len(set(choices)) == 1:
+        return name, why
+    others = sorted({rank for rank, choice in enumerate(choices) if choice != "mpi"})
+    return "mpi", f"the ranks disagree (Horovod on rank(s) {others}, the mpi backend elsewhere; here: {why})"
 
 
 def _require_mpi4py(name: str) -> None:

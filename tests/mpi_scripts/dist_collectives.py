@@ -282,6 +282,12 @@ def main() -> None:
         expected, _ = auto_backend("")
         auto = create_communicator("auto")
         assert auto.name == expected, auto.name
+        # ranks that would choose differently (a host with GPUs among hosts without) all take mpi
+        from engine.distributed import select
+        other = "horovod" if expected == "mpi" else "mpi"
+        select.auto_backend = lambda device="": (other if comm.rank == 1 else expected, "test")
+        assert create_communicator("auto").name == "mpi"
+        select.auto_backend = auto_backend
         checks.append(create_communicator)
     comm.barrier()
     print(f"rank {comm.rank}: {len(checks)} checks passed ({comm.name} backend, {comm.size} ranks)",
