@@ -33,6 +33,10 @@ def _section(owner: str, *rows: tuple) -> None:
 
 
 _section(
+    "key_check",
+    ("ignore_keys", "list", [], "RETURNN names to run without: 'key', 'layer:option', 'dataset:option'", ""),
+)
+_section(
     "tasks",
     ("task", "str", "train", "train | eval | forward"),
     ("train", "any", None, 'train dataset: dict, "file1.hdf,file2.hdf", or "Class:kw=v,..."'),
@@ -88,9 +92,9 @@ _section(
 _section(
     "log",
     ("log", "list", [], "log file(s); per rank <name>.horovod-<rank>-<size><ext> under MPI", ""),
-    ("log_verbosity", "int", 3, "0..5; 5 prints every step and tracebacks"),
+    ("log_verbosity", "int", 3, "0..5; 5 prints every step"),
     ("log_all_ranks", "bool", False, "print progress of every rank on stdout, prefixed with the rank"),
-    ("debug", "bool", False, "show tracebacks for errors"),
+    ("debug", "bool", False, "show tracebacks for errors (also for config errors)"),
 )
 _section(
     "distributed",

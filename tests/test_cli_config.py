@@ -142,7 +142,7 @@ def console_commands() -> dict[str, str]:
 def test_console_commands_run_their_main_functions(capsys):
     """What pip installs as `rnn-engine`, `hdf-dump`, ...: each target imports and answers --help."""
     commands = console_commands()
-    assert set(commands) == {"rnn-engine", "hdf-dump", "dump-dataset", "make-hostfile"}
+    assert set(commands) == {"rnn-engine", "hdf-dump", "dump-dataset", "make-hostfile", "gen-returnn-keys"}
     for name, target in commands.items():
         module, function = target.split(":")
         main = getattr(importlib.import_module(module), function)
@@ -154,7 +154,7 @@ def test_console_commands_run_their_main_functions(capsys):
         assert "usage:" in capsys.readouterr().out, name
 
 
-@pytest.mark.parametrize("script", ["hdf_dump", "dump_dataset", "make_hostfile"])
+@pytest.mark.parametrize("script", ["hdf_dump", "dump_dataset", "make_hostfile", "gen_returnn_keys"])
 def test_tool_scripts_are_wrappers_of_the_commands(script):
     r = run([sys.executable, str(ROOT / "tools" / f"{script}.py"), "--help"])
     assert r.returncode == 0 and f"usage: {script}.py" in r.stdout, r.stderr

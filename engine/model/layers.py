@@ -28,7 +28,6 @@ ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
     "softmax": tf.nn.softmax,
     "log_softmax": tf.nn.log_softmax,
 }
-LSTM_UNITS = ("lstm", "basiclstm", "lstmblock", "nativelstm2", "nativelstm", "standardlstm")
 
 
 def glorot_variable(name: str, shape: tuple[int, int], random_seed: int) -> tf.Variable:
@@ -175,13 +174,7 @@ class Rec(Layer):
 
     def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int) -> None:
         super().__init__(in_dim)
-        self.n_out = _positive_int(name, opts, "n_out")
-        unit = opts.get("unit", "lstm")
-        if not isinstance(unit, str) or unit.lower() not in LSTM_UNITS:
-            raise ConfigError(
-                f"Network layer '{name}': unit {unit!r} is not supported; supported (all an "
-                f"LSTM): lstm, BasicLSTM, LSTMBlock, NativeLstm2, NativeLstm, StandardLSTM."
-            )
+        self.n_out = _positive_int(name, opts, "n_out")  # its unit is an LSTM (``spec.py`` checks)
         self.direction = opts.get("direction", 1)
         if self.direction not in (1, -1):
             raise ConfigError(f"Network layer '{name}': direction must be 1 or -1, got {self.direction!r}.")

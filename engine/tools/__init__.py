@@ -1,2 +1,2 @@
 """Command-line tools, each ``main(argv) -> int``: installed as console commands (``hdf-dump``,
-``dump-dataset``, ``make-hostfile``) and run by the thin scripts in ``tools/``."""
+``dump-dataset``, ``make-hostfile``, ``gen-returnn-keys``) and run by the thin scripts in ``tools/``."""

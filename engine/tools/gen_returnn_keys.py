@@ -16,8 +16,15 @@ the ``returnn`` package, and collects:
 - dataset classes (subclasses of ``Dataset``) with their ``__init__`` parameters, bases included.
 
 Files under tests/, tools/ and demos/ are skipped. The output is data, sorted, and is committed: the
-engine never reads RETURNN's source at run time. The commits used for the committed file are named at
-its top (several eras, so that keys of old recipes, e.g. the Theano-era ``multiprocessing``, are known).
+engine never reads RETURNN's source at run time. Several eras are read, so that the names of old
+recipes are known too; the committed file was made with
+
+    gen-returnn-keys --git <rwth-i6/returnn clone> --commit e45647921^ --commit ec2ecda83 \
+        --commit ac3a9e2b0^ --commit 23cc84aa2 --commit b46ff5f0f --dir <site-packages>/returnn
+
+that is: the last commit that read ``update_on_device`` (2015), the end of 2017 (the time of the 12AX
+demos and of the 2016 papers' recipes), the last commit with the neural transducer layer (2021), the
+last commit with the Theano backend (2022), the newest commit and the newest release (1.20261022).
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Collection, Iterable, Iterator
 
 from engine.atomic_file import write_text_atomically
 
@@ -43,7 +50,7 @@ _OPTION_DEST = re.compile(r"add_option\([^)]*?dest\s*=\s*(['\"])(\w+)\1", re.S)
 _DOC_TERM = re.compile(r"^([a-z_][A-Za-z0-9_]*)\s*\n(?=[ \t]+\S)", re.M)
 _RECEIVER = re.compile(r"\w*config\w*(\(\))?$")
 _SKIPPED_DIRS = ("tests/", "tools/", "demos/", "docs/")
-_NOT_OPTIONS = {"self", "name", "network", "output", "sources", "rec_previous_layer"}  # set by the network
+_SET_BY_THE_NETWORK = {"name", "network", "output", "sources", "rec_previous_layer"}  # not layer dict options
 _NOT_CONFIG_KEYS = {"load_config", "version"}  # command-line actions, not keys
 
 
@@ -237,16 +244,17 @@ def _dict_keys(func: ast.FunctionDef, dict_name: str) -> set[str]:
     return keys
 
 
-def _options(name: str, classes: dict[str, ClassInfo], seen: set[str] | None = None) -> set[str]:
-    """The options of class ``name``: its own and its bases', without the ones the network sets itself."""
+def _options(name: str, classes: dict[str, ClassInfo], not_options: Collection[str] = (),
+             seen: set[str] | None = None) -> set[str]:
+    """The options of class ``name``: its own and its bases', without ``not_options``."""
     seen = set() if seen is None else seen
     if name in seen or name not in classes:
         return set()
     seen.add(name)
     info = classes[name]
-    options = {p for p in info.params | info.dict_keys if not p.startswith("_")} - _NOT_OPTIONS
+    options = {p for p in info.params | info.dict_keys if not p.startswith("_")} - {"self", *not_options}
     for base in info.bases:
-        options |= _options(base, classes, seen)
+        options |= _options(base, classes, not_options, seen)
     return options
 
 
@@ -265,7 +273,7 @@ def layer_options(classes: dict[str, ClassInfo]) -> dict[str, set[str]]:
     for name, info in classes.items():
         internal = not info.layer_class or info.layer_class.startswith(":")  # ":i": the rec loop's step
         if not internal and _derives_from(name, "LayerBase", classes):
-            result.setdefault(info.layer_class, set()).update(_options(name, classes))
+            result.setdefault(info.layer_class, set()).update(_options(name, classes, _SET_BY_THE_NETWORK))
     return result
 
 
@@ -315,7 +323,7 @@ def render(sources: list[str], config_keys: set[str], layers: dict[str, set[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gen-returnn-keys", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--git", help="RETURNN git directory (a bare mirror is enough)")
     parser.add_argument("--commit", action="append", help="a commit to read (repeat)")
     parser.add_argument("--dir", action="append", help="an installed returnn package directory (repeat)")
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         for cls, opts in dataset_options(snap.classes).items():
             datasets.setdefault(cls, set()).update(opts)
         if "LayerBase" in snap.classes:
-            layer_common |= _options("LayerBase", snap.classes) | {"class", "from"}
+            layer_common |= _options("LayerBase", snap.classes, _SET_BY_THE_NETWORK) | {"class", "from"}
         dataset_common |= _options("Dataset", snap.classes)
     datasets.pop("Dataset", None)
     config_keys = {key for key in config_keys if not key.startswith("_")}  # config code's own, by convention
