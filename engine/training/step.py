@@ -7,13 +7,37 @@ or not: the step itself never knows the data-parallel mode.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import tensorflow as tf
 
 from engine.distributed.strategy import Strategy
-from engine.errors import ConfigError
+from engine.errors import ConfigError, EngineError
 from engine.model.base import SeqModel
 from engine.training.updater import Updater
+
+
+def _compiled(step: Callable, signature: list) -> Callable:
+    """``tf.function(step)`` that raises an ``EngineError`` from the model code it traces as that error.
+
+    While tracing, autograph replaces an exception from the traced code by a copy whose message is the
+    trace's stack ("in user code: File ..."), so a config error found while the graph is built would
+    reach the user as a traceback in the message at any log_verbosity. The error as raised is the copy's
+    ``__context__``."""
+    compiled = tf.function(step, input_signature=signature)
+
+    def call(*args):
+        try:
+            return compiled(*args)
+        except EngineError as exc:
+            raised = exc.__context__
+            if type(raised) is type(exc) and hasattr(exc, "ag_error_metadata"):
+                raise raised from None
+            raise
+
+    return call
+
 
 # A step returns the score vector [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up.
 
@@ -35,9 +59,9 @@ class Steps:
         targets_spec = {k: tf.TensorSpec([None, None], tf.int32, name=k) for k in self.target_keys}
         target_lengths_spec = {k: tf.TensorSpec([None], tf.int32, name=f"{k}_len") for k in self.target_keys}
         signature = [data_spec, lengths_spec, targets_spec, target_lengths_spec]
-        self._train = tf.function(self._train_step, input_signature=signature)
-        self._eval = tf.function(self._eval_step, input_signature=signature)
-        self._forward = tf.function(self._forward_step, input_signature=[data_spec, lengths_spec])
+        self._train = _compiled(self._train_step, signature)
+        self._eval = _compiled(self._eval_step, signature)
+        self._forward = _compiled(self._forward_step, [data_spec, lengths_spec])
         self._input_dtype = data_spec.dtype.as_numpy_dtype
 
     # ----- graph functions -----
