@@ -73,6 +73,7 @@ _section(
     ("learning_rate", "float", 1.0, "initial learning rate"),
     ("learning_rates", "any", None, "per-epoch learning rates (list, or dict epoch -> rate)"),
     ("gradient_clip_global_norm", "float", None, "clip gradients to this global norm (0: off)"),
+    ("debug_add_check_numerics_ops", "bool", False, "stop training at the first Inf or NaN of an op (slow)"),
     ("learning_rate_control", "str", "constant", "constant | newbob | newbob_rel | newbob_abs"),
     ("newbob_learning_rate_decay", "float", 0.5, "newbob: multiply the rate by this"),
     ("newbob_relative_error_threshold", "float", -0.01, "newbob_rel: decay above this relative change"),

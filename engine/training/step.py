@@ -7,24 +7,28 @@ or not: the step itself never knows the data-parallel mode.
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from engine.distributed.strategy import Strategy
-from engine.errors import ConfigError, EngineError
+from engine.errors import ConfigError, DataError, EngineError
 from engine.model.base import SeqModel
 from engine.training.updater import Updater
 
+_NUMERICS_FOUND = re.compile(r"!!! (Detected Infinity or NaN in output \d+ of graph op \"[^\"]*\")")
+
 
 def _compiled(step: Callable, signature: list) -> Callable:
-    """``tf.function(step)`` that raises an ``EngineError`` from the model code it traces as that error.
+    """``tf.function(step)`` whose errors reach the user as one paragraph.
 
     While tracing, autograph replaces an exception from the traced code by a copy whose message is the
     trace's stack ("in user code: File ..."), so a config error found while the graph is built would
-    reach the user as a traceback in the message at any log_verbosity. The error as raised is the copy's
-    ``__context__``."""
+    reach the user as a traceback in the message at any log_verbosity; the error as raised is the
+    copy's ``__context__``. An Inf or NaN found by ``check_numerics`` comes as TensorFlow's error with
+    the op's creation stack; its first line names the op."""
     compiled = tf.function(step, input_signature=signature)
 
     def call(*args):
@@ -35,6 +39,13 @@ def _compiled(step: Callable, signature: list) -> Callable:
             if type(raised) is type(exc) and hasattr(exc, "ag_error_metadata"):
                 raise raised from None
             raise
+        except tf.errors.InvalidArgumentError as exc:
+            found = _NUMERICS_FOUND.search(exc.message)
+            if found is None:
+                raise
+            raise DataError(f"debug_add_check_numerics_ops: {found.group(1)} (in the "
+                            f"{step.__name__.strip('_')}). Check the data for Inf/NaN, or lower the learning "
+                            "rate.") from None
 
     return call
 
@@ -44,8 +55,10 @@ def _compiled(step: Callable, signature: list) -> Callable:
 
 class Steps:
     def __init__(self, model: SeqModel, updater: Updater | None = None,
-                 strategy: Strategy | None = None) -> None:
-        """``updater`` and ``strategy`` are needed for training only."""
+                 strategy: Strategy | None = None, check_numerics: bool = False) -> None:
+        """``updater`` and ``strategy`` are needed for training only. ``check_numerics``: every op of the
+        steps checks its output, and the first Inf or NaN stops training (RETURNN's
+        ``debug_add_check_numerics_ops``)."""
         self.model = model
         self.updater = updater
         self.strategy = strategy
@@ -53,6 +66,8 @@ class Steps:
             raise ConfigError("horovod_grad_normalization = 'global_frames' divides the summed gradient by "
                               "the frames of one target, but the network's losses use several targets "
                               f"({', '.join(sorted(model.loss_targets))}). Use 'sum' or 'average'.")
+        if check_numerics:
+            tf.debugging.enable_check_numerics()  # instruments what is traced from now on
         self.params = list(model.trainable_variables)
         self.target_keys = sorted(model.target_dims)
         data_spec, lengths_spec = model.input_signature
