@@ -53,12 +53,14 @@ class Finding:
     ignore_entry: str = ""  # what ignore_keys would need to list to run without this name
 
     @property
-    def where(self) -> str:
-        if self.kind == "config":
-            return "config key"
+    def owners_text(self) -> str:
+        """``layer 'fw0'``, ``layers 'fw0', 'bw0'``, ``dataset`` (one created outside a config key)."""
         plural = "s" if len(self.owners) > 1 else ""
-        owners = "".join(f" {owner!r}," for owner in self.owners).rstrip(",")
-        return f"{self.kind}{plural}{owners} ({self.cls})"
+        return f"{self.kind}{plural}" + "".join(f" {owner!r}," for owner in self.owners).rstrip(",")
+
+    @property
+    def where(self) -> str:
+        return "config key" if self.kind == "config" else f"{self.owners_text} ({self.cls})"
 
     def describe(self) -> str:
         sep = " " if self.kind == "config" else " option "
@@ -194,11 +196,10 @@ def log_notes(findings: list[Finding]) -> None:
 
 def error_text(fatal: list[Finding], what: str = "The config") -> str:
     parts = []
-    for verdict, words in _ERROR_WORDS.items():
+    for verdict, words in _ERROR_WORDS.items():  # the fatal verdicts
         group = [f.describe() for f in fatal if f.verdict == verdict]
         if group:
             parts.append(f"{words}: {'; '.join(group)}")
-    parts += [f.describe() for f in fatal if f.verdict not in _ERROR_WORDS]
     text = f"{what} cannot run as written. " + ". ".join(p[0].upper() + p[1:] for p in parts) + "."
     entries = sorted({f.ignore_entry for f in fatal if f.verdict == NOT_IMPLEMENTED})
     if entries:

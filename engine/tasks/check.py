@@ -64,7 +64,7 @@ def run_check(config: Config) -> int:
             for f in rows:
                 verdict = f.verdict.upper() if f.fatal else f.verdict
                 note = UNKNOWN_KEY_NOTE if f.verdict == UNKNOWN and not f.fatal and not f.note else f.note
-                where = f"[{f.where.split(' (')[0]}]" if f.owners else ""
+                where = f"[{f.owners_text}]" if f.owners else ""
                 print("  " + "  ".join((f"{_label(f):<{width}}", f"{verdict:<15}", note, where)).rstrip())
     reason = _stop_reason(findings, problems)
     if reason:

@@ -8,7 +8,8 @@ or not: the step itself never knows the data-parallel mode.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +22,7 @@ from engine.training.updater import Updater
 _NUMERICS_FOUND = re.compile(r"!!! (Detected Infinity or NaN in output \d+ of graph op \"[^\"]*\")")
 
 
-def _compiled(step: Callable, signature: list) -> Callable:
+class _CompiledStep:
     """``tf.function(step)`` whose errors reach the user as one paragraph.
 
     While tracing, autograph replaces an exception from the traced code by a copy whose message is the
@@ -29,11 +30,24 @@ def _compiled(step: Callable, signature: list) -> Callable:
     reach the user as a traceback in the message at any log_verbosity; the error as raised is the
     copy's ``__context__``. An Inf or NaN found by ``check_numerics`` comes as TensorFlow's error with
     the op's creation stack; its first line names the op."""
-    compiled = tf.function(step, input_signature=signature)
 
-    def call(*args):
+    def __init__(self, step: Callable, signature: list) -> None:
+        self._function = tf.function(step, input_signature=signature)
+        self.name = step.__name__.strip("_")
+
+    def __call__(self, *args):
+        with self._user_errors():
+            return self._function(*args)
+
+    def trace(self) -> None:
+        """Build the graph now, without data (later calls reuse it)."""
+        with self._user_errors():
+            self._function.get_concrete_function()
+
+    @contextmanager
+    def _user_errors(self) -> Iterator[None]:
         try:
-            return compiled(*args)
+            yield
         except EngineError as exc:
             raised = exc.__context__
             if type(raised) is type(exc) and hasattr(exc, "ag_error_metadata"):
@@ -43,11 +57,8 @@ def _compiled(step: Callable, signature: list) -> Callable:
             found = _NUMERICS_FOUND.search(exc.message)
             if found is None:
                 raise
-            raise DataError(f"debug_add_check_numerics_ops: {found.group(1)} (in the "
-                            f"{step.__name__.strip('_')}). Check the data for Inf/NaN, or lower the learning "
-                            "rate.") from None
-
-    return call
+            raise DataError(f"debug_add_check_numerics_ops: {found.group(1)} (in the {self.name}). Check the "
+                            "data for Inf/NaN, or lower the learning rate.") from None
 
 
 # A step returns the score vector [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up.
@@ -74,10 +85,16 @@ class Steps:
         targets_spec = {k: tf.TensorSpec([None, None], tf.int32, name=k) for k in self.target_keys}
         target_lengths_spec = {k: tf.TensorSpec([None], tf.int32, name=f"{k}_len") for k in self.target_keys}
         signature = [data_spec, lengths_spec, targets_spec, target_lengths_spec]
-        self._train = _compiled(self._train_step, signature)
-        self._eval = _compiled(self._eval_step, signature)
-        self._forward = _compiled(self._forward_step, [data_spec, lengths_spec])
+        self._train = _CompiledStep(self._train_step, signature)
+        self._eval = _CompiledStep(self._eval_step, signature)
+        self._forward = _CompiledStep(self._forward_step, [data_spec, lengths_spec])
         self._input_dtype = data_spec.dtype.as_numpy_dtype
+
+    def trace(self, *steps: str) -> None:
+        """Build the graphs of ``steps`` ("train", "eval", "forward") now: the errors found while building
+        them then come with the model's (before any step, where all ranks agree on failure)."""
+        for name in steps:
+            getattr(self, f"_{name}").trace()
 
     # ----- graph functions -----
     def _scores(self, losses) -> tf.Tensor:
