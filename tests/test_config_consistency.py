@@ -56,6 +56,7 @@ def fingerprints(config):
     return {key: _fingerprint(config.value(key)) for key in config.keys()}
 
 
+@pytest.mark.tf_latest
 def test_two_loads_of_a_config_with_lambdas_have_equal_fingerprints(tmp_path):
     a, b = load(tmp_path, RECIPE % "1", "a.config"), load(tmp_path, RECIPE % "1", "b.config")
     assert a.value("_hooks")["pre"] is not b.value("_hooks")["pre"]  # different objects, addresses
@@ -63,6 +64,7 @@ def test_two_loads_of_a_config_with_lambdas_have_equal_fingerprints(tmp_path):
     assert "0x" not in "".join(fingerprints(a).values())
 
 
+@pytest.mark.tf_latest
 def test_a_real_difference_changes_the_fingerprint(tmp_path):
     a = fingerprints(load(tmp_path, RECIPE % "1", "a.config"))
     b = fingerprints(load(tmp_path, RECIPE % "2", "b.config"))
@@ -81,6 +83,7 @@ class Slotted:
         self.a = a
 
 
+@pytest.mark.tf_latest
 def test_objects_by_type_and_attributes_functions_by_code():
     assert _fingerprint(Point(1, [2])) == _fingerprint(Point(1, [2])) != _fingerprint(Point(1, [3]))
     assert _fingerprint(Slotted(1)) == _fingerprint(Slotted(1)) != _fingerprint(Slotted(2))
