@@ -103,7 +103,10 @@ _section(
     ("horovod_avg_grad", "bool", False, "grad mode: average instead of sum (horovod_grad_normalization)"),
     ("horovod_grad_normalization", "str", None, "grad mode: sum | average | global_frames", "sum"),
     ("distributed_backend", "str", "auto", "auto | horovod | mpi"),
-    ("distributed_stall_timeout", "float", None, "abort the job when a collective waits longer (seconds)"),
+    ("distributed_stall_warning", "float", 60.0,
+     "seconds a rank may wait in a collective before a warning names the ranks it waits for (0: none)"),
+    ("distributed_stall_timeout", "float", 300.0,
+     "seconds a rank may wait in a collective before the job ends, naming those ranks (0: wait forever)"),
 )
 
 KEYS: dict[str, Key] = {key.name: key for key in _KEYS}

@@ -12,9 +12,9 @@ import socket
 import numpy as np
 
 from engine import process
-from engine.distributed import (ParamAverage, ParamSyncSchedule, broadcast_initial, check_config_consistency,
-                                create_communicator, helpers, horovod_import_error, install_failure_handler,
-                                reduce_scores, step_signal)
+from engine.distributed import (ParamAverage, ParamSyncSchedule, StallLimits, broadcast_initial,
+                                check_config_consistency, create_communicator, helpers, horovod_import_error,
+                                install_failure_handler, reduce_scores, step_signal)
 from engine.errors import ConfigError, DistributedError
 
 SHAPES = [(), (0,), (3, 0), (7,), (5, 3), (1000,), (333, 17), (300_007,)] + [(1 + i % 5,) for i in range(60)]
@@ -120,6 +120,11 @@ def check_objects(comm) -> None:
     obj = comm.broadcast_object({"from": comm.rank, "data": list(range(comm.rank + 3))}, root=comm.size - 1)
     assert obj == {"from": comm.size - 1, "data": list(range(comm.size + 2))}
     assert comm.allgather_object(("rank", comm.rank)) == [("rank", r) for r in range(comm.size)]
+    root = comm.size - 1
+    gathered = comm.gather_object({"rank": comm.rank}, root=root)
+    assert gathered == ([{"rank": r} for r in range(comm.size)] if comm.rank == root else None), gathered
+    parts = [f"part {r}" for r in range(comm.size)] if comm.rank == root else None
+    assert comm.scatter_object(parts, root=root) == f"part {comm.rank}"
     comm.barrier()
 
 
@@ -261,7 +266,7 @@ def main() -> None:
     parser.add_argument("--no-tf", action="store_true", help="skip the checks that need TensorFlow")
     parser.add_argument("--compare-with", help="also check bit-identical results against this backend")
     args = parser.parse_args()
-    comm = create_communicator(args.backend, stall_timeout=120)
+    comm = create_communicator(args.backend, StallLimits(timeout=120))
     assert comm.name == args.backend, f"asked for {args.backend}, got {comm.name}"
     process.set_communicator(comm)
     install_failure_handler()
