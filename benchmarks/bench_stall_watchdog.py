@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""What the stall watchdog costs per collective: the step signal (a 4-int allreduce, the engine's smallest
-and most frequent collective) with 2 ranks, with and without the watchdog.
+"""What the stall watchdog costs per collective.
 
     .venv/bin/python benchmarks/bench_stall_watchdog.py            # launches `mpirun -np 2` itself
 
-Two mpi-backend communicators live in each process, one with the default limits (each collective counted,
-announced to rank 0 with a non-blocking 64-byte message, collected there by the watchdog thread) and one
-without. They run the signal in interleaved rounds (the machine is noisy: compare the medians). Printed:
-microseconds per signal for each, and the difference, the watchdog's cost per collective.
+1. In one process: entering and leaving the watchdog's scopes of one step signal (the "step signal" guard
+   around the counted "allreduce" collective), which is all the watchdog adds to a collective that does
+   not wait long (no message is sent then).
+2. With 2 ranks: the step signal (a 4-int allreduce, the engine's smallest and most frequent collective)
+   on two mpi-backend communicators in each process, one with the default limits and one without, in
+   interleaved rounds (the machine is noisy: compare the medians).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+import timeit
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +31,23 @@ def launch(args: argparse.Namespace) -> int:
            "--map-by", "slot", "-np", "2", sys.executable, __file__, "--worker",
            "--rounds", str(args.rounds), "--signals", str(args.signals)]
     return subprocess.call(cmd, env=env, cwd=ROOT)
+
+
+def scope_cost(repeats: int = 200_000) -> float:
+    """Microseconds to enter and leave the scopes of one guarded step signal."""
+    from engine.distributed import StallLimits, Watchdog
+
+    dog = Watchdog(StallLimits(60, 300), lambda message, code: None, rank=1, size=2, start=False)
+
+    def guarded() -> None:
+        with dog.guard("step signal"), dog.collective("allreduce"):
+            pass
+
+    def bare() -> None:
+        pass
+
+    times = [timeit.timeit(f, number=repeats) for f in (guarded, bare) for _ in range(3)]
+    return (min(times[:3]) - min(times[3:])) / repeats * 1e6
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -47,6 +66,7 @@ def worker(args: argparse.Namespace) -> None:
                 step_signal(comm, True, False)
             times[name].append((time.perf_counter() - start) / args.signals * 1e6)
     if comms["without"].rank == 0:
+        print(f"watchdog scopes of one step signal, in one process: {scope_cost():.2f} us")
         medians = {name: statistics.median(values) for name, values in times.items()}
         for name, value in medians.items():
             print(f"step signal {name:>13}: {value:6.2f} us (median of {args.rounds} rounds of "

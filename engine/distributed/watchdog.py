@@ -20,11 +20,10 @@ that local deadline, at ``timeout``.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple, Protocol
+from typing import Callable, ContextManager, NamedTuple, Protocol
 
 from engine import log, process
 
@@ -84,32 +83,23 @@ class Watchdog:
             atexit.register(self.stop)  # before MPI is finalised (atexit runs the newest first)
 
     # ----- the main thread's side -----
-    @contextlib.contextmanager
-    def guard(self, what: str) -> Iterator[None]:
+    def guard(self, what: str) -> ContextManager[None]:
         """A block that waits for the other ranks; names the collectives inside it."""
-        outer = self._current
-        self._current = _Wait(f"{outer.what} ({what})", outer.entered, outer.count) if outer is not None \
-            else _Wait(what, self._clock(), self._count)
-        try:
-            yield
-        finally:
-            self._current = outer
+        return _Scope(self, what, counted=False)
 
-    @contextlib.contextmanager
-    def collective(self, name: str) -> Iterator[None]:
+    def collective(self, name: str) -> ContextManager[None]:
         """One collective call: counted, and guarded under its name."""
-        outer = self.enter(name)
-        try:
-            yield
-        finally:
-            self._current = outer
+        return _Scope(self, name, counted=True)
 
-    def enter(self, name: str) -> _Wait | None:
-        """Count a collective and start waiting in it; returns what ``leave`` needs."""
-        self._count += 1
+    def enter(self, name: str, counted: bool = True) -> _Wait | None:
+        """Start waiting in a collective (counted) or a named block; returns what ``leave`` needs."""
+        if counted:
+            self._count += 1
         outer = self._current
-        what = f"{outer.what} ({name})" if outer is not None else name
-        self._current = _Wait(what, outer.entered if outer is not None else self._clock(), self._count)
+        if outer is None:
+            self._current = _Wait(name, self._clock(), self._count)
+        else:
+            self._current = _Wait(f"{outer.what} ({name})", outer.entered, self._count if counted else outer.count)
         return outer
 
     def leave(self, outer: _Wait | None = None) -> None:
@@ -183,6 +173,21 @@ class Watchdog:
     def _end(self, message: str) -> None:
         self._stopped.set()
         self._abort(process.prefix_lines(message), 1)
+
+
+class _Scope:
+    """``with``-block of ``guard``/``collective``: a plain class, 3x cheaper than a generator context."""
+
+    __slots__ = ("_dog", "_name", "_counted", "_outer")
+
+    def __init__(self, dog: Watchdog, name: str, counted: bool) -> None:
+        self._dog, self._name, self._counted = dog, name, counted
+
+    def __enter__(self) -> None:
+        self._outer = self._dog.enter(self._name, self._counted)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._dog.leave(self._outer)
 
 
 def _ranks(ranks: list[int]) -> str:

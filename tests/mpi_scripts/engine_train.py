@@ -1,6 +1,6 @@
 """Train through the engine's own API and record what each rank saw, for the engine tests.
 
-    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill] [fail_rank=R] [fail_step=S]
+    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill|stall] [fail_rank=R] [fail_step=S]
 
 Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
 step and (where a sync followed) after the sync, so tests can compare ranks and runs.
@@ -9,6 +9,7 @@ import ast
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -47,6 +48,8 @@ def main() -> None:
                     raise RuntimeError(f"injected failure in train step {self.count} on rank {rank}")
                 if fail == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if fail == "stall":
+                    time.sleep(600)  # alive, but never joins the step's gradient reduction
             scores = super().train(batch)
             trace["after_step"].append(self.checksum())
             self.count += 1
