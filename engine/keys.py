@@ -58,7 +58,8 @@ _section(
     ("network", "any", None, "layer dict (linear, rec, softmax, dropout, copy)"),
     ("get_model", "any", None, "config function returning a Keras model or tf.Module"),
     ("get_network", "any", None, "config function get_network(epoch=...) returning a layer dict"),
-    ("random_seed", "int", 42, "seed for parameters and data order"),
+    ("random_seed", "int", 42,
+     "seeds the initial parameters, dropout and the train data's order (42: RETURNN's order)"),
     ("device", "str", "", "cpu | gpu", "GPU when present"),
 )
 _section(
@@ -81,6 +82,8 @@ _section(
     "checkpoints",
     ("model", "str", None, "checkpoint prefix; epoch N is saved as <model>.<NNN>"),
     ("save_interval", "int", 1, "save every N epochs (and at the end)"),
+    ("checkpoint_interval", "any", "30 min",
+     "checkpoints within an epoch: N or 'N steps', 'M min', 'H h'; 0: none (resume: next batch)"),
     ("start_epoch", "any", "auto", "auto: resume after the newest checkpoint; or an epoch >= 1"),
     ("load", "str", None, "checkpoint to load (initialisation for train; the model for eval/forward)"),
     ("load_epoch", "int", None, "eval/forward: load <model>.<load_epoch>", "the newest"),

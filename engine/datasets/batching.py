@@ -116,8 +116,9 @@ def plan_batches(lengths: np.ndarray, *, batch_size: int, max_seqs: int = -1,
 
 
 def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0,
-                     shard_size: int = 1) -> Iterator[Batch]:
+                     shard_size: int = 1, skip: int = 0) -> Iterator[Batch]:
     """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
+    ``skip``: the first batches of the epoch's plan are already trained (a resumed epoch); not read.
 
     Planning happens now (lengths only, bad options raise here); data is read as the iterator advances."""
     if not 0 <= shard_rank < shard_size:
@@ -133,7 +134,7 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if oversized:
         log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {options.batch_size}; each got "
                     "a batch of its own.")
-    return _materialise(dataset, lengths, batches[shard_rank::shard_size])
+    return _materialise(dataset, lengths, batches[skip:][shard_rank::shard_size])
 
 
 def _materialise(dataset: Dataset, lengths: np.ndarray, batches: list[np.ndarray]) -> Iterator[Batch]:

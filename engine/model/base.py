@@ -103,7 +103,9 @@ class SeqModel(tf.Module):
     def trainable_variables(self) -> tuple[tf.Variable, ...]:
         return tuple(self.named_trainable_variables().values())
 
-    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False) -> dict[str, tf.Tensor]:
+    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
+                 seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        """``seed``: int64 (2,), the key of the random numbers (dropout) of this call in training."""
         raise NotImplementedError
 
     def compute_losses(

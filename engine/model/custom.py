@@ -118,8 +118,9 @@ class CustomModel(SeqModel):
     def named_variables(self) -> dict[str, tf.Variable]:
         return self._named
 
-    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False) -> dict[str, tf.Tensor]:
-        kwargs: dict[str, Any] = {}
+    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
+                 seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        kwargs: dict[str, Any] = {}  # the user's model draws its own random numbers: no seed to pass
         if self._pass_training:
             kwargs["training"] = training
         if self._pass_lengths:

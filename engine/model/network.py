@@ -143,6 +143,7 @@ class NetworkModel(SeqModel):
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="network"
         )
         self.specs = parse_network(network)
+        self.random_seed = random_seed
         self.order = build_order(self.specs)
         dims = {"data": input_dim}
         self.layers: dict[str, Layer] = {}
@@ -186,7 +187,8 @@ class NetworkModel(SeqModel):
             f"{name}/{key}": var for name, layer in self.layers.items() for key, var in layer.params.items()
         }
 
-    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False) -> dict[str, tf.Tensor]:
+    def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
+                 seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         lengths = tf.cast(lengths, tf.int32)
         mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(data)[1]))  # (T, B)
         if self.input_sparse:
@@ -195,10 +197,13 @@ class NetworkModel(SeqModel):
         else:
             x = tf.transpose(tf.cast(data, tf.float32), [1, 0, 2])
             x = tf.where(mask[:, :, None], x, tf.zeros_like(x))  # keep garbage (inf/nan) out of the math
+        if seed is None:
+            seed = tf.constant([self.random_seed, 0], tf.int64)
         outs = {"data": x}
         result = {}
-        for name, layer in self.layers.items():
-            y = layer(self._layer_input(name, outs, training), lengths, training)
+        for index, (name, layer) in enumerate(self.layers.items()):
+            layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
+            y = layer(self._layer_input(name, outs, training, layer_seed), lengths, training)
             outs[name] = y
             if isinstance(layer, Softmax):
                 result[f"{name}:logits"] = _batch_major(y)
@@ -206,7 +211,7 @@ class NetworkModel(SeqModel):
             result[name] = _batch_major(y)
         return result
 
-    def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
+    def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool, seed: tf.Tensor) -> tf.Tensor:
         spec = self.specs[name]
         if self.layers[name].sparse_input:
             return outs["data"]
@@ -219,7 +224,7 @@ class NetworkModel(SeqModel):
         x = parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
         rate = float(spec.opts.get("dropout", 0.0))
         if training and rate > 0.0:
-            x = tf.nn.dropout(x, rate=rate)
+            x = tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)
         return x
 
     def compute_losses(

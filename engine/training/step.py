@@ -3,7 +3,8 @@
 Each is one ``tf.function`` with an input signature of unknown batch and time, so batches of any shape
 run the same graph. Between the gradients and the update, the train step hands the gradients and the
 step's score sums to the strategy (``engine.distributed.strategy``), which reduces them over the ranks
-or not: the step itself never knows the data-parallel mode.
+or not: the step itself never knows the data-parallel mode. Dropout is stateless, keyed by
+(``random_seed``, the global step) and the rank, so a resumed run draws the same masks.
 """
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from engine.model.base import SeqModel
 from engine.training.updater import Updater
 
 # A step returns the score vector [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up.
+DROPOUT_STREAM = 0x64726F70  # keeps dropout's random numbers apart from other users of the step's seed
+
+
+def fold_in(seed: tf.Tensor, data: int) -> tf.Tensor:
+    return tf.random.experimental.stateless_fold_in(seed, data)
 
 
 class Steps:
@@ -29,6 +35,7 @@ class Steps:
             raise ConfigError("horovod_grad_normalization = 'global_frames' divides the summed gradient by "
                               "the frames of one target, but the network's losses use several targets "
                               f"({', '.join(sorted(model.loss_targets))}). Use 'sum' or 'average'.")
+        self.rank = strategy.comm.rank if strategy is not None else 0
         self.params = list(model.trainable_variables)
         self.target_keys = sorted(model.target_dims)
         data_spec, lengths_spec = model.input_signature
@@ -45,8 +52,9 @@ class Steps:
         return tf.stack([losses.loss, losses.error, losses.num_frames])
 
     def _train_step(self, data, lengths, targets, target_lengths):
+        model_seed = fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank)  # own masks per rank
         with tf.GradientTape() as tape:
-            outputs = self.model(data, lengths, training=True)
+            outputs = self.model(data, lengths, training=True, seed=model_seed)
             losses = self.model.compute_losses(outputs, targets, target_lengths)
         differentiated = losses.loss if self.strategy.differentiates_loss_sum else losses.objective
         grads = tape.gradient(differentiated, self.params)

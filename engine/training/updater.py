@@ -154,6 +154,7 @@ class Updater:
         *,
         learning_rate: float = 1.0,
         clip_global_norm: float | None = None,
+        random_seed: int = 0,
     ) -> None:
         if isinstance(variables, dict):
             names, self.vars = list(variables), list(variables.values())
@@ -162,6 +163,7 @@ class Updater:
             names = [f"{i:03d}:{v.name.split(':')[0]}" for i, v in enumerate(self.vars)]
         self.optimizer = optimizer
         self.clip_global_norm = clip_global_norm
+        self.random_seed = int(random_seed)
         self._lr = tf.Variable(float(learning_rate), trainable=False, dtype=tf.float32, name="learning_rate")
         self.iterations = tf.Variable(0, trainable=False, dtype=tf.int64, name="iterations")
         self.slots: list[dict[str, tf.Variable]] = []
@@ -177,7 +179,7 @@ class Updater:
     @classmethod
     def from_config(cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable]) -> "Updater":
         """Keys: ``optimizer`` [adam], ``learning_rate`` [1.0] (the loop sets each epoch's rate with
-        ``set_learning_rate``), ``gradient_clip_global_norm`` [none]."""
+        ``set_learning_rate``), ``gradient_clip_global_norm`` [none], ``random_seed`` (``step_seed``)."""
         clip = config.float("gradient_clip_global_norm")
         if clip is not None and clip <= 0:
             clip = None  # RETURNN configs use 0 for "off"
@@ -186,6 +188,7 @@ class Updater:
             optimizer_from_config(config.typed("optimizer")),
             learning_rate=config.float("learning_rate"),
             clip_global_norm=clip,
+            random_seed=config.int("random_seed"),
         )
 
     @property
@@ -202,6 +205,11 @@ class Updater:
     @property
     def variables(self) -> list[tf.Variable]:
         return list(self._named.values())
+
+    def step_seed(self) -> tf.Tensor:
+        """int64 (2,): (random_seed, updates done so far), the key of this step's random numbers. Saved
+        with the optimizer state (``iterations``), so a resumed run draws the same numbers."""
+        return tf.stack([tf.constant(self.random_seed, tf.int64), tf.convert_to_tensor(self.iterations)])
 
     def apply_gradients(
         self, grads: Sequence[tf.Tensor | None], variables: Sequence[tf.Variable] | None = None

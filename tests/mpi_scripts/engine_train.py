@@ -1,9 +1,13 @@
 """Train through the engine's own API and record what each rank saw, for the engine tests.
 
-    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill|stall] [fail_rank=R] [fail_step=S]
+    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill|stall|SIGUSR1|SIGUSR2|SIGTERM]
+        [fail_rank=R] [fail_step=S] [fail_once=MARKER_FILE]
 
 Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
-step and (where a sync followed) after the sync, so tests can compare ranks and runs.
+step and (where a sync followed) after the sync, so tests can compare ranks and runs. A signal name as
+``fail`` makes rank R send itself that signal in its step S (counted from 0 in this process); with
+``fail_once`` only if MARKER_FILE does not exist yet (it is created then), so a restarted job runs through.
+A run stopped on request exits with 99 and writes nothing.
 """
 import ast
 import os
@@ -16,6 +20,7 @@ import numpy as np
 from engine import log, process
 from engine.config import Config
 from engine.distributed.strategy import ParamAverage
+from engine.errors import RESUMABLE_EXIT_CODE, TrainingStopped
 from engine.tasks.train import run_train
 from engine.training import step as step_module
 
@@ -43,7 +48,12 @@ def main() -> None:
 
         def train(self, batch):
             rank = process.rank()
-            if rank == fail_rank and self.count == fail_step:
+            once = opts.get("fail_once")
+            if rank == fail_rank and self.count == fail_step and not (once and os.path.exists(once)):
+                if once:
+                    open(once, "w").close()
+                if fail in ("SIGUSR1", "SIGUSR2", "SIGTERM"):
+                    os.kill(os.getpid(), signal.Signals[fail])
                 if fail == "step":
                     raise RuntimeError(f"injected failure in train step {self.count} on rank {rank}")
                 if fail == "kill":
@@ -68,7 +78,10 @@ def main() -> None:
     train_module.Steps = RecordingSteps
     if fail == "loader":
         _break_loader(fail_rank, fail_step)
-    run_train(config)
+    try:
+        run_train(config)
+    except TrainingStopped:
+        sys.exit(RESUMABLE_EXIT_CODE)
     steps = recorded["steps"]
     np.savez(os.path.join(out_dir, f"rank{process.rank()}.npz"), params=steps.checksum(),
              after_step=np.array(trace["after_step"]), after_sync=np.array(trace["after_sync"]),
