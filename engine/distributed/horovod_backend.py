@@ -103,11 +103,10 @@ class HorovodCommunicator(MPICommunicator):
 def _set_horovod_stall_check(stall: StallLimits) -> None:
     """Horovod's own stall check from the same limits (an explicit HOROVOD_STALL_* variable wins).
 
-    It covers the reductions inside a tf.function, which Horovod runs in its background thread: the warning
-    lists the missing ranks and the tensors they owe. Its shutdown comes ``grace`` seconds after the
-    watchdog's end of the job, which names the ranks in one message; it is the fallback when rank 0 is
-    frozen. Horovod reads these variables in ``hvd.init``."""
-    shutdown = max(1, round(stall.timeout + stall.grace)) if stall.timeout else None
+    Its warning lists the missing ranks and the tensors they owe. Its shutdown comes after the watchdog's
+    ends of the job (rank 0's at ``timeout``, the others' at ``timeout + grace``), which name the ranks in
+    one message, so it is only a last resort. Horovod reads these variables in ``hvd.init``."""
+    shutdown = max(1, round(stall.timeout + 2 * stall.grace)) if stall.timeout else None
     warning = max(1, round(stall.warning)) if stall.warning else shutdown
     if warning is None:
         os.environ.setdefault("HOROVOD_STALL_CHECK_DISABLE", "1")

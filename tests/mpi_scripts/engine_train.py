@@ -7,7 +7,7 @@ Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a param
 step and (where a sync followed) after the sync, so tests can compare ranks and runs. A signal name as
 ``fail`` makes rank R send itself that signal in its step S (counted from 0 in this process); with
 ``fail_once`` only if MARKER_FILE does not exist yet (it is created then), so a restarted job runs through.
-A run stopped on request exits with 99 and writes nothing.
+A run stopped on request exits with 99 and writes nothing; other engine errors end it as in rnn.py.
 """
 import ast
 import os
@@ -20,7 +20,8 @@ import numpy as np
 from engine import log, process
 from engine.config import Config
 from engine.distributed.strategy import ParamAverage
-from engine.errors import RESUMABLE_EXIT_CODE, TrainingStopped
+from engine.distributed import fail as fail_job
+from engine.errors import EngineError
 from engine.tasks.train import run_train
 from engine.training import step as step_module
 
@@ -80,8 +81,8 @@ def main() -> None:
         _break_loader(fail_rank, fail_step)
     try:
         run_train(config)
-    except TrainingStopped:
-        sys.exit(RESUMABLE_EXIT_CODE)
+    except EngineError as exc:  # as rnn.py ends: one message (none for a stop), the error's exit code
+        fail_job(exc)
     steps = recorded["steps"]
     np.savez(os.path.join(out_dir, f"rank{process.rank()}.npz"), params=steps.checksum(),
              after_step=np.array(trace["after_step"]), after_sync=np.array(trace["after_sync"]),
