@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def launch(args: argparse.Namespace) -> int:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONUNBUFFERED="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     cmd = [str(Path(sys.executable).parent / "mpirun"), "--oversubscribe", "--bind-to", "none",
            "--map-by", "slot", "-np", "2", sys.executable, __file__, "--worker",
@@ -75,7 +76,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--signals", type=int, default=2000)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

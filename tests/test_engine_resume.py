@@ -31,7 +31,8 @@ STEPS_PER_EPOCH = 6  # per rank, 2 ranks sharding 12 batches; 12 per rank with r
 
 def config(folder, mode: str) -> dict:
     values = {
-        "train": {"class": "Task12AXDataset", "num_seqs": 48, "fixed_random_seed": 1, "seq_ordering": "random"},
+        "train": {"class": "Task12AXDataset", "num_seqs": 48, "fixed_random_seed": 1,
+                  "seq_ordering": "random"},
         "dev": {"class": "Task12AXDataset", "num_seqs": 8, "fixed_random_seed": 2},
         "network": NETWORK, "optimizer": {"class": "adam"}, "learning_rate": 0.02,
         "learning_rate_control": "newbob", "newbob_relative_error_threshold": 0.5,  # decays every epoch
@@ -71,7 +72,8 @@ def assert_equal_runs(resumed, reference, exact: bool = True) -> None:
         if exact:
             np.testing.assert_array_equal(resumed[rank]["params"], reference[rank]["params"])
         else:
-            np.testing.assert_allclose(resumed[rank]["params"], reference[rank]["params"], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(resumed[rank]["params"], reference[rank]["params"], rtol=1e-6,
+                                       atol=1e-7)
 
 
 def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[list, str, str]:
@@ -81,7 +83,8 @@ def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[lis
     assert len(lines) == 1, stopped
     assert f"{signal_name} received by rank 1; saved checkpoint {folder}/net." in lines[0], stopped
     saved = lines[0].split("saved checkpoint ")[1].split(" ")[0]
-    assert os.path.isfile(saved) and lines[0].endswith("exiting with code 99: run the same command to resume.")
+    assert os.path.isfile(saved), stopped
+    assert lines[0].endswith("exiting with code 99: run the same command to resume."), stopped
     mid_epoch = sorted(name for name in os.listdir(folder) if ".step" in name)
     assert mid_epoch == ([os.path.basename(saved)] if ".step" in saved else []), mid_epoch  # older: removed
     resumed, output = train(folder, values)
@@ -89,7 +92,8 @@ def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[lis
 
 
 @pytest.mark.parametrize("mode", ["grad", "param"])
-def test_a_run_stopped_by_sigusr1_on_one_rank_resumes_at_the_next_batch_bitwise_equal(tmp_path, reference, mode):
+def test_a_run_stopped_by_sigusr1_on_one_rank_resumes_at_the_next_batch_bitwise_equal(tmp_path, reference,
+                                                                                       mode):
     # rank 1 gets SIGUSR1 in its 10th step: all ranks save the state after it and exit 99
     resumed, stopped, output = stop_and_resume(tmp_path, mode, "SIGUSR1", step=9)
     assert "(epoch 2, step 4 of the epoch)" in stopped, stopped
@@ -122,7 +126,8 @@ def test_supervise_restarts_a_job_whose_rank_was_sigkilled_and_it_ends_bitwise_e
     result = run([str(BIN / "supervise"), "--backoff", "0.1", "--", *command], timeout=400)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"killed in step {step}:\n{output}"
-    assert os.path.exists(tmp_path / "killed") and "(128 + SIGKILL) (attempt 1 of 4); restart 1 of 3" in output
+    assert os.path.exists(tmp_path / "killed")
+    assert "(128 + SIGKILL) (attempt 1 of 4); restart 1 of 3" in output, output
     resumes = output.count("resuming in epoch") + output.count("resuming after epoch")
     assert resumes == (1 if step >= 4 else 0), output  # the first checkpoint comes after step 4
     resumed = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]

@@ -25,8 +25,8 @@ def test_a_stalled_rank_is_named_then_ends_the_training_job(tmp_path, backend):
     # rank 1 stalls before its third step; rank 0 waits in that step's gradient reduction. (A warning after
     # 1 s may also name a rank that was merely slow earlier, e.g. while tracing the step.)
     assert output.count("error:") == 1, output
-    error = re.search(r"\[rank 0\] error: rank 1 did not reach collective #(\d+) 'allreduce in a tf.function' "
-                      r"within 4 s \(distributed_stall_timeout\), where rank 0 waits", output)
+    error = re.search(r"\[rank 0\] error: rank 1 did not reach collective #(\d+) 'allreduce in a "
+                      r"tf.function' within 4 s \(distributed_stall_timeout\), where rank 0 waits", output)
     assert error, output
     assert output.count(f"stall: rank 1 has not reached collective #{error.group(1)} 'allreduce in a "
                         "tf.function' after 1 s; rank 0 waits there") == 1, output

@@ -77,8 +77,8 @@ def test_resume_point_prefers_a_mid_epoch_checkpoint_newer_than_the_newest_epoch
 
 def test_a_save_removes_older_mid_epoch_checkpoints_and_killed_saves_temp_files(tmp_path):
     prefix = str(tmp_path / "net")
-    names = ["net.001", "net.002.step10", "net.002.step12", ".net.002.step14.k2j4_x9a.tmp", ".net.003.ab12cd.tmp",
-             ".lr.txt.qq11ee.tmp", "net.002.step12.txt", "netx.002.step3"]
+    names = ["net.001", "net.002.step10", "net.002.step12", ".net.002.step14.k2j4_x9a.tmp",
+             ".net.003.ab12cd.tmp", ".lr.txt.qq11ee.tmp", "net.002.step12.txt", "netx.002.step3"]
     for name in names:
         (tmp_path / name).write_bytes(b"x")
     keep = mid_epoch_path(prefix, 2, 12)
@@ -92,7 +92,8 @@ def test_a_save_removes_older_mid_epoch_checkpoints_and_killed_saves_temp_files(
 
 def one_process_config(folder, **overrides) -> dict:
     values = {
-        "train": {"class": "Task12AXDataset", "num_seqs": 40, "fixed_random_seed": 1, "seq_ordering": "laplace:4"},
+        "train": {"class": "Task12AXDataset", "num_seqs": 40, "fixed_random_seed": 1,
+                  "seq_ordering": "laplace:4"},
         "dev": {"class": "Task12AXDataset", "num_seqs": 8, "fixed_random_seed": 2},
         "network": {"lstm": {"class": "rec", "unit": "lstm", "n_out": 6, "dropout": 0.3},
                     "output": {"class": "softmax", "loss": "ce", "from": "lstm"}},
@@ -115,16 +116,17 @@ def test_one_process_stop_and_exact_resume_without_a_learning_rate_file(tmp_path
     """newbob without learning_rate_file: its history comes back from the checkpoint."""
     reference, _ = train_one(tmp_path / "reference", one_process_config(tmp_path / "reference"))
     values = one_process_config(tmp_path / "stopped")
-    _, output = train_one(tmp_path / "stopped", values, "fail=SIGTERM", "fail_rank=0", "fail_step=13", expect=99)
+    _, output = train_one(tmp_path / "stopped", values, "fail=SIGTERM", "fail_rank=0", "fail_step=13",
+                          expect=99)
     assert output.count("stopping on request: SIGTERM received by rank 0; saved checkpoint") == 1, output
     resumed, output = train_one(tmp_path / "stopped", values)
     assert "resuming in epoch 2 at global step 14" in output, output
     np.testing.assert_array_equal(resumed["params"], reference["params"])
 
-    changed = dict(values, batch_size=150)  # another batch plan: the position means nothing there
-    _, output = train_one(tmp_path / "changed", dict(changed, model=str(tmp_path / "changed" / "net")),
-                          "fail=SIGTERM", "fail_rank=0", "fail_step=3", expect=99)
-    _, output = train_one(tmp_path / "changed", dict(values, model=str(tmp_path / "changed" / "net")), expect=2)
+    other = dict(values, model=str(tmp_path / "changed" / "net"))
+    changed = dict(other, batch_size=150)  # another batch plan: the position means nothing there
+    _, output = train_one(tmp_path / "changed", changed, "fail=SIGTERM", "fail_rank=0", "fail_step=3", expect=99)
+    _, output = train_one(tmp_path / "changed", other, expect=2)
     assert "taken 4 steps into a different batch plan than this run makes" in output, output
     assert "Traceback" not in output
 

@@ -76,8 +76,9 @@ def dataset_from_config(config: Config, key: str, *, random_seed_offset: int = 0
 
 def train_order_seed_shift(random_seed: int) -> int:
     """What ``random_seed`` adds to the train data's ordering seed (``epoch + random_seed_offset``): 0 for
-    the default 42 (RETURNN's too), so a RETURNN config orders its data as RETURNN does; another seed, another order (and
-    other generated data) in every epoch. A dataset with ``fixed_random_seed`` keeps its own."""
+    the default 42 (RETURNN's too), so a RETURNN config orders its data as RETURNN does; another seed,
+    another order (and other generated data) in every epoch. A dataset with ``fixed_random_seed`` keeps
+    its own."""
     return (int(random_seed) - keys.default("random_seed")) * ORDER_SEED_STRIDE
 
 

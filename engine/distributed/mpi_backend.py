@@ -29,7 +29,7 @@ class MPICommunicator(Communicator):
     name = "mpi"
 
     def __init__(self, stall: StallLimits | None = None) -> None:
-        from mpi4py import MPI  # initialises MPI (thread level MULTIPLE: the watchdog thread receives, aborts)
+        from mpi4py import MPI  # initialises MPI (thread level MULTIPLE: the watchdog thread sends, aborts)
 
         self._mpi = MPI
         self._comm = MPI.COMM_WORLD

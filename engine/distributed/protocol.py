@@ -1,10 +1,11 @@
 """The collectives of the data-parallel step protocol (``docs/distributed-protocol.md``).
 
 Per step: ``step_signal`` (one small integer allreduce: who has data, who failed, who wants a parameter
-sync or a checkpoint, who received a stop signal) and, after it, ``raise_on_failure``, so no rank waits in a collective that a failed rank will
-never enter; ``agree_on_failure`` does the same between the phases of a task (loading, saving).
-``reduce_scores`` sums score vectors over ranks; ``broadcast_initial`` gives every rank rank 0's
-parameters before step 1. When each of them runs is the strategy's business (``strategy.py``).
+sync or a checkpoint, who received a stop signal) and, after it, ``raise_on_failure``, so no rank waits
+in a collective that a failed rank will never enter; ``agree_on_failure`` does the same between the
+phases of a task (loading, saving), ``agree_on_stop`` for stop signals between epochs. ``reduce_scores``
+sums score vectors over ranks; ``broadcast_initial`` gives every rank rank 0's parameters before step 1.
+When each of them runs is the strategy's business (``strategy.py``).
 """
 from __future__ import annotations
 

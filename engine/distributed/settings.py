@@ -106,7 +106,8 @@ def _grad_normalization(config: Any) -> str:
 
 
 def _stall_limits(config: Any) -> StallLimits:
-    """``distributed_stall_warning`` [60] and ``distributed_stall_timeout`` [300]: seconds, 0 or None: never."""
+    """``distributed_stall_warning`` [60] and ``distributed_stall_timeout`` [300], in seconds; 0 or None:
+    never."""
     seconds = []
     for key in STALL_KEYS:
         value = None if config.has(key) and config.typed(key) is None else config.float(key)

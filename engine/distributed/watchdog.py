@@ -74,7 +74,8 @@ class Watchdog:
             self._deadline_after = limits.timeout + (limits.grace if channel is not None and rank else 0.0)
         self._count = 0
         self._current: _Wait | None = None  # set and read atomically (one attribute)
-        self._reports: dict[int, tuple[int, float, str, float]] = {}  # rank 0: rank -> (count, waited, what, seen)
+        # rank 0: rank -> (count, waited, what, when received) of its newest report
+        self._reports: dict[int, tuple[int, float, str, float]] = {}
         self._warned_at = 0  # the collective already warned about
         self._stopped = threading.Event()
         self.poll = min([1.0] + [t / 4 for t in (limits.warning, limits.timeout) if t])
@@ -99,7 +100,8 @@ class Watchdog:
         if outer is None:
             self._current = _Wait(name, self._clock(), self._count)
         else:
-            self._current = _Wait(f"{outer.what} ({name})", outer.entered, self._count if counted else outer.count)
+            count = self._count if counted else outer.count
+            self._current = _Wait(f"{outer.what} ({name})", outer.entered, count)
         return outer
 
     def leave(self, outer: _Wait | None = None) -> None:
@@ -162,13 +164,14 @@ class Watchdog:
         if self._deadline_after != self.limits.timeout:
             return (f"error: '{what}' did not complete within {self._deadline_after:g} s "
                     f"(distributed_stall_timeout + {self.limits.grace:g} s), and rank 0, which names stalled "
-                    "ranks, did not end the job: rank 0 itself is probably not answering. Ending the MPI job.")
+                    "ranks, did not end the job: rank 0 itself is probably not answering. Ending the MPI "
+                    "job.")
         if self._monitor:
             return (f"error: '{what}' did not complete within {self.limits.timeout:g} s "
                     "(distributed_stall_timeout) although every rank entered it: a rank is stuck inside it, "
                     "or the ranks called different collectives. Ending the MPI job.")
-        return (f"error: '{what}' did not complete within {self.limits.timeout:g} s (distributed_stall_timeout)."
-                " Ending the job.")
+        return (f"error: '{what}' did not complete within {self.limits.timeout:g} s "
+                "(distributed_stall_timeout). Ending the job.")
 
     def _end(self, message: str) -> None:
         self._stopped.set()

@@ -211,7 +211,8 @@ class NetworkModel(SeqModel):
             result[name] = _batch_major(y)
         return result
 
-    def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool, seed: tf.Tensor) -> tf.Tensor:
+    def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
+                     seed: tf.Tensor) -> tf.Tensor:
         spec = self.specs[name]
         if self.layers[name].sparse_input:
             return outs["data"]

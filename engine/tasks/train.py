@@ -16,7 +16,8 @@ from engine.training.checkpoint import load_checkpoint
 from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
 from engine.training.report import hms
-from engine.training.resume import Checkpointer, find_resume_point
+from engine.training.checkpointer import Checkpointer
+from engine.training.resume import find_resume_point
 from engine.training.step import Steps
 from engine.training.updater import Updater
 

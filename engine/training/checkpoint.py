@@ -165,7 +165,8 @@ def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables, epo
 def _read_group(f: h5py.File, group_name: str) -> dict[str, np.ndarray]:
     if group_name not in f:
         return {}
-    return {key.replace("|", "/"): ds[()] for key, ds in f[group_name].items() if isinstance(ds, h5py.Dataset)}
+    return {key.replace("|", "/"): ds[()] for key, ds in f[group_name].items()
+            if isinstance(ds, h5py.Dataset)}
 
 
 def read_extras(path: str) -> tuple[dict[str, object], dict[str, dict[str, np.ndarray]]]:

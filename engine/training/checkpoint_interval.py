@@ -40,7 +40,8 @@ class CheckpointInterval:
             return cls()
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return cls(steps=value)
-        match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)?\s*", value) if isinstance(value, str) else None
+        number = r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)?\s*"
+        match = re.fullmatch(number, value) if isinstance(value, str) else None
         if match is None or (match.group(2) or "steps") not in _UNITS:
             raise ConfigError(f"Config key '{key}' is {value!r}; expected {_FORMS}.")
         number, unit = float(match.group(1)), _UNITS[match.group(2) or "steps"]

@@ -18,7 +18,8 @@ from engine.distributed.backend import Communicator
 from engine.distributed.protocol import agree_on_failure, sum_score_vectors
 from engine.distributed.strategy import NO_REQUESTS, Strategy
 from engine.training.report import EpochReport
-from engine.training.resume import Checkpointer, EpochStart
+from engine.training.checkpointer import Checkpointer
+from engine.training.resume import EpochStart
 from engine.training.step import Steps
 
 

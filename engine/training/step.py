@@ -52,7 +52,8 @@ class Steps:
         return tf.stack([losses.loss, losses.error, losses.num_frames])
 
     def _train_step(self, data, lengths, targets, target_lengths):
-        model_seed = fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank)  # own masks per rank
+        # dropout: other masks on every rank and at every step, the same again in a resumed run
+        model_seed = fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank)
         with tf.GradientTape() as tape:
             outputs = self.model(data, lengths, training=True, seed=model_seed)
             losses = self.model.compute_losses(outputs, targets, target_lengths)
