@@ -92,8 +92,7 @@ def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[lis
 
 
 @pytest.mark.parametrize("mode", ["grad", "param"])
-def test_a_run_stopped_by_sigusr1_on_one_rank_resumes_at_the_next_batch_bitwise_equal(tmp_path, reference,
-                                                                                       mode):
+def test_a_run_stopped_by_sigusr1_on_one_rank_resumes_at_the_next_batch_bitwise(tmp_path, reference, mode):
     # rank 1 gets SIGUSR1 in its 10th step: all ranks save the state after it and exit 99
     resumed, stopped, output = stop_and_resume(tmp_path, mode, "SIGUSR1", step=9)
     assert "(epoch 2, step 4 of the epoch)" in stopped, stopped

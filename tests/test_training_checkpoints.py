@@ -125,7 +125,8 @@ def test_one_process_stop_and_exact_resume_without_a_learning_rate_file(tmp_path
 
     other = dict(values, model=str(tmp_path / "changed" / "net"))
     changed = dict(other, batch_size=150)  # another batch plan: the position means nothing there
-    _, output = train_one(tmp_path / "changed", changed, "fail=SIGTERM", "fail_rank=0", "fail_step=3", expect=99)
+    _, output = train_one(tmp_path / "changed", changed, "fail=SIGTERM", "fail_rank=0", "fail_step=3",
+                          expect=99)
     _, output = train_one(tmp_path / "changed", other, expect=2)
     assert "taken 4 steps into a different batch plan than this run makes" in output, output
     assert "Traceback" not in output
