@@ -9,6 +9,8 @@
 2. With 2 ranks: the step signal (a 4-int allreduce, the engine's smallest and most frequent collective)
    on two mpi-backend communicators in each process, one with the default limits and one without, in
    interleaved rounds (the machine is noisy: compare the medians).
+3. With 2 ranks on Horovod (where it imports): a small in-graph reduction with and without the graph's
+   calls that tell the watchdog when it enters and leaves Horovod's collective.
 """
 from __future__ import annotations
 
@@ -73,6 +75,41 @@ def worker(args: argparse.Namespace) -> None:
             print(f"step signal {name:>13}: {value:6.2f} us (median of {args.rounds} rounds of "
                   f"{args.signals})")
         print(f"watchdog cost per collective: {medians['with watchdog'] - medians['without']:+.2f} us")
+    from engine.distributed import horovod_import_error
+
+    if horovod_import_error() is None:
+        horovod_in_graph(args)
+
+
+def horovod_in_graph(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+
+    from engine.distributed import StallLimits
+    from engine.distributed.horovod_backend import HorovodCommunicator
+
+    comm = HorovodCommunicator(StallLimits(warning=60, timeout=300))
+    watchdog = comm.watchdog
+    reductions = {}
+    for name, dog in (("with watchdog", watchdog), ("without", None)):
+        comm.watchdog = dog  # read while tracing: decides whether the graph reports to the watchdog
+        reductions[name] = tf.function(lambda t: comm.allreduce_tensors([t], "sum")[0])
+        reductions[name](tf.ones(4))
+    comm.watchdog = watchdog
+    times: dict[str, list[float]] = {name: [] for name in reductions}
+    calls = max(1, args.signals // 10)
+    for _ in range(args.rounds):
+        for name, reduce in reductions.items():
+            comm.barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                reduce(tf.ones(4))
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    if comm.rank == 0:
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        for name, value in medians.items():
+            print(f"horovod in-graph allreduce {name:>13}: {value:8.1f} us")
+        print(f"watchdog cost per in-graph Horovod collective: "
+              f"{medians['with watchdog'] - medians['without']:+.1f} us")
 
 
 def main() -> int:

@@ -109,12 +109,13 @@ def test_without_a_step_signal_a_stop_reaches_every_rank_and_resumes_bitwise_equ
 
 
 def test_horovod_run_stopped_by_sigusr2_resumes_equal(tmp_path, reference):
-    """With 2 ranks a sum does not depend on Horovod's fusion order, so this is exact too; see
-    docs/long-jobs.md for 3 and more ranks."""
+    """Compared with the uninterrupted run on the mpi backend: with 2 ranks the backends agree bit for bit,
+    and a sum of 2 does not depend on Horovod's fusion order, so this is exact too (see
+    docs/long-jobs.md for 3 and more ranks)."""
     resumed, stopped, output = stop_and_resume(tmp_path, "horovod", "SIGUSR2", step=3)
     assert "(epoch 1, step 4 of the epoch)" in stopped, stopped
-    assert_equal_runs(resumed, reference("horovod"), exact=False)
-    assert_equal_runs(resumed, reference("horovod"))
+    assert_equal_runs(resumed, reference("grad"), exact=False)
+    assert_equal_runs(resumed, reference("grad"))
 
 
 def test_supervise_restarts_a_job_whose_rank_was_sigkilled_and_it_ends_bitwise_equal(tmp_path, reference):
