@@ -79,8 +79,10 @@ class Watchdog:
         self._warned_at = 0  # the collective already warned about
         self._stopped = threading.Event()
         self.poll = min([1.0] + [t / 4 for t in (limits.warning, limits.timeout) if t])
+        self._thread: threading.Thread | None = None
         if start and limits.enabled:
-            threading.Thread(target=self._run, name="stall-watchdog", daemon=True).start()
+            self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
+            self._thread.start()
             atexit.register(self.stop)  # before MPI is finalised (atexit runs the newest first)
 
     # ----- the main thread's side -----
@@ -108,7 +110,10 @@ class Watchdog:
         self._current = outer
 
     def stop(self) -> None:
+        """End the watchdog thread, and wait for it: it must not be inside an MPI call when MPI ends."""
         self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
 
     # ----- the watchdog thread -----
     def _run(self) -> None:
