@@ -137,7 +137,11 @@ def check_step_signal(comm) -> None:
     sig = step_signal(comm, have_more_data=True, had_error=comm.rank in (0, last),
                       want_param_sync=comm.rank == last)
     assert sig.any_error and sig.failed_ranks == tuple(sorted({0, last}))
-    assert sig.param_sync and sig.all_have_data
+    assert sig.param_sync and sig.all_have_data and not sig.checkpoint and sig.stop_requests == ()
+    # one rank's clock says a checkpoint is due, another got SIGUSR2 (12): every rank learns both
+    sig = step_signal(comm, have_more_data=True, had_error=False, want_checkpoint=comm.rank == 0,
+                      stop_signal=12 if comm.rank == last else 0)
+    assert sig.checkpoint and sig.stop_requests == ((last, 12),) and not sig.any_error
     batches, steps = iter(range(5 + 2 * comm.rank)), 0  # rank 0 runs out first, after 5 batches
     while step_signal(comm, have_more_data=next(batches, None) is not None, had_error=False).all_have_data:
         steps += 1
