@@ -164,3 +164,54 @@ def test_config_errors():
         LearningRateControl.from_config(Config({"learning_rates": "fast"}))
     with pytest.raises(ConfigError, match="cannot be read"):
         LearningRateControl(filename="/nonexistent/lr").load()
+
+
+def test_newbob_multi_epoch_averages_relative_changes_at_update_epochs():
+    control = LearningRateControl.from_config(Config({
+        "learning_rate_control": "newbob_multi_epoch", "learning_rate": 1.0, "newbob_multi_num_epochs": 2}))
+    # defaults to newbob_multi_num_epochs: decides at epochs 1, 3, 5, ...
+    assert control.multi_update_interval == 2
+    # epoch 3: (9-10)/9 = -0.111 keep; epoch 5: mean((8.9-9)/8.9, (8.85-8.9)/8.85) = -0.00844 > -0.01 decay;
+    # epoch 7: mean((8.8-8.85)/8.8, (7-8.8)/7) = -0.131 keep; even epochs carry the rate on
+    assert run_epochs(control, [10, 9, 8.9, 8.85, 8.8, 7.0, 6.0]) == [1, 1, 1, 1, 0.5, 0.5, 0.5]
+
+
+def test_newbob_multi_epoch_grows_below_the_grow_threshold_and_clamps_decay():
+    control = LearningRateControl(
+        "newbob_multi_epoch", default_learning_rate=1.0, multi_num_epochs=1, multi_update_interval=1,
+        growth=1.5, grow_threshold=-0.1, min_learning_rate=0.6)
+    # epoch 3: -0.25 grow; 4: -0.0127 keep; 5: 0 decay; 6: (5-7.9)/5 = -0.58 grow; 7: 0 decay to 0.5625 -> 0.6
+    rates = run_epochs(control, [10, 8, 7.9, 7.9, 5, 5, 4])
+    assert rates == pytest.approx([1, 1, 1.5, 1.5, 0.75, 1.125, 0.6])
+    with pytest.raises(ConfigError, match="grow_threshold .* is above"):
+        LearningRateControl("newbob_multi_epoch", grow_threshold=0.1)
+    with pytest.raises(ConfigError, match="'newbob_multi_num_epochs' must be an integer >= 1"):
+        LearningRateControl("newbob_multi_epoch", multi_num_epochs=0)
+
+
+def test_relative_change_options_and_min_epochs_per_new_rate():
+    control = LearningRateControl.from_config(Config({
+        "learning_rate_control": "newbob", "learning_rate": 1.0, "newbob_relative_error_div_by_old": True,
+        "learning_rate_control_relative_error_relative_lr": True,
+        "learning_rate_control_min_num_epochs_per_new_lr": 2}))
+    # epoch 3: (9.9005-10)/10 = -0.00995 > -0.01 decay (divided by the new score it would be -0.01005: keep);
+    # epoch 4: the new rate ran 1 epoch: keep; epoch 5: (8.946-9)/9 = -0.006, / (0.5 / 1.0) = -0.012 keep;
+    # epoch 6: 0 decay; epoch 7: the new rate ran 1 epoch: keep
+    rates = run_epochs(control, [10, 9.9005, 9.0, 8.946, 8.946, 8.0, 7.0])
+    assert rates == [1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25]
+    by_new = LearningRateControl("newbob", default_learning_rate=1.0)
+    assert run_epochs(by_new, [10, 9.9005, 9.0]) == [1.0, 1.0, 1.0]
+
+
+def test_error_key_as_returnn_chooses_it():
+    control = LearningRateControl(error_measure=["dev_error"])
+    for scores, key in [({"dev_error_output": 1.0, "dev_score": 2.0}, "dev_error_output"),
+                        ({"dev_score_output": 1.0, "dev_error": 2.0}, "dev_error"),
+                        ({"train_score": 1.0, "dev_score_output/output_x": 2.0, "dev_a": 3.0},
+                         "dev_score_output/output_x"),
+                        ({"train_score_output": 1.0, "b": 2.0}, "train_score_output"),
+                        ({"b": 1.0, "a": 2.0}, "a")]:
+        control.epoch_data = {1: EpochData(0.1, scores)}
+        assert control.score(1) == (key, scores[key])
+    with pytest.raises(ConfigError, match="error_measure' must be a score name"):
+        LearningRateControl(error_measure=3)

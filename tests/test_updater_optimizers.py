@@ -20,7 +20,7 @@ LRS = [0.1, 0.1, 0.05]  # the rate changes before the last step
 
 
 def reference(name, opts):
-    """The module docstring's formulas in numpy, float64."""
+    """The module docstring's formulas in numpy, float64; epsilon defaults to RETURNN's optimizer_epsilon."""
     w, state = START.astype(np.float64), {}
     for t, (g, lr) in enumerate(zip(GRADS, LRS), start=1):
         g = g.astype(np.float64)
@@ -31,14 +31,14 @@ def reference(name, opts):
             a = state["a"] = mu * state.get("a", 0) + g
             w = w - lr * (g + mu * a if opts.get("nesterov") else a)
         elif name in ("adam", "nadam"):
-            b1, b2, eps = opts.get("beta1", 0.9), opts.get("beta2", 0.999), opts.get("epsilon", 1e-8)
+            b1, b2, eps = opts.get("beta1", 0.9), opts.get("beta2", 0.999), opts.get("epsilon", 1e-16)
             m = state["m"] = b1 * state.get("m", 0) + (1 - b1) * g
             v = state["v"] = b2 * state.get("v", 0) + (1 - b2) * g * g
             lr_t = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
             direction = b1 * m + (1 - b1) * g if name == "nadam" else m
             w = w - lr_t * direction / (np.sqrt(v) + eps)
         elif name == "rmsprop":
-            rho, mu, eps = opts.get("decay", 0.9), opts.get("momentum", 0.0), opts.get("epsilon", 1e-10)
+            rho, mu, eps = opts.get("decay", 0.9), opts.get("momentum", 0.0), opts.get("epsilon", 1e-16)
             s = state["s"] = rho * state.get("s", 1.0) + (1 - rho) * g * g
             a = state["a"] = mu * state.get("a", 0) + lr * g / np.sqrt(s + eps)
             w = w - a
@@ -90,8 +90,8 @@ TF1 = {
     "sgd": lambda lr: tf.compat.v1.train.GradientDescentOptimizer(lr),
     "momentum": lambda lr: tf.compat.v1.train.MomentumOptimizer(lr, 0.9),
     "nesterov": lambda lr: tf.compat.v1.train.MomentumOptimizer(lr, 0.9, use_nesterov=True),
-    "adam": lambda lr: tf.compat.v1.train.AdamOptimizer(lr),
-    "rmsprop": lambda lr: tf.compat.v1.train.RMSPropOptimizer(lr, momentum=0.5),
+    "adam": lambda lr: tf.compat.v1.train.AdamOptimizer(lr, epsilon=1e-16),  # as RETURNN creates them
+    "rmsprop": lambda lr: tf.compat.v1.train.RMSPropOptimizer(lr, momentum=0.5, epsilon=1e-16),
 }
 OURS = {
     "sgd": "sgd",
@@ -150,7 +150,8 @@ def test_clipping_none_gradients_and_learning_rate():
 def test_config_defaults_and_errors():
     updater = Updater.from_config(Config({"gradient_clip_global_norm": 0}), [tf.Variable([1.0])])
     assert (
-        updater.optimizer.name == "adam" and updater.learning_rate == 1.0 and updater.clip_global_norm is None
+        updater.optimizer.name == "adam" and updater.learning_rate == 1.0
+        and updater.gradient_options.clip_global_norm == 0.0 and updater.optimizer.opts["epsilon"] == 1e-16
     )
     with pytest.raises(ConfigError, match="unknown class 'adamw'"):
         optimizer_from_config({"class": "adamw"})

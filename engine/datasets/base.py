@@ -9,10 +9,12 @@ and seeding logic lives here once (via ``ordering.py``), so every dataset orders
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from engine.datasets import ordering
+from engine.datasets.chunking import Chunking, parse_chunking
 from engine.errors import DataError
 
 
@@ -48,9 +50,11 @@ class Dataset:
 
     def __init__(self, *, seq_ordering: str = "default", partition_epoch: int = 1,
                  fixed_random_seed: int | None = None, random_seed_offset: int = 0,
-                 name: str | None = None) -> None:
+                 chunking: Any = None, min_chunk_size: Any = 0, name: str | None = None) -> None:
         self.name = name or type(self).__name__
         self.seq_ordering = ordering.parse_seq_ordering(seq_ordering, owner=self.name)
+        # None: batches hold whole sequences (see chunking.py)
+        self.chunking: Chunking | None = parse_chunking(chunking, min_chunk_size, owner=self.name)
         if not isinstance(partition_epoch, int) or isinstance(partition_epoch, bool) or partition_epoch < 1:
             raise DataError(f"{self.name}: partition_epoch must be an integer >= 1, got {partition_epoch!r}.")
         self.partition_epoch = partition_epoch
@@ -79,9 +83,9 @@ class Dataset:
     def _corpus_data(self, corpus_idx: int, key: str) -> np.ndarray:
         raise NotImplementedError
 
-    def _read_corpus_into(self, corpus_idx: int, key: str, out: np.ndarray) -> None:
-        """Write the sequence into ``out`` (its exact length, maybe another dtype); saves a copy."""
-        out[...] = self._corpus_data(corpus_idx, key)
+    def _read_corpus_into(self, corpus_idx: int, key: str, out: np.ndarray, offset: int = 0) -> None:
+        """Write frames ``offset .. offset + len(out)`` of the sequence into ``out`` (maybe another dtype)."""
+        out[...] = self._corpus_data(corpus_idx, key)[offset:offset + len(out)]
 
     def _prepare_full_epoch(self, full_epoch: int) -> None:
         """Hook for datasets whose content depends on the (full) epoch, e.g. generated data."""
@@ -124,9 +128,10 @@ class Dataset:
     def get_data(self, seq_idx: int, key: str) -> np.ndarray:
         return self._corpus_data(self.get_corpus_seq_idx(seq_idx), key)
 
-    def read_into(self, seq_idx: int, key: str, out: np.ndarray) -> None:
-        """Write sequence ``seq_idx`` of ``key`` into ``out``, which has exactly its length."""
-        self._read_corpus_into(self.get_corpus_seq_idx(seq_idx), key, out)
+    def read_into(self, seq_idx: int, key: str, out: np.ndarray, offset: int = 0) -> None:
+        """Write frames ``offset .. offset + len(out)`` of sequence ``seq_idx`` of ``key`` into ``out``
+        (the whole sequence when ``out`` has its length)."""
+        self._read_corpus_into(self.get_corpus_seq_idx(seq_idx), key, out, offset)
 
     def get_seq_length(self, seq_idx: int) -> dict[str, int]:
         row = self._corpus_lengths()[self.get_corpus_seq_idx(seq_idx)]

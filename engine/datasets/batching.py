@@ -4,7 +4,9 @@
 its sequence count; sequences longer than ``max_seq_length`` are skipped (counted in the log), and a
 sequence longer than ``batch_size`` on its own gets a batch of its own (with a warning), as in RETURNN.
 The batch list depends only on the epoch order and the lengths, so every rank computes the same list;
-with ``shard_size`` N, rank r materialises batches r, r+N, ... and reads only their sequences.
+with ``shard_size`` N, rank r materialises batches r, r+N, ... and reads only their sequences. With a
+dataset's ``chunking`` the chunks take the place of the sequences in all of this (``max_seqs`` counts
+chunks), as in RETURNN.
 """
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from engine import log
 from engine.datasets.base import Dataset
 from engine.datasets.buffers import ALIGN, BufferPool, carve, layout_bytes
+from engine.datasets.chunking import EpochPieces, cut_into_chunks, whole_sequences
 from engine.errors import ConfigError
 
 DEFAULT_EVAL_BATCH_SIZE = 5000
@@ -52,6 +55,8 @@ class BatchOptions:
 
 @dataclass
 class Batch:
+    """Sequences, or chunks of them (then a sequence's tag and position repeat for each of its chunks)."""
+
     data: dict[str, np.ndarray]  # key -> (num_seqs, max_len, ...) zero-padded; sparse keys int32 (B, T)
     lengths: dict[str, np.ndarray]  # key -> int32 (num_seqs,)
     seq_tags: list[str]
@@ -64,16 +69,15 @@ class Batch:
         return len(self.seq_tags)
 
 
-def _length_limits(dataset: Dataset, max_seq_length: int | dict | None) -> np.ndarray:
-    """Per data-key column the maximum length (0: none)."""
-    keys = dataset.data_keys
+def _length_limits(dataset: Dataset, keys: list[str], max_seq_length: int | dict | None) -> np.ndarray:
+    """Per batched key the maximum length (0: none)."""
     if not max_seq_length:
         return np.zeros(len(keys), np.int64)
     if isinstance(max_seq_length, dict):
-        unknown = set(max_seq_length) - set(keys)
+        unknown = set(max_seq_length) - set(dataset.data_keys)
         if unknown:
             raise ConfigError(f"max_seq_length names key(s) {sorted(unknown)} that {dataset.name} does "
-                              f"not have (its keys: {keys}).")
+                              f"not have (its keys: {dataset.data_keys}).")
         limits = [max_seq_length.get(key) or 0 for key in keys]
     else:
         limits = [max_seq_length] * len(keys)
@@ -115,56 +119,85 @@ def plan_batches(lengths: np.ndarray, *, batch_size: int, max_seqs: int = -1,
     return batches, len(lengths) - len(positions), oversized
 
 
-def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0,
-                     shard_size: int = 1, skip: int = 0) -> Iterator[Batch]:
-    """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
-    ``skip``: the first batches of the epoch's plan are already trained (a resumed epoch); not read.
+class PlannedBatches:
+    """This rank's batches of an epoch, read as they are iterated; ``num_seqs``: the sequences (or chunks)
+    they hold."""
 
+    def __init__(self, batches: Iterator[Batch], num_seqs: int) -> None:
+        self._batches = batches
+        self.num_seqs = num_seqs
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self._batches
+
+
+def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0, shard_size: int = 1,
+                     keys: Sequence[str] | None = None, recurrent: bool = True,
+                     skip: int = 0) -> PlannedBatches:
+    """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
+
+    ``keys``: the data keys to batch (default: all of the dataset's); with ``dataset.chunking`` the
+    batches hold chunks of the sequences (see ``chunking.py``), cut over these keys, unless the network
+    is not ``recurrent`` (RETURNN ignores the chunking then). ``skip``: the first batches of the epoch's
+    plan are already trained (a resumed epoch); not read.
     Planning happens now (lengths only, bad options raise here); data is read as the iterator advances."""
     if not 0 <= shard_rank < shard_size:
         raise ValueError(f"shard_rank {shard_rank} outside 0..{shard_size - 1}")
-    lengths = dataset.epoch_seq_lengths()
-    batches, skipped, oversized = plan_batches(lengths, batch_size=options.batch_size,
-                                               max_seqs=options.max_seqs,
-                                               limits=_length_limits(dataset, options.max_seq_length))
+    keys = list(dataset.data_keys if keys is None else keys)
+    for key in keys:
+        dataset.key_info(key)  # a DataError naming the dataset's keys
+    columns = [dataset.data_keys.index(key) for key in keys]
+    lengths = dataset.epoch_seq_lengths()[:, columns]
     where = f"{dataset.name}, epoch {dataset.epoch}"
+    chunking = dataset.chunking if recurrent else None
+    if chunking is None and dataset.chunking is not None:
+        log.debug(f"{where}: non-recurrent network, chunking ignored.")
+    pieces = (whole_sequences(lengths) if chunking is None
+              else cut_into_chunks(lengths, keys, chunking, owner=dataset.name))
+    batches, skipped, oversized = plan_batches(pieces.lengths, batch_size=options.batch_size,
+                                               max_seqs=options.max_seqs,
+                                               limits=_length_limits(dataset, keys, options.max_seq_length))
+    what = "sequences" if chunking is None else "chunks"
     if skipped:
-        log.info(f"{where}: skipped {skipped} of {len(lengths)} sequences longer than max_seq_length "
+        log.info(f"{where}: skipped {skipped} of {len(pieces.positions)} {what} longer than max_seq_length "
                  f"{options.max_seq_length}.")
     if oversized:
-        log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {options.batch_size}; each got "
-                    "a batch of its own.")
-    return _materialise(dataset, lengths, batches[skip:][shard_rank::shard_size])
+        log.warning(f"{where}: {oversized} {what} longer than batch_size {options.batch_size}; each got a "
+                    f"batch of its own.")
+    mine = batches[skip:][shard_rank::shard_size]
+    return PlannedBatches(_materialise(dataset, keys, pieces, mine), sum(len(b) for b in mine))
 
 
-def _materialise(dataset: Dataset, lengths: np.ndarray, batches: list[np.ndarray]) -> Iterator[Batch]:
-    keys = dataset.data_keys
+def _materialise(dataset: Dataset, keys: list[str], pieces: EpochPieces,
+                 batches: list[np.ndarray]) -> Iterator[Batch]:
     infos = [dataset.key_info(key) for key in keys]
     dtypes = [np.dtype(np.int32) if info.sparse else np.dtype(info.dtype) for info in infos]
     if not batches:
         return
-    sizes = np.array([len(seq_idx) for seq_idx in batches])
-    maxima = np.maximum.reduceat(lengths[np.concatenate(batches)], np.cumsum(sizes) - sizes, axis=0)
+    sizes = np.array([len(piece_idx) for piece_idx in batches])
+    maxima = np.maximum.reduceat(pieces.lengths[np.concatenate(batches)], np.cumsum(sizes) - sizes, axis=0)
     frame_bytes = np.array([math.prod(info.shape) * dtype.itemsize for info, dtype in zip(infos, dtypes)])
     largest = int((sizes[:, None] * maxima * frame_bytes).sum(axis=1).max()) + (len(keys) + 1) * ALIGN
     pool = BufferPool(largest)  # sized for the largest batch: buffers never grow
-    for seq_idx, batch_max in zip(batches, maxima.tolist()):
-        layout = [((len(seq_idx), t) + info.shape, dtype) for t, info, dtype in zip(batch_max, infos, dtypes)]
-        seq_lengths = lengths[seq_idx]
+    for piece_idx, batch_max in zip(batches, maxima.tolist()):
+        layout = [((len(piece_idx), t) + info.shape, dtype)
+                  for t, info, dtype in zip(batch_max, infos, dtypes)]
+        piece_lengths = pieces.lengths[piece_idx]
         arrays = carve(pool.take(layout_bytes(layout)), layout)
-        positions = seq_idx.tolist()
-        for j, (pos, row) in enumerate(zip(positions, seq_lengths.tolist())):
-            for key, arr, length in zip(keys, arrays, row):
-                dataset.read_into(pos, key, arr[j, :length])
+        positions = pieces.positions[piece_idx]
+        for j, (pos, starts, row) in enumerate(zip(positions.tolist(), pieces.starts[piece_idx].tolist(),
+                                                   piece_lengths.tolist())):
+            for key, arr, start, length in zip(keys, arrays, starts, row):
+                dataset.read_into(pos, key, arr[j, :length], start)
                 if length < arr.shape[1]:
                     arr[j, length:] = 0
         yield Batch(
             data=dict(zip(keys, arrays)),
-            lengths={key: seq_lengths[:, col].astype(np.int32) for col, key in enumerate(keys)},
-            seq_tags=[dataset.get_seq_tag(pos) for pos in positions],
-            seq_idx=seq_idx,
-            corpus_seq_idx=dataset.order[seq_idx],
-            num_frames={key: int(seq_lengths[:, col].sum()) for col, key in enumerate(keys)},
+            lengths={key: piece_lengths[:, col].astype(np.int32) for col, key in enumerate(keys)},
+            seq_tags=[dataset.get_seq_tag(pos) for pos in positions.tolist()],
+            seq_idx=positions,
+            corpus_seq_idx=dataset.order[positions],
+            num_frames={key: int(piece_lengths[:, col].sum()) for col, key in enumerate(keys)},
         )
 
 

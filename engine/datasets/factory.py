@@ -30,11 +30,23 @@ _IGNORED_KEYS = {"use_cache_manager": "no cluster file cache here", "estimated_n
 
 
 def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None, random_seed_offset: int = 0,
-                   cache_size: int | str | None = None, order_seed_shift: int = 0) -> Dataset:
+                   cache_size: int | str | None = None, defaults: dict[str, Any] | None = None,
+                   order_seed_shift: int = 0) -> Dataset:
     """A dataset from a config value. ``random_seed_offset`` is added to the dict's own (per-rank
     offsets), and so is ``order_seed_shift`` unless the dict fixes its seed (``fixed_random_seed``);
-    ``cache_size`` is used by HDF datasets whose dict sets none."""
+    ``cache_size`` is used by HDF datasets whose dict sets none; ``defaults`` (options such as
+    ``chunking``) apply where the dict gives none."""
     kwargs = spec_to_kwargs(spec)
+    if "partitionEpoch" in kwargs:  # RETURNN's old spelling
+        old = kwargs.pop("partitionEpoch")
+        if old and kwargs.get("partition_epoch"):
+            raise DataError(f"{kwargs.get('class')}: give either 'partition_epoch' or its old spelling "
+                            f"'partitionEpoch', not both.")
+        if old:
+            kwargs["partition_epoch"] = old
+    for name, value in (defaults or {}).items():
+        if kwargs.get(name) is None and value is not None:
+            kwargs[name] = value
     class_name = kwargs.pop("class", None)
     cls = DATASET_CLASSES.get(class_name) if isinstance(class_name, str) else None
     if cls is None:
@@ -71,6 +83,7 @@ def dataset_from_config(config: Config, key: str, *, random_seed_offset: int = 0
     train = key == "train"
     return create_dataset(spec, default_seq_ordering=config.str("batching") if train else None,
                           random_seed_offset=random_seed_offset, cache_size=config.value("cache_size"),
+                          defaults=chunking_defaults(config, key),
                           order_seed_shift=train_order_seed_shift(config.int("random_seed")) if train else 0)
 
 
@@ -80,6 +93,16 @@ def train_order_seed_shift(random_seed: int) -> int:
     another order (and other generated data) in every epoch. A dataset with ``fixed_random_seed`` keeps
     its own."""
     return (int(random_seed) - keys.default("random_seed")) * ORDER_SEED_STRIDE
+
+
+def chunking_defaults(config: Config, key: str) -> dict[str, Any]:
+    """RETURNN's rule: the config's ``chunking`` applies to ``train``; ``dev`` and ``eval`` are not chunked
+    unless ``chunk_eval`` is set, or ``chunking`` is 1 (one frame per chunk). A dataset dict's own
+    ``chunking`` always wins."""
+    chunking = config.typed("chunking")
+    if key != "train" and not (config.bool("chunk_eval") or chunking in (1, "1")):
+        chunking = 0
+    return {"chunking": chunking, "min_chunk_size": config.typed("min_chunk_size")}
 
 
 def spec_to_kwargs(spec: dict | str) -> dict[str, Any]:

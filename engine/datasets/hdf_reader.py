@@ -327,10 +327,10 @@ class HDFDataset(Dataset):
         stream, start, length = self._locate(corpus_idx, key)
         return stream.read(start, start + length)
 
-    def _read_corpus_into(self, corpus_idx: int, key: str, out: np.ndarray) -> None:
+    def _read_corpus_into(self, corpus_idx: int, key: str, out: np.ndarray, offset: int = 0) -> None:
         stream, start, length = self._locate(corpus_idx, key)
-        assert out.shape[0] == length, (out.shape, length)
-        stream.read_into(start, out)
+        assert 0 <= offset and offset + out.shape[0] <= length, (offset, out.shape, length)
+        stream.read_into(start + offset, out)
 
     def close(self) -> None:
         for f in self.files:

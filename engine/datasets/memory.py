@@ -47,5 +47,5 @@ class InMemoryDataset(Dataset):
     def _corpus_data(self, corpus_idx: int, key: str) -> np.ndarray:
         return self._rows(corpus_idx, key).copy()
 
-    def _read_corpus_into(self, corpus_idx: int, key: str, out: np.ndarray) -> None:
-        out[...] = self._rows(corpus_idx, key)
+    def _read_corpus_into(self, corpus_idx: int, key: str, out: np.ndarray, offset: int = 0) -> None:
+        out[...] = self._rows(corpus_idx, key)[offset:offset + len(out)]

@@ -19,7 +19,9 @@ from engine.distributed.backend import Communicator
 from engine.errors import DistributedError, EngineError
 
 # Step signal vector: [ranks out of data, ranks voting for a parameter sync, ranks voting for a checkpoint,
-# error flag of each rank..., stop signal number each rank received (0: none)...]
+# exit code of each rank (0: no error)..., stop signal number each rank received (0: none)...]. Sharing
+# the codes lets every rank end with the failing rank's code: mpirun returns the code of whichever rank
+# exits first, so a bad corpus gives DataError's code however the ranks race.
 _NO_DATA, _SYNC_VOTE, _CHECKPOINT_VOTE, _ERRORS = 0, 1, 2, 3
 
 
@@ -29,14 +31,22 @@ class StepSignal:
     any_error: bool
     failed_ranks: tuple[int, ...]
     param_sync: bool = False  # some rank voted for a (time-based) parameter sync at this step
+    exit_code: int = 0  # the exit code of the lowest failed rank
     checkpoint: bool = False  # some rank voted for a checkpoint (its interval is due)
     stop_requests: tuple[tuple[int, int], ...] = ()  # (rank, signal number) of every rank asked to stop
 
 
-def step_signal(comm: Communicator, have_more_data: bool, had_error: bool, want_param_sync: bool = False,
-                want_checkpoint: bool = False, stop_signal: int = 0) -> StepSignal:
+def exit_code_of(error: BaseException | None) -> int:
+    """0 for no error, else the exit code the process ends with for it (``EngineError.exit_code``, or 1)."""
+    return 0 if error is None else int(getattr(error, "exit_code", 1)) or 1
+
+
+def step_signal(comm: Communicator, have_more_data: bool, had_error: bool | int,
+                want_param_sync: bool = False, want_checkpoint: bool = False,
+                stop_signal: int = 0) -> StepSignal:
     """Exchange (have_more_data, had_error, want_param_sync, want_checkpoint, stop_signal) of every rank in
-    one int32 allreduce. ``stop_signal``: the number of the stop signal this rank received, or 0."""
+    one int32 allreduce. ``had_error``: False/0, or the exit code this rank will end with (True counts as
+    1); ``stop_signal``: the number of the stop signal this rank received, or 0."""
     vector = np.zeros(_ERRORS + 2 * comm.size, np.int32)
     vector[_NO_DATA] = not have_more_data
     vector[_SYNC_VOTE] = want_param_sync
@@ -48,7 +58,9 @@ def step_signal(comm: Communicator, have_more_data: bool, had_error: bool, want_
     errors, stops = total[_ERRORS:_ERRORS + comm.size], total[_ERRORS + comm.size:]
     failed = tuple(int(r) for r in np.flatnonzero(errors))
     return StepSignal(all_have_data=bool(total[_NO_DATA] == 0), any_error=bool(failed), failed_ranks=failed,
-                      param_sync=bool(total[_SYNC_VOTE] > 0), checkpoint=bool(total[_CHECKPOINT_VOTE] > 0),
+                      param_sync=bool(total[_SYNC_VOTE] > 0),
+                      exit_code=int(errors[failed[0]]) if failed else 0,
+                      checkpoint=bool(total[_CHECKPOINT_VOTE] > 0),
                       stop_requests=tuple((int(r), int(stops[r])) for r in np.flatnonzero(stops)))
 
 
@@ -65,7 +77,7 @@ def agree_on_failure(comm: Communicator, error: BaseException | None) -> None:
         if error is not None:
             raise error
         return
-    raise_on_failure(comm, step_signal(comm, have_more_data=True, had_error=error is not None), error)
+    raise_on_failure(comm, step_signal(comm, have_more_data=True, had_error=exit_code_of(error)), error)
 
 
 def raise_on_failure(comm: Communicator, signal: StepSignal, error: BaseException | None) -> None:
@@ -84,6 +96,7 @@ def raise_on_failure(comm: Communicator, signal: StepSignal, error: BaseExceptio
     who = f"rank {', '.join(map(str, failed))}" if failed else "rank unknown"
     exc = DistributedError(f"Another rank failed ({who}); its error message is above or in its log file.")
     exc.agreed, exc.quiet = True, comm.rank != 0
+    exc.exit_code = signal.exit_code or exc.exit_code  # every rank ends with the failing rank's code
     raise exc
 
 

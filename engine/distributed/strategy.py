@@ -35,7 +35,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.distributed.backend import Communicator
-from engine.distributed.protocol import StepSignal, raise_on_failure, step_signal, sum_score_vectors
+from engine.distributed.protocol import (StepSignal, exit_code_of, raise_on_failure, step_signal,
+                                         sum_score_vectors)
 from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
 
 
@@ -77,6 +78,8 @@ class Strategy:
         self.lr_scale = 1.0  # the learning rate is multiplied by this (horovod_scale_lr)
         # True: the step differentiates the loss sum, not the frame average (reduce_gradients divides)
         self.differentiates_loss_sum = False
+        # with the loss sum: this rank's share of the model's regularisers, so that they count once in all
+        self.regularizer_share = 1.0
         # True: the ranks' parameters and optimizer states differ, so a checkpoint holds every rank's
         self.keeps_rank_state = False
         # True: the score sums the loop accumulates are already the global ones (else end_epoch adds them)
@@ -99,6 +102,11 @@ class Strategy:
         """Inside the train step's ``tf.function``: the gradients to apply and the step's score sums."""
         return grads, scores
 
+    def reduce_extra_gradients(self, grads: list, reduced_scores: Any) -> list:
+        """A second set of per-rank gradient terms of the same step (``maximize_grad_norm``), reduced and
+        normalised like the gradients; ``reduced_scores``: what ``reduce_gradients`` returned."""
+        return grads
+
     def after_step(self, plan: StepPlan, params: Sequence[Any]) -> None:
         pass
 
@@ -114,13 +122,14 @@ class GradAllreduce(Strategy):
         self.train_shard = (comm.rank, comm.size)
         self.lr_scale = float(comm.size) if scale_lr else 1.0
         self.differentiates_loss_sum = normalization == "global_frames"
+        self.regularizer_share = 1.0 if comm.rank == 0 or not self.differentiates_loss_sum else 0.0
 
     def describe(self) -> str:
         return f"reduce type grad ({self.normalization} of the ranks' gradients)"
 
     def before_step(self, step: int, batch: Any | None, error: BaseException | None,
                     requests: StepRequests = NO_REQUESTS) -> StepPlan | None:
-        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=error is not None,
+        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error),
                              want_checkpoint=requests.checkpoint, stop_signal=requests.stop_signal)
         raise_on_failure(self.comm, signal, error)
         return StepPlan.agreed(signal) if signal.all_have_data or signal.stop_requests else None
@@ -130,14 +139,20 @@ class GradAllreduce(Strategy):
         # rank reports the global scores.
         reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum")
         grads, scores = reduced[:-1], reduced[-1]
+        return self._normalize(grads, scores), scores
+
+    def reduce_extra_gradients(self, grads: list, reduced_scores: Any) -> list:
+        return self._normalize(self.comm.allreduce_tensors(list(grads), "sum"), reduced_scores)
+
+    def _normalize(self, summed: list, reduced_scores: Any) -> list:
         if self.normalization == "average":
-            grads = [g / float(self.comm.size) for g in grads]
-        elif self.normalization == "global_frames":
+            return [g / float(self.comm.size) for g in summed]
+        if self.normalization == "global_frames":
             import tensorflow as tf
 
-            frames = tf.maximum(scores[2], 1.0)  # all ranks' frames: the union batch's
-            grads = [g / frames for g in grads]
-        return grads, scores
+            frames = tf.maximum(reduced_scores[2], 1.0)  # all ranks' frames: the union batch's
+            return [g / frames for g in summed]
+        return list(summed)
 
 
 class ParamSyncSchedule:
@@ -192,7 +207,7 @@ class ParamAverage(Strategy):
             self._stop_known = bool(requests.stop_signal) or bool(self.comm.stop_notices())
         if not (self.signal_every_step or vote or batch is None or error is not None or self._stop_known):
             return StepPlan()
-        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=error is not None,
+        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error),
                              want_param_sync=vote, want_checkpoint=requests.checkpoint,
                              stop_signal=requests.stop_signal)
         raise_on_failure(self.comm, signal, error)

@@ -58,8 +58,10 @@ def build_model(
             "Config key 'network' must be a layer dict; a function goes in 'get_model' (returning a "
             "Keras model or tf.Module) or 'get_network' (returning a layer dict)."
         )
+    # maximize_grad_norm differentiates the gradient: the network then uses twice-differentiable ops
+    twice = (config.float("maximize_grad_norm") or 0.0) > 0.0
     if network is not None:
-        return NetworkModel(network, **dims)
+        return NetworkModel(network, twice_differentiable=twice, **dims)
     get_model = config.value("get_model")
     if callable(get_model):
         return CustomModel(get_model, epoch=epoch, **dims)
@@ -70,7 +72,7 @@ def build_model(
             raise ConfigError(
                 f"get_network(epoch={epoch}) must return a network dict, got {type(network).__name__}."
             )
-        return NetworkModel(network, **dims)
+        return NetworkModel(network, twice_differentiable=twice, **dims)
     raise ConfigError(
         "The config defines no model: set 'network' to a layer dict, or define a config function "
         "'get_model' (returning a Keras model or tf.Module) or 'get_network' (returning a dict)."

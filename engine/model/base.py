@@ -12,29 +12,36 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from engine.errors import DataError
+from engine.model.losses import CrossEntropy
 
 
 class LossResult(NamedTuple):
     """Scalar float32 tensors for one batch (a NamedTuple, so it can leave a ``tf.function``).
 
-    ``loss``: sum over loss layers of ``loss_scale`` * cross-entropy summed over non-padded frames.
+    ``loss``: sum over loss layers of ``loss_scale`` * loss (cross-entropy with the layer's
+    ``loss_opts``) summed over non-padded frames.
     ``error``: frame errors (argmax != target) of the main loss layer, summed over non-padded frames.
     ``num_frames``: non-padded frames of the main loss layer's target.
     ``objective``: what to differentiate for one batch on its own: each loss layer's ``loss_scale`` *
     cross-entropy averaged over its own frames, summed over layers. With one loss layer it equals
     ``loss / num_frames``.
+    ``regularizer``: the layers' ``L2`` terms (not normalised by frames; ``Steps`` decides how it
+    enters the differentiated quantity), 0 without any.
     """
 
     loss: tf.Tensor
     error: tf.Tensor
     num_frames: tf.Tensor
     objective: tf.Tensor
+    regularizer: tf.Tensor | float = 0.0
 
 
 def masked_ce_sums(
-    logits: tf.Tensor, labels: tf.Tensor, lengths: tf.Tensor, where: str
+    logits: tf.Tensor, labels: tf.Tensor, lengths: tf.Tensor, where: str,
+    criterion: CrossEntropy | None = None,
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """Cross-entropy sum, frame-error sum and frame count over the frames ``t < lengths[b]``.
+    """Cross-entropy sum (unscaled; ``criterion`` adds RETURNN's ``loss_opts``), frame-error sum and frame
+    count over the frames ``t < lengths[b]``.
 
     ``logits`` (B, T, C), ``labels`` (B, T) int, ``lengths`` (B,). Padded labels may hold anything
     (even out-of-range ids): they are replaced before the loss op sees them. ``where`` names the layer
@@ -48,7 +55,7 @@ def masked_ce_sums(
         )
     mask = tf.sequence_mask(lengths, tf.shape(logits)[1])
     safe_labels = tf.where(mask, labels, tf.zeros_like(labels))
-    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe_labels, logits=logits)
+    ce = (criterion or CrossEntropy()).frame_losses(logits, safe_labels)
     zeros = tf.zeros_like(ce)
     loss_sum = tf.reduce_sum(tf.where(mask, ce, zeros))
     wrong = tf.not_equal(tf.argmax(logits, axis=-1, output_type=tf.int32), safe_labels)
@@ -86,6 +93,11 @@ class SeqModel(tf.Module):
     def loss_targets(self) -> set[str]:
         """The target keys the losses are computed against."""
         raise NotImplementedError
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the order of frames matters (RETURNN chunks the training data only then)."""
+        return True
 
     def named_variables(self) -> dict[str, tf.Variable]:
         """All variables by a stable name (same names and order on every rank), for checkpoints."""

@@ -1,4 +1,5 @@
-"""The layer classes of the ``network`` dict: ``linear``, ``softmax``, ``rec`` (LSTM), ``copy``, ``dropout``.
+"""The layer classes of the ``network`` dict: ``linear``, ``softmax``, ``rec`` (LSTM), ``copy``, ``dropout``
+(``time_chunking``/``time_unchunking``: ``time_chunking.py``).
 
 Layers work time-major: input (T, B, in_dim), output (T, B, n_out). Combining the sources, one-hot of
 sparse input and input dropout are the network's job (``network.py``); a layer that takes sparse input
@@ -16,6 +17,8 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from engine.errors import ConfigError
+from engine.model.losses import CrossEntropy
+from engine.model.lstm import fused_lstm, scan_lstm
 
 ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
     None: None,
@@ -28,7 +31,12 @@ ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
     "softmax": tf.nn.softmax,
     "log_softmax": tf.nn.log_softmax,
 }
-LSTM_UNITS = ("lstm", "basiclstm", "lstmblock", "nativelstm2", "nativelstm", "standardlstm")
+# RETURNN's unit names of a plain LSTM (no peepholes, no projection), lower case. In RETURNN (TF) "lstm"
+# and "lstmp" both mean its default NativeLSTM2, and "CudnnLSTM" without a GPU means LSTMBlockFused.
+LSTM_UNITS = ("lstm", "lstmp", "basiclstm", "standardlstm", "lstmblock", "lstmblockfused", "nativelstm",
+              "nativelstm2", "nativelstmlowmem", "cudnnlstm", "vanillalstm")
+_UNIT_NAMES = ("LSTM, lstmp, BasicLSTM, StandardLSTM, LSTMBlock, LSTMBlockFused, NativeLstm, NativeLstm2, "
+               "NativeLstmLowMem, CudnnLSTM, VanillaLSTM")
 
 
 def glorot_variable(name: str, shape: tuple[int, int], random_seed: int) -> tf.Variable:
@@ -39,7 +47,7 @@ def glorot_variable(name: str, shape: tuple[int, int], random_seed: int) -> tf.V
     return tf.Variable(init, name=name)
 
 
-def _positive_int(layer: str, opts: dict, key: str) -> int:
+def positive_int(layer: str, opts: dict, key: str) -> int:
     value = opts.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"Network layer '{layer}': '{key}' must be a positive int, got {value!r}.")
@@ -84,7 +92,7 @@ class Linear(Layer):
 
     def __init__(self, name: str, opts: dict, in_dim: int, *, sparse_input: bool, random_seed: int) -> None:
         super().__init__(in_dim)
-        self.n_out = _positive_int(name, opts, "n_out")
+        self.n_out = positive_int(name, opts, "n_out")
         activation = opts.get("activation")
         if activation not in ACTIVATIONS:
             known = ", ".join(repr(k) for k in ACTIVATIONS)
@@ -113,8 +121,8 @@ class Linear(Layer):
 class Softmax(Linear):
     """``softmax``: a linear layer whose call returns the logits; the network adds the probabilities.
 
-    With ``loss: "ce"`` it is trained with cross-entropy against ``target`` (default ``classes``),
-    scaled by ``loss_scale``.
+    With ``loss: "ce"`` it is trained with cross-entropy against ``target`` (default ``classes``), with
+    ``loss_scale`` and ``loss_opts`` as in ``losses.CrossEntropy``.
     """
 
     def __init__(
@@ -133,11 +141,8 @@ class Softmax(Linear):
             raise ConfigError(
                 f"Network layer '{name}': loss {self.loss!r} is not supported; use 'ce' (or none)."
             )
-        self.loss_scale = opts.get("loss_scale", 1.0)
-        if isinstance(self.loss_scale, bool) or not isinstance(self.loss_scale, (int, float)):
-            raise ConfigError(
-                f"Network layer '{name}': loss_scale must be a number, got {self.loss_scale!r}."
-            )
+        if not self.loss and opts.get("loss_opts"):
+            raise ConfigError(f"Network layer '{name}': loss_opts are given, but the layer has no loss.")
         target_dim = target_dims.get(self.target) if isinstance(self.target, str) else None
         n_out = opts.get("n_out", target_dim)
         if n_out is None:
@@ -155,6 +160,7 @@ class Softmax(Linear):
                 f"Network layer '{name}': n_out {n_out} does not match the dim {target_dim} of "
                 f"its target {self.target!r}."
             )
+        self.criterion = CrossEntropy.from_layer_options(name, opts, n_out)
         super().__init__(
             name,
             {**opts, "n_out": n_out, "activation": None},
@@ -167,26 +173,26 @@ class Softmax(Linear):
 class Rec(Layer):
     """``rec`` with an LSTM unit; ``direction`` -1 runs over the valid part of each sequence reversed.
 
-    Uses TensorFlow's fused ``BlockLSTM`` kernel (one op for all time steps; measured faster than a
-    ``tf.while_loop`` cell and than ``keras.layers.LSTM``, see ``benchmarks/bench_lstm.py``). Padding
-    cannot leak into valid frames: forward, padded frames come after all valid ones; backward, the
-    valid part is reversed in place (``tf.reverse_sequence``) so the padding still comes last.
+    The LSTM is ``lstm.fused_lstm`` (``lstm.scan_lstm`` when the gradient must be differentiable again).
+    Padding cannot leak into valid frames: forward, padded frames come after all valid ones; backward,
+    the valid part is reversed in place (``tf.reverse_sequence``) so the padding still comes last.
     """
 
-    def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int) -> None:
+    def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int,
+                 twice_differentiable: bool = False) -> None:
         super().__init__(in_dim)
-        self.n_out = _positive_int(name, opts, "n_out")
+        self.n_out = positive_int(name, opts, "n_out")
         unit = opts.get("unit", "lstm")
         if not isinstance(unit, str) or unit.lower() not in LSTM_UNITS:
             raise ConfigError(
-                f"Network layer '{name}': unit {unit!r} is not supported; supported (all an "
-                f"LSTM): lstm, BasicLSTM, LSTMBlock, NativeLstm2, NativeLstm, StandardLSTM."
+                f"Network layer '{name}': unit {unit!r} is not supported; supported (all a plain LSTM): "
+                f"{_UNIT_NAMES}."
             )
         self.direction = opts.get("direction", 1)
         if self.direction not in (1, -1):
             raise ConfigError(f"Network layer '{name}': direction must be 1 or -1, got {self.direction!r}.")
+        self._lstm = scan_lstm if twice_differentiable else fused_lstm
         n = self.n_out
-        # Kernel rows: [input; recurrent]; gate columns in BlockLSTM's order: input, cell, forget, output.
         self.params["W"] = glorot_variable(f"{name}/W", (in_dim + n, 4 * n), random_seed)
         # Forget-gate bias 1 (held in the variable, not added by the op) so early training keeps memory.
         bias = tf.concat([tf.zeros([2 * n]), tf.ones([n]), tf.zeros([n])], axis=0)
@@ -195,28 +201,7 @@ class Rec(Layer):
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         if self.direction == -1:
             x = tf.reverse_sequence(x, lengths, seq_axis=0, batch_axis=1)
-        zeros = tf.zeros([tf.shape(x)[1], self.n_out], x.dtype)
-        peephole = tf.zeros([self.n_out], x.dtype)
-        h = tf.raw_ops.BlockLSTM(
-            seq_len_max=self._steps(x, lengths),
-            x=x,
-            cs_prev=zeros,
-            h_prev=zeros,
-            w=self.params["W"],
-            wci=peephole,
-            wcf=peephole,
-            wco=peephole,
-            b=self.params["b"],
-            forget_bias=0.0,
-            cell_clip=-1.0,
-            use_peephole=False,
-        )[6]
+        h = self._lstm(x, lengths, self.params["W"], self.params["b"], self.n_out)
         if self.direction == -1:
             h = tf.reverse_sequence(h, lengths, seq_axis=0, batch_axis=1)
         return h
-
-    @staticmethod
-    def _steps(x: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
-        """Time steps to run: the longest sequence (never past T; outputs after it are zeros)."""
-        longest = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
-        return tf.cast(tf.minimum(longest, tf.shape(x)[0]), tf.int64)

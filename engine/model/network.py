@@ -17,15 +17,21 @@ from engine import log
 from engine.errors import ConfigError, DataError
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
 from engine.model.layers import Copy, Layer, Linear, Rec, Softmax
+from engine.model.losses import l2_factor, l2_term
+from engine.model.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
 
 _CLASS_OPTIONS = {
     "linear": {"n_out", "activation", "with_bias"},
-    "softmax": {"n_out", "loss", "target", "loss_scale", "with_bias"},
+    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias"},
     "rec": {"n_out", "unit", "direction"},
     "copy": set(),
     "dropout": set(),
+    "time_chunking": {"chunk_size", "chunk_step"},
+    "time_unchunking": {"chunking_layer"},
 }
-_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer"}
+_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2"}
+# layers for which the order of frames matters
+RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking"}
 
 
 class LayerSpec(NamedTuple):
@@ -138,13 +144,19 @@ class NetworkModel(SeqModel):
         input_sparse: bool,
         target_dims: dict[str, int],
         random_seed: int,
+        twice_differentiable: bool = False,
     ) -> None:
+        """``twice_differentiable``: use ops whose gradients can be differentiated again (slower LSTM)."""
         super().__init__(
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="network"
         )
         self.specs = parse_network(network)
-        self.random_seed = random_seed
         self.order = build_order(self.specs)
+        check_time_axes(self.specs, self.order,
+                        [n for n in self.order
+                         if self.specs[n].cls == "softmax" and self.specs[n].opts.get("loss")])
+        self.random_seed = random_seed
+        self.twice_differentiable = twice_differentiable
         dims = {"data": input_dim}
         self.layers: dict[str, Layer] = {}
         for name in self.order:
@@ -153,6 +165,7 @@ class NetworkModel(SeqModel):
             layer = self._make_layer(name, spec, in_dim, self._takes_ids(spec), random_seed)
             self.layers[name] = layer
             dims[name] = layer.n_out
+        self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
         self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, Softmax) and l.loss]
         if "output" in self.loss_layers:  # the main loss layer reports error and frame count
             self.loss_layers.remove("output")
@@ -166,7 +179,12 @@ class NetworkModel(SeqModel):
                 name, spec.opts, in_dim, sparse_input=ids, random_seed=seed, target_dims=self.target_dims
             )
         if spec.cls == "rec":
-            return Rec(name, spec.opts, in_dim, random_seed=seed)
+            return Rec(name, spec.opts, in_dim, random_seed=seed,
+                       twice_differentiable=self.twice_differentiable)
+        if spec.cls == "time_chunking":
+            return TimeChunking(name, spec.opts, in_dim)
+        if spec.cls == "time_unchunking":
+            return TimeUnchunking(name, spec.opts, in_dim, self.layers.get(spec.opts.get("chunking_layer")))
         return Copy(in_dim)
 
     def _takes_ids(self, spec: LayerSpec) -> bool:
@@ -181,6 +199,10 @@ class NetworkModel(SeqModel):
     @property
     def loss_targets(self) -> set[str]:
         return {self.layers[name].target for name in self.loss_layers}
+
+    @property
+    def recurrent(self) -> bool:
+        return any(self.specs[name].cls in RECURRENT_CLASSES for name in self.order)
 
     def named_variables(self) -> dict[str, tf.Variable]:
         return {
@@ -200,11 +222,21 @@ class NetworkModel(SeqModel):
         if seed is None:
             seed = tf.constant([self.random_seed, 0], tf.int64)
         outs = {"data": x}
+        seq_lengths = {"data": lengths}  # per layer: chunking layers change the time axis and the batch
+        time_steps = {}  # time_chunking layer -> the number of frames it cut into chunks
         result = {}
         for index, (name, layer) in enumerate(self.layers.items()):
-            layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
-            y = layer(self._layer_input(name, outs, training, layer_seed), lengths, training)
-            outs[name] = y
+            x = self._layer_input(name, outs, training, tf.random.experimental.stateless_fold_in(seed, index))
+            layer_lengths = seq_lengths[self.specs[name].sources[0]]
+            if isinstance(layer, TimeChunking):
+                time_steps[name] = tf.shape(x)[0]
+                y, layer_lengths = layer.chunk(x, layer_lengths)
+            elif isinstance(layer, TimeUnchunking):
+                y = layer.unchunk(x, layer_lengths, time_steps[layer.chunking_layer])
+                layer_lengths = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
+            else:
+                y = layer(x, layer_lengths, training)
+            outs[name], seq_lengths[name] = y, layer_lengths
             if isinstance(layer, Softmax):
                 result[f"{name}:logits"] = _batch_major(y)
                 y = tf.nn.softmax(y)
@@ -252,14 +284,18 @@ class NetworkModel(SeqModel):
                 targets[layer.target],
                 target_lengths[layer.target],
                 where=name,
+                criterion=layer.criterion,
             )
-            scaled = layer.loss_scale * ce
+            scaled = layer.criterion.scale * ce
             per_frame = scaled / tf.maximum(n, 1.0)
             if loss is None:
                 loss, objective, error, frames = scaled, per_frame, err, n
             else:
                 loss, objective = loss + scaled, objective + per_frame
-        return LossResult(loss=loss, error=error, num_frames=frames, objective=objective)
+        regularized = [l2_term(factor, self.layers[name].params.values())
+                       for name, factor in self.l2.items() if factor and self.layers[name].params]
+        return LossResult(loss=loss, error=error, num_frames=frames, objective=objective,
+                          regularizer=tf.add_n(regularized) if regularized else 0.0)
 
 
 def _batch_major(x: tf.Tensor) -> tf.Tensor:

@@ -69,6 +69,10 @@ def run_forward(config: Config) -> None:
         dataset = dataset_from_config(config, "eval")
         if dataset is None:
             raise ConfigError("Task 'forward' needs an 'eval' dataset in the config: the data to forward.")
+        if dataset.chunking is not None:
+            raise ConfigError("Task 'forward' writes one output per sequence, but the 'eval' dataset is "
+                              "chunked (its own 'chunking', or 'chunk_eval'); remove the chunking for "
+                              "forwarding.")
         model, epoch = load_model_for_inference(config, comm, dataset)
         dataset.init_seq_order(max(epoch, 1))
         batching = BatchOptions.from_config(config, train=False)

@@ -1,5 +1,5 @@
 """``task = "train"``: the epoch loop with dev eval, learning-rate control and checkpoints (mid-epoch ones,
-resuming and stopping on request: ``engine/training/resume.py``)."""
+resuming and stopping on request: ``engine/training/checkpointer.py``)."""
 from __future__ import annotations
 
 import os
@@ -13,10 +13,11 @@ from engine.errors import ConfigError, EngineError
 from engine.model import build_model
 from engine.training import preemption
 from engine.training.checkpoint import load_checkpoint
+from engine.training.checkpointer import Checkpointer
+from engine.training.cleanup import CleanupPolicy, cleanup_old_models
 from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
 from engine.training.report import hms
-from engine.training.checkpointer import Checkpointer
 from engine.training.resume import find_resume_point
 from engine.training.step import Steps
 from engine.training.updater import Updater
@@ -42,6 +43,10 @@ class Trainer:
         self.checkpoints = Checkpointer(config, strategy, self.model, self.updater, self.lr_control)
         self.num_epochs = config.int("num_epochs")
         self.save_interval = config.int("save_interval")
+        if self.save_interval < 1:
+            raise ConfigError("Config key 'save_interval' must be >= 1 (save every N epochs), "
+                              f"got {self.save_interval}.")
+        self.cleanup = CleanupPolicy.from_config(config)
         self.lr_file = config.str("learning_rate_file")
         self.resume = find_resume_point(config, self.comm)
         self.start_epoch = self.resume.start_epoch
@@ -94,9 +99,12 @@ class Trainer:
         """The learning-rate file (rank 0) and, when due, the epoch's checkpoint (every rank takes part)."""
         if self.lr_file and self.comm.rank == 0:
             self.lr_control.save(self.lr_file)
+        saved = None
         if epoch % self.save_interval == 0 or epoch == self.num_epochs:
-            return self.checkpoints.save_epoch(epoch, self.global_step)
-        return None
+            saved = self.checkpoints.save_epoch(epoch, self.global_step)
+        if self.checkpoints.prefix and self.cleanup is not None and self.comm.rank == 0:
+            cleanup_old_models(self.checkpoints.prefix, self.num_epochs, self.lr_control, self.cleanup)
+        return saved
 
 
 def run_train(config: Config) -> None:

@@ -75,21 +75,6 @@ def find_newest_epoch(model_prefix: str) -> int | None:
     return max(epochs) if epochs else None
 
 
-def resolve_start_epoch(config: Config, comm: Communicator) -> int:
-    """``start_epoch`` [auto]: "auto" is one after the newest checkpoint ``<model>.<NNN>`` (1 without one).
-    Rank 0 looks; every rank gets its answer."""
-    start = config.typed("start_epoch")
-    if start in ("auto", None):
-        prefix = config.str("model")
-        newest = find_newest_epoch(prefix) if (prefix and comm.rank == 0) else None
-        start = (newest or 0) + 1
-    else:
-        start = config.int("start_epoch")
-        if start < 1:
-            raise ConfigError(f"Config key 'start_epoch' must be 'auto' or >= 1, got {start}.")
-    return comm.broadcast_object(start, root=0)
-
-
 def checkpoint_to_load(config: Config, comm: Communicator) -> tuple[str, int]:
     """For eval/forward: ``load`` (a checkpoint file), else ``<model>.<load_epoch>``, else the newest
     ``<model>.<NNN>``. Rank 0 decides; every rank gets (path, epoch)."""

@@ -37,11 +37,13 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
     report = EpochReport(f"train epoch {epoch}")
     dataset.init_seq_order(epoch)
     shard_rank, shard_size = strategy.train_shard
-    report.expected_seqs = dataset.num_seqs // shard_size
     start = checkpoints.epoch_start(dataset, batching) if checkpoints is not None else EpochStart()
     local_scores, report.steps = start.scores.copy(), start.step
-    with BatchPrefetcher(generate_batches(dataset, batching, shard_rank=shard_rank, shard_size=shard_size,
-                                          skip=start.skip_batches)) as prefetcher:
+    planned = generate_batches(dataset, batching, shard_rank=shard_rank, shard_size=shard_size,
+                               keys=steps.batch_keys, recurrent=steps.model.recurrent,
+                               skip=start.skip_batches)
+    report.expected_seqs = planned.num_seqs
+    with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
         step = start.step
         while True:
@@ -72,8 +74,9 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     dataset.init_seq_order(epoch)
     local_scores, error = np.zeros(3), None
     try:
-        with BatchPrefetcher(generate_batches(dataset, batching, shard_rank=comm.rank,
-                                              shard_size=comm.size)) as prefetcher:
+        planned = generate_batches(dataset, batching, shard_rank=comm.rank, shard_size=comm.size,
+                                   keys=steps.batch_keys, recurrent=steps.model.recurrent)
+        with BatchPrefetcher(planned) as prefetcher:
             for batch in prefetcher:
                 t0 = time.perf_counter()
                 with report.computing():

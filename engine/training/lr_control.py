@@ -1,38 +1,41 @@
-"""Learning-rate control: the rate for each epoch from the config and the scores of past epochs.
+"""Learning-rate control: the rate for each epoch from the config and the scores of past epochs, by
+RETURNN's rules (``returnn/learning_rate_control.py``).
 
 ``learning_rate_control``:
 - ``constant``: ``learning_rate`` (or the last rate used) every epoch.
-- ``newbob`` / ``newbob_rel``: after epochs e-2 and e-1 have scores, decay the rate of e-1 by
-  ``newbob_learning_rate_decay`` when the relative change of the score, (new - old) / |new|, is above
-  ``newbob_relative_error_threshold`` (default -0.01: less than 1% improvement); never below
-  ``min_learning_rate``.
-- ``newbob_abs``: the same with the absolute change new - old and ``newbob_error_threshold`` (-0.01).
-The score compared is ``learning_rate_control_error_measure`` if set, else ``dev_score``, else another
-``dev_*`` score, else ``train_score``. ``learning_rates`` (a list for epochs 1, 2, ... or a dict
-epoch -> rate) fixes the rates of those epochs, overriding the control.
+- ``newbob`` / ``newbob_rel``: once the two previous epochs have scores, their relative change
+  (new - old) / |new| (``newbob_relative_error_div_by_old``: / |old|) decides: above
+  ``newbob_relative_error_threshold`` (-0.01: less than 1% better) the last rate is decayed, else grown.
+- ``newbob_abs``: the same with the absolute change new - old and ``newbob_error_threshold``.
+- ``newbob_multi_epoch``: every ``newbob_multi_update_interval`` epochs (default
+  ``newbob_multi_num_epochs``; epochs 1, 1 + N, 1 + 2N, ...), the mean of the relative changes between the
+  last ``newbob_multi_num_epochs`` + 1 epochs decides: decay above ``newbob_relative_error_threshold``,
+  grow below ``newbob_relative_error_grow_threshold`` (default: the same threshold); in between, and
+  between update epochs, the most recent rate carries on.
+Decaying multiplies by ``newbob_learning_rate_decay`` and never goes below ``min_learning_rate``;
+growing multiplies by ``newbob_learning_rate_growth`` (1.0: no change).
+For all of them: ``learning_rate_control_relative_error_relative_lr`` divides a relative change by
+(the most recent rate / ``learning_rate``); ``learning_rate_control_min_num_epochs_per_new_lr`` N > 1
+keeps a rate until the last N epochs all used it. The score compared is chosen as RETURNN's
+``get_error_key`` does: ``learning_rate_control_error_measure`` (a key or a list of keys, each also
+with ``_output``), else ``dev_score``, other ``dev_*`` scores, ``train_score``, else the first key.
+``learning_rates`` (a list for epochs 1, 2, ... or a dict epoch -> rate) fixes the rates of those
+epochs, overriding the control.
 
-The per-epoch history (rate and scores) is kept in ``learning_rate_file``, in RETURNN's format::
-
-    {
-        1: EpochData(learningRate=0.001, error={
-            'dev_error': 0.25,
-            'dev_score': 0.7,
-        }),
-    }
-
-``save`` writes it atomically (temp file + rename); who saves (rank 0) is the caller's decision.
+The history lives in ``learning_rate_file`` (``lr_history.py``); ``save`` writes it atomically, and who
+saves (rank 0) is the caller's decision.
 """
-
 from __future__ import annotations
 
-import ast
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine import log
 from engine.atomic_file import write_text_atomically
 from engine.errors import ConfigError
+from engine.training.lr_history import EpochData, format_history, parse_history
+
+__all__ = ["LearningRateControl", "EpochData", "KINDS"]
 
 KINDS = {
     "constant": "constant",
@@ -40,13 +43,8 @@ KINDS = {
     "newbob_rel": "newbob_rel",
     "newbob_relative": "newbob_rel",
     "newbob_abs": "newbob_abs",
+    "newbob_multi_epoch": "newbob_multi_epoch",
 }
-
-
-@dataclass
-class EpochData:
-    learning_rate: float
-    scores: dict[str, float] = field(default_factory=dict)
 
 
 class LearningRateControl:
@@ -59,10 +57,17 @@ class LearningRateControl:
         default_learning_rate: float = 1.0,
         learning_rates: list[float] | dict[int, float] | None = None,
         decay: float = 0.5,
+        growth: float = 1.0,
         relative_error_threshold: float = -0.01,
+        grow_threshold: float | None = None,
         error_threshold: float = -0.01,
+        relative_error_div_by_old: bool = False,
+        relative_error_relative_lr: bool = False,
+        min_epochs_per_new_rate: int = 0,
+        multi_num_epochs: int = 5,
+        multi_update_interval: int | None = None,
         min_learning_rate: float = 0.0,
-        error_measure: str | None = None,
+        error_measure: str | list[str] | None = None,
         filename: str | None = None,
     ) -> None:
         if kind not in KINDS:
@@ -71,15 +76,40 @@ class LearningRateControl:
             )
         self.kind = KINDS[kind]
         self.default_learning_rate = float(default_learning_rate)
-        self.decay = float(decay)
+        self.decay, self.growth = float(decay), float(growth)
         self.relative_error_threshold = float(relative_error_threshold)
+        self.grow_threshold = (self.relative_error_threshold if grow_threshold is None
+                               else float(grow_threshold))
         self.error_threshold = float(error_threshold)
+        self.relative_error_div_by_old = relative_error_div_by_old
+        self.relative_error_relative_lr = relative_error_relative_lr
+        self.min_epochs_per_new_rate = min_epochs_per_new_rate
+        self.multi_num_epochs = multi_num_epochs
+        self.multi_update_interval = (multi_num_epochs if multi_update_interval is None
+                                      else multi_update_interval)
         self.min_learning_rate = float(min_learning_rate)
         self.error_measure = error_measure
         self.filename = filename
+        self._check()
         self.fixed = _fixed_rates(learning_rates)
         self.epoch_data: dict[int, EpochData] = {}
         self._apply_fixed()
+
+    def _check(self) -> None:
+        for key, value in (("newbob_multi_num_epochs", self.multi_num_epochs),
+                           ("newbob_multi_update_interval", self.multi_update_interval)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Config key '{key}' must be an integer >= 1, got {value!r}.")
+        if self.kind == "newbob_multi_epoch" and self.grow_threshold > self.relative_error_threshold:
+            raise ConfigError(
+                f"newbob_relative_error_grow_threshold ({self.grow_threshold}) is above "
+                f"newbob_relative_error_threshold ({self.relative_error_threshold}): a change between them "
+                "would both decay and grow the learning rate.")
+        measure = self.error_measure
+        if not (measure is None or isinstance(measure, str)
+                or (isinstance(measure, list) and measure and all(isinstance(k, str) for k in measure))):
+            raise ConfigError(f"Config key 'learning_rate_control_error_measure' must be a score name or a "
+                              f"list of them, got {measure!r}.")
 
     @classmethod
     def from_config(cls, config) -> "LearningRateControl":
@@ -89,10 +119,17 @@ class LearningRateControl:
             default_learning_rate=config.float("learning_rate"),
             learning_rates=config.typed("learning_rates"),
             decay=config.float("newbob_learning_rate_decay"),
+            growth=config.float("newbob_learning_rate_growth"),
             relative_error_threshold=config.float("newbob_relative_error_threshold"),
+            grow_threshold=config.float("newbob_relative_error_grow_threshold"),
             error_threshold=config.float("newbob_error_threshold"),
+            relative_error_div_by_old=config.bool("newbob_relative_error_div_by_old"),
+            relative_error_relative_lr=config.bool("learning_rate_control_relative_error_relative_lr"),
+            min_epochs_per_new_rate=config.int("learning_rate_control_min_num_epochs_per_new_lr"),
+            multi_num_epochs=config.int("newbob_multi_num_epochs"),
+            multi_update_interval=config.int("newbob_multi_update_interval"),
             min_learning_rate=config.float("min_learning_rate"),
-            error_measure=config.str("learning_rate_control_error_measure"),
+            error_measure=config.typed("learning_rate_control_error_measure"),
             filename=config.str("learning_rate_file"),
         )
 
@@ -111,50 +148,85 @@ class LearningRateControl:
         if epoch < 1:
             raise ValueError(f"epochs count from 1, got {epoch}")
         if epoch not in self.epoch_data:
-            self.epoch_data[epoch] = EpochData(self._decide(epoch))
+            self.epoch_data[epoch] = EpochData(self._new_rate(epoch))
         return self.epoch_data[epoch].learning_rate
 
-    def _previous(self, epoch: int) -> int | None:
-        earlier = [e for e in self.epoch_data if e < epoch]
-        return max(earlier) if earlier else None
+    def _earlier_epochs(self, epoch: int, count: int | None = None) -> list[int]:
+        """The (last ``count``) epochs before ``epoch`` that the history has, in order."""
+        earlier = sorted(e for e in self.epoch_data if e < epoch)
+        return earlier if count is None else earlier[-count:]
 
-    def _decide(self, epoch: int) -> float:
-        last = self._previous(epoch)
-        if last is None:
+    def _recent_rate(self, epoch: int, *, including: bool = False) -> float:
+        """The rate of the latest epoch before (or at) ``epoch``; ``learning_rate`` when there is none."""
+        earlier = [e for e in self.epoch_data if e < epoch or (including and e == epoch)]
+        return self.epoch_data[max(earlier)].learning_rate if earlier else self.default_learning_rate
+
+    def _new_rate(self, epoch: int) -> float:
+        if self.min_epochs_per_new_rate > 1:
+            rates = [self.epoch_data[e].learning_rate
+                     for e in self._earlier_epochs(epoch, self.min_epochs_per_new_rate)]
+            if len(set(rates)) >= 2 or 0 < len(rates) < self.min_epochs_per_new_rate:
+                return rates[-1]  # the current rate has not run for long enough yet
+        if self.kind == "newbob_multi_epoch":
+            return self._multi_epoch_rate(epoch)
+        earlier = self._earlier_epochs(epoch, 2)
+        if not earlier:
             return self.default_learning_rate
-        rate = self.epoch_data[last].learning_rate
-        last2 = self._previous(last)
-        if self.kind == "constant" or last2 is None:
+        rate = self.epoch_data[earlier[-1]].learning_rate
+        if self.kind == "constant" or len(earlier) < 2:
             return rate
-        old_key, old = self.score(last2)
-        new_key, new = self.score(last)
+        old, new = earlier
+        change = (self.relative_error(old, new) if self.kind == "newbob_rel"
+                  else self._absolute_error(old, new))
+        if change is None:
+            return rate
+        threshold = self.relative_error_threshold if self.kind == "newbob_rel" else self.error_threshold
+        return self._changed(rate, change, epoch, decay=change > threshold, grow=not change > threshold)
+
+    def _multi_epoch_rate(self, epoch: int) -> float:
+        rate = self._recent_rate(epoch)
+        if self.multi_update_interval > 1 and epoch % self.multi_update_interval != 1:
+            return rate
+        epochs = self._earlier_epochs(epoch, self.multi_num_epochs + 1)
+        if len(epochs) < 2:
+            return rate
+        changes = [self.relative_error(a, b) for a, b in zip(epochs, epochs[1:])]
+        if any(c is None for c in changes):
+            return rate
+        mean = math.fsum(changes) / len(changes)
+        return self._changed(rate, mean, epoch, decay=mean > self.relative_error_threshold,
+                             grow=mean < self.grow_threshold)
+
+    def _changed(self, rate: float, change: float, epoch: int, *, decay: bool, grow: bool) -> float:
+        new_rate = (max(rate * self.decay, self.min_learning_rate) if decay
+                    else rate * self.growth if grow else rate)
+        if new_rate != rate:
+            log.info(f"Learning-rate control ({self.kind}): score change {change:.4g}; learning rate "
+                     f"{rate:g} -> {new_rate:g} for epoch {epoch}.")
+        return new_rate
+
+    def _absolute_error(self, old_epoch: int, new_epoch: int) -> float | None:
+        (old_key, old), (new_key, new) = self.score(old_epoch), self.score(new_epoch)
+        return None if old is None or new is None or old_key != new_key else new - old
+
+    def relative_error(self, old_epoch: int, new_epoch: int) -> float | None:
+        """RETURNN's ``calc_relative_error``; None when an epoch has no score or the keys differ."""
+        (old_key, old), (new_key, new) = self.score(old_epoch), self.score(new_epoch)
         if old is None or new is None or old_key != new_key:
-            return rate
-        diff = new - old
-        if self.kind == "newbob_abs":
-            change, threshold = diff, self.error_threshold
-        else:
-            change = diff / abs(new) if new != 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
-            threshold = self.relative_error_threshold
-        if change > threshold:
-            new_rate = max(rate * self.decay, self.min_learning_rate)
-            log.info(
-                f"Learning-rate control ({self.kind}): {new_key} changed by {change:.4g} > {threshold:g} "
-                f"from epoch {last2} to {last}; learning rate {rate:g} -> {new_rate:g} for epoch {epoch}."
-            )
-            return new_rate
-        return rate
+            return None
+        diff, base = new - old, abs(old if self.relative_error_div_by_old else new)
+        change = diff / base if base != 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
+        if self.relative_error_relative_lr:
+            rate = self._recent_rate(new_epoch, including=True)
+            if rate > 0:
+                change /= rate / self.default_learning_rate  # a lower rate is expected to improve less
+        return change
 
     def score(self, epoch: int) -> tuple[str | None, float | None]:
         """(key, value) of the score that drives the control for ``epoch``; (None, None) if it has none."""
         scores = self.epoch_data[epoch].scores if epoch in self.epoch_data else {}
-        if not scores:
-            return None, None
-        dev_keys = sorted(k for k in scores if k.startswith("dev_"))
-        for key in (self.error_measure, "dev_score", *dev_keys, "train_score", min(scores)):
-            if key in scores:
-                return key, scores[key]
-        return None, None
+        key = _error_key(scores, self.error_measure)
+        return (key, scores[key]) if key is not None else (None, None)
 
     def set_epoch_scores(self, epoch: int, scores: dict[str, float]) -> None:
         """Record an epoch's scores, e.g. ``{"train_score": .., "dev_score": .., "dev_error": ..}``."""
@@ -165,16 +237,8 @@ class LearningRateControl:
     def save(self, path: str | None = None) -> None:
         """Write the history atomically: a crash leaves the old file or the new one, never half of one."""
         path = path or self.filename
-        if not path:
-            return
-        lines = ["{"]
-        for epoch in sorted(self.epoch_data):
-            data = self.epoch_data[epoch]
-            lines.append(f"    {epoch}: EpochData(learningRate={data.learning_rate!r}, error={{")
-            lines += [f"        {key!r}: {value!r}," for key, value in sorted(data.scores.items())]
-            lines.append("    }),")
-        lines.append("}")
-        write_text_atomically(path, "\n".join(lines) + "\n")
+        if path:
+            write_text_atomically(path, format_history(self.epoch_data))
 
     def load(self, path: str | None = None) -> None:
         """Replace the history by the file's (then re-apply ``learning_rates`` to untrained epochs)."""
@@ -192,6 +256,29 @@ class LearningRateControl:
         self._apply_fixed()
 
 
+def _error_key(scores: dict[str, float], measure: str | list[str] | None) -> str | None:
+    """RETURNN's ``get_error_key`` for an epoch's scores."""
+    if not scores:
+        return None
+    if set(scores) == {"old_format_score"}:
+        return "old_format_score"
+    measures = [measure] if isinstance(measure, str) else list(measure or [])
+    wanted = [k for m in measures for k in (m, m + "_output")] + ["dev_score", "dev_score_output"]
+    for key in wanted:
+        if key in scores:
+            return key
+    ordered = sorted(scores)
+    for accept in (lambda k: k == "dev_score_output/output" or k.startswith("dev_score_output/output_"),
+                   lambda k: k.startswith("dev_score_output/"), lambda k: k.startswith("dev_")):
+        for key in ordered:
+            if accept(key):
+                return key
+    for key in ("train_score", "train_score_output"):
+        if key in scores:
+            return key
+    return ordered[0]
+
+
 def _fixed_rates(value: Any) -> dict[int, float]:
     if value is None:
         return {}
@@ -206,85 +293,3 @@ def _fixed_rates(value: Any) -> dict[int, float]:
             f"epoch -> rate, got {value!r}."
         )
     return {e: float(r) for e, r in value.items()}
-
-
-_NAMES = {"inf": math.inf, "nan": math.nan}
-_NUMPY_FLOATS = ("float16", "float32", "float64", "longdouble")
-
-
-def parse_history(text: str, path: str) -> dict[int, EpochData]:
-    """Parse the history format safely (no ``eval``); errors name the file and line."""
-
-    def fail(node: ast.AST | None, what: str) -> ConfigError:
-        where = f" at line {node.lineno}" if node is not None and hasattr(node, "lineno") else ""
-        return ConfigError(
-            f"Learning-rate file '{path}' is not a valid history{where}: {what}. Expected "
-            f"{{epoch: EpochData(learningRate=<float>, error={{<name>: <float>, ...}}), ...}}."
-        )
-
-    def number(node: ast.AST) -> float:
-        if (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, (int, float))
-            and not isinstance(node.value, bool)
-        ):
-            return float(node.value)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            value = number(node.operand)
-            return -value if isinstance(node.op, ast.USub) else value
-        if isinstance(node, ast.Name) and node.id in _NAMES:
-            return _NAMES[node.id]
-        if (  # ``np.float64(0.5)``: how NumPy 2 prints its scalars, which RETURNN may have written
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id in ("np", "numpy")
-            and node.func.attr in _NUMPY_FLOATS
-            and len(node.args) == 1
-            and not node.keywords
-        ):
-            return number(node.args[0])
-        raise fail(node, "a number was expected")
-
-    if not text.strip():
-        raise ConfigError(
-            f"Learning-rate file '{path}' is empty. Expected "
-            f"{{epoch: EpochData(learningRate=<float>, error={{<name>: <float>, ...}}), ...}}."
-        )
-
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError as exc:
-        raise ConfigError(
-            f"Learning-rate file '{path}' has a syntax error at line {exc.lineno}: {exc.msg}."
-        ) from None
-    if not isinstance(tree, ast.Dict):
-        raise fail(tree, "the file must hold one dict")
-    history: dict[int, EpochData] = {}
-    for key, call in zip(tree.keys, tree.values):
-        if not (isinstance(key, ast.Constant) and isinstance(key.value, int)) or key.value < 1:
-            raise fail(key, "an epoch number (int >= 1) was expected as key")
-        if not (
-            isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "EpochData"
-        ):
-            raise fail(call, f"epoch {key.value}: EpochData(...) was expected")
-        args = dict(zip(("learningRate", "error"), call.args))
-        args.update({kw.arg: kw.value for kw in call.keywords})
-        rate_node = args.pop("learningRate", args.pop("learning_rate", None))
-        error_node = args.pop("error", None)
-        args.pop("meta", None)
-        if rate_node is None or args:
-            raise fail(call, f"epoch {key.value}: unexpected or missing EpochData arguments")
-        scores: dict[str, float] = {}
-        if isinstance(error_node, ast.Dict):
-            for k, v in zip(error_node.keys, error_node.values):
-                if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
-                    raise fail(k, f"epoch {key.value}: score names must be strings")
-                if not k.value.startswith(":meta:"):  # RETURNN's extra info, not a score
-                    scores[k.value] = number(v)
-        elif error_node is not None and not (
-            isinstance(error_node, ast.Constant) and error_node.value is None
-        ):
-            scores["old_format_score"] = number(error_node)  # RETURNN's oldest format: a single float
-        history[key.value] = EpochData(number(rate_node), scores)
-    return history

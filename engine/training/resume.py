@@ -80,10 +80,11 @@ def find_resume_point(config: Config, comm: Any) -> ResumePoint:
 
 
 def plan_fingerprint(dataset: Dataset, batching: BatchOptions) -> int:
-    """crc32 of the epoch's data order, sequence lengths and batching options (the batch plan's inputs)."""
+    """crc32 of the epoch's data order, sequence lengths, chunking and batching options (the batch plan's
+    inputs)."""
     crc = zlib.crc32(np.ascontiguousarray(dataset.order, np.int64).tobytes())
     crc = zlib.crc32(np.ascontiguousarray(dataset.epoch_seq_lengths(), np.int64).tobytes(), crc)
-    return zlib.crc32(repr(batching).encode(), crc)
+    return zlib.crc32(repr((batching, getattr(dataset, "chunking", None))).encode(), crc)
 
 
 def rank_parts(attrs: dict, groups: dict, point: ResumePoint, strategy: Strategy) -> list[dict]:

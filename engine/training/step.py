@@ -3,10 +3,14 @@
 Each is one ``tf.function`` with an input signature of unknown batch and time, so batches of any shape
 run the same graph. Between the gradients and the update, the train step hands the gradients and the
 step's score sums to the strategy (``engine.distributed.strategy``), which reduces them over the ranks
-or not: the step itself never knows the data-parallel mode. Dropout is stateless, keyed by
-(``random_seed``, the global step) and the rank, so a resumed run draws the same masks.
+or not: the step itself never knows the data-parallel mode. The updater then post-processes the reduced
+gradients (``gradients.py``) and updates. Random numbers (dropout, gradient noise) are stateless, keyed by
+(``random_seed``, the global step) and for dropout the rank, so a resumed run draws the same ones.
 """
 from __future__ import annotations
+
+import contextlib
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -16,12 +20,16 @@ from engine.errors import ConfigError
 from engine.model.base import SeqModel
 from engine.training.updater import Updater
 
-# A step returns the score vector [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up.
 DROPOUT_STREAM = 0x64726F70  # keeps dropout's random numbers apart from other users of the step's seed
 
 
 def fold_in(seed: tf.Tensor, data: int) -> tf.Tensor:
     return tf.random.experimental.stateless_fold_in(seed, data)
+
+
+def _dense(grads, params) -> list:
+    """None (no gradient) as zeros: the fused collective needs a tensor for every variable."""
+    return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, params)]
 
 
 class Steps:
@@ -31,13 +39,15 @@ class Steps:
         self.model = model
         self.updater = updater
         self.strategy = strategy
+        self.rank = strategy.comm.rank if strategy is not None else 0
         if strategy is not None and strategy.differentiates_loss_sum and len(model.loss_targets) > 1:
             raise ConfigError("horovod_grad_normalization = 'global_frames' divides the summed gradient by "
                               "the frames of one target, but the network's losses use several targets "
                               f"({', '.join(sorted(model.loss_targets))}). Use 'sum' or 'average'.")
-        self.rank = strategy.comm.rank if strategy is not None else 0
         self.params = list(model.trainable_variables)
-        self.target_keys = sorted(model.target_dims)
+        self.target_keys = sorted(model.loss_targets)
+        # what the steps read; other streams of the dataset are not loaded
+        self.batch_keys = ["data"] + [k for k in self.target_keys if k != "data"]
         data_spec, lengths_spec = model.input_signature
         targets_spec = {k: tf.TensorSpec([None, None], tf.int32, name=k) for k in self.target_keys}
         target_lengths_spec = {k: tf.TensorSpec([None], tf.int32, name=f"{k}_len") for k in self.target_keys}
@@ -49,21 +59,45 @@ class Steps:
 
     # ----- graph functions -----
     def _scores(self, losses) -> tf.Tensor:
+        """A step returns [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up."""
         return tf.stack([losses.loss, losses.error, losses.num_frames])
 
     def _train_step(self, data, lengths, targets, target_lengths):
-        # dropout: other masks on every rank and at every step, the same again in a resumed run
-        model_seed = fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank)
-        with tf.GradientTape() as tape:
-            outputs = self.model(data, lengths, training=True, seed=model_seed)
-            losses = self.model.compute_losses(outputs, targets, target_lengths)
-        differentiated = losses.loss if self.strategy.differentiates_loss_sum else losses.objective
-        grads = tape.gradient(differentiated, self.params)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                 for g, v in zip(grads, self.params)]
-        grads, scores = self.strategy.reduce_gradients(grads, self._scores(losses))
-        self.updater.apply_gradients(grads, self.params)
+        seed = self.updater.step_seed()
+        model_seed = fold_in(fold_in(seed, DROPOUT_STREAM), self.rank)  # each rank its own dropout masks
+        maximize = self.updater.gradient_options.maximize_norm
+        with tf.GradientTape() if maximize else contextlib.nullcontext() as outer:
+            with tf.GradientTape() as tape:
+                outputs = self.model(data, lengths, training=True, seed=model_seed)
+                losses = self.model.compute_losses(outputs, targets, target_lengths)
+                differentiated = self._differentiated(losses)
+            local = tape.gradient(differentiated, self.params)
+        present = [g is not None for g in local]  # a variable without a gradient is not updated
+        grads, scores = self.strategy.reduce_gradients(_dense(local, self.params), self._scores(losses))
+        extra = None
+        if maximize:
+            extra = [-maximize * g for g in self._grad_norm_gradient(outer, local, grads, scores)]
+        grads = [g if p else None for g, p in zip(grads, present)]
+        self.updater.apply_gradients(grads, self.params, extra)
         return scores
+
+    def _differentiated(self, losses):
+        """The loss whose gradient is reduced: the frame average (the loss sum in global_frames mode, where
+        the strategy divides by all ranks' frames) plus the L2 terms at RETURNN's weight relative to the
+        summed loss; in global_frames mode the L2 terms enter once for all ranks, not once per rank."""
+        if self.strategy.differentiates_loss_sum:
+            return losses.loss + losses.regularizer * self.strategy.regularizer_share
+        return losses.objective + losses.regularizer / tf.maximum(losses.num_frames, 1.0)
+
+    def _grad_norm_gradient(self, outer, local, grads, scores):
+        """d||G||/dw for the reduced gradient G: each rank's Hessian-vector product with G/||G||, reduced
+        like the gradients (so all ranks add the same term)."""
+        norm = tf.linalg.global_norm(grads)
+        unit = [tf.math.divide_no_nan(g, norm) for g in grads]
+        connected = [i for i, g in enumerate(local) if g is not None]
+        products = outer.gradient([local[i] for i in connected], self.params,
+                                  output_gradients=[unit[i] for i in connected])
+        return self.strategy.reduce_extra_gradients(_dense(products, self.params), scores)
 
     def _eval_step(self, data, lengths, targets, target_lengths):
         outputs = self.model(data, lengths, training=False)
@@ -84,7 +118,15 @@ class Steps:
         return data, lengths, targets, target_lengths
 
     def train(self, batch) -> np.ndarray:
-        return self._train(*self._inputs(batch)).numpy()
+        try:
+            return self._train(*self._inputs(batch)).numpy()
+        except Exception as exc:  # tracing fails when an op's gradient has no gradient of its own
+            missing = re.search(r"gradient registry has no entry for: (\w+)", str(exc))
+            if not (missing and self.updater.gradient_options.maximize_norm):
+                raise
+            raise ConfigError("maximize_grad_norm differentiates the gradient, but the model has an op "
+                              f"whose gradient ({missing.group(1)}) cannot be differentiated; set "
+                              "maximize_grad_norm = 0.") from None
 
     def eval(self, batch) -> np.ndarray:
         return self._eval(*self._inputs(batch)).numpy()

@@ -138,6 +138,8 @@ def check_step_signal(comm) -> None:
                       want_param_sync=comm.rank == last)
     assert sig.any_error and sig.failed_ranks == tuple(sorted({0, last}))
     assert sig.param_sync and sig.all_have_data and not sig.checkpoint and sig.stop_requests == ()
+    sig = step_signal(comm, have_more_data=True, had_error=3 if comm.rank == last else 0)
+    assert sig.failed_ranks == (last,) and sig.exit_code == 3, "the failing rank's exit code reaches all"
     # one rank's clock says a checkpoint is due, another got SIGUSR2 (12): every rank learns both
     sig = step_signal(comm, have_more_data=True, had_error=False, want_checkpoint=comm.rank == 0,
                       stop_signal=12 if comm.rank == last else 0)

@@ -19,8 +19,8 @@ import numpy as np
 
 from engine import log, process
 from engine.config import Config
-from engine.distributed.strategy import ParamAverage
 from engine.distributed import fail as fail_job
+from engine.distributed.strategy import ParamAverage
 from engine.errors import EngineError
 from engine.tasks.train import run_train
 from engine.training import step as step_module
@@ -97,12 +97,12 @@ def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
     original = Dataset.read_into
     reads = {"n": 0}
 
-    def read_into(self, seq_idx, key, out):
+    def read_into(self, seq_idx, key, out, offset=0):
         if process.rank() == fail_rank:
             reads["n"] += 1
             if reads["n"] > fail_after_reads:
                 raise DataError(f"injected corrupt sequence {seq_idx} in dataset {self.name!r}")
-        return original(self, seq_idx, key, out)
+        return original(self, seq_idx, key, out, offset)
 
     Dataset.read_into = read_into
 

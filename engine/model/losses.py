@@ -1,0 +1,95 @@
+"""The ``ce`` loss of a ``softmax`` layer with RETURNN's ``loss_opts``, and the layers' ``L2`` term.
+
+Per frame with target y, probabilities p = softmax(logits) and V classes (as RETURNN computes them):
+- plain: -log p_y;
+- ``label_smoothing`` s: cross-entropy against the soft target (1 - s on y, s / (V - 1) elsewhere),
+  minus that target's own entropy (so a perfect fit scores 0);
+- ``focal_loss_factor`` g: the above times (1 - p_y)^g (gradients flow through that factor too);
+- ``scale`` (or the layer's ``loss_scale``): multiplies the loss in the objective and the score.
+``use_fused`` picks between two formulations of the same value in RETURNN; here it changes nothing.
+
+``L2`` on a layer adds L2 * (sum of squares of all its parameters, weights and biases) to RETURNN's
+objective, which is the loss summed over frames. The engine differentiates frame-averaged losses, so
+``Steps`` divides the term by the batch's frames: the gradient has RETURNN's direction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import tensorflow as tf
+
+from engine.errors import ConfigError
+
+CE_OPTIONS = ("scale", "focal_loss_factor", "label_smoothing", "use_fused")
+
+
+def _number(layer: str, key: str, value: Any, low: float, high: float | None = None) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low and (
+        high is None or value < high)
+    if not ok:
+        bound = f"in [{low:g}, {high:g})" if high is not None else f">= {low:g}"
+        raise ConfigError(f"Network layer '{layer}': {key} must be a number {bound}, got {value!r}.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class CrossEntropy:
+    scale: float = 1.0
+    focal_loss_factor: float = 0.0
+    label_smoothing: float = 0.0
+
+    @classmethod
+    def from_layer_options(cls, layer: str, opts: dict, num_classes: int) -> "CrossEntropy":
+        """From ``loss_scale`` and ``loss_opts`` of the layer's options."""
+        loss_opts = opts.get("loss_opts") or {}
+        if not isinstance(loss_opts, dict):
+            raise ConfigError(f"Network layer '{layer}': loss_opts must be a dict, got {loss_opts!r}.")
+        unknown = sorted(set(loss_opts) - set(CE_OPTIONS))
+        if unknown:
+            raise ConfigError(f"Network layer '{layer}': loss_opts {unknown} are not supported for the 'ce' "
+                              f"loss; supported: {', '.join(CE_OPTIONS)}.")
+        if not isinstance(loss_opts.get("use_fused", True), bool):
+            raise ConfigError(f"Network layer '{layer}': loss_opts use_fused must be True or False.")
+        scale = _number(layer, "loss_scale", opts.get("loss_scale", 1.0), float("-inf"))
+        if "scale" in loss_opts:
+            given = _number(layer, "loss_opts scale", loss_opts["scale"], float("-inf"))
+            if "loss_scale" in opts and given != scale:
+                raise ConfigError(f"Network layer '{layer}': loss_scale {scale:g} and loss_opts scale "
+                                  f"{given:g} disagree; give one of them.")
+            scale = given
+        smoothing = _number(layer, "loss_opts label_smoothing", loss_opts.get("label_smoothing", 0.0),
+                            0.0, 1.0)
+        if smoothing and num_classes < 2:
+            raise ConfigError(f"Network layer '{layer}': label_smoothing needs at least 2 classes.")
+        focal = _number(layer, "loss_opts focal_loss_factor", loss_opts.get("focal_loss_factor", 0.0), 0.0)
+        return cls(scale, focal, smoothing)
+
+    def frame_losses(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        """Unscaled loss per frame: ``logits`` (..., V), ``labels`` (...) valid class ids."""
+        if self.label_smoothing:
+            num_classes = tf.shape(logits)[-1]
+            on = 1.0 - self.label_smoothing
+            off = self.label_smoothing / tf.cast(num_classes - 1, logits.dtype)
+            soft = tf.one_hot(labels, num_classes, on_value=on, off_value=off, dtype=logits.dtype)
+            entropy = -(on * tf.math.log(on)
+                        + tf.cast(num_classes - 1, logits.dtype) * off * tf.math.log(off + 1e-20))
+            loss = tf.nn.softmax_cross_entropy_with_logits(labels=soft, logits=logits) - entropy
+        else:
+            loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        if self.focal_loss_factor:
+            one_hot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=logits.dtype)
+            p_target = tf.reduce_sum(tf.nn.softmax(logits) * one_hot, axis=-1)
+            loss *= (1.0 - p_target) ** self.focal_loss_factor
+        return loss
+
+
+def l2_factor(layer: str, opts: dict) -> float:
+    """The layer's ``L2`` (0: none)."""
+    value = opts.get("L2")
+    return 0.0 if value is None else _number(layer, "L2", value, 0.0)
+
+
+def l2_term(factor: float, params: Iterable[tf.Variable]) -> tf.Tensor:
+    """factor * sum of squares of ``params``, as RETURNN adds it for a layer."""
+    return factor * tf.add_n([tf.reduce_sum(tf.square(p)) for p in params] or [tf.constant(0.0)])

@@ -1,0 +1,110 @@
+"""RETURNN's ``time_chunking`` and ``time_unchunking`` layers, as plain TensorFlow ops.
+
+``time_chunking`` (``chunk_size`` C, ``chunk_step`` S) turns a time-major batch (T, B, D) into
+n = max(T - C + S - 1, 0) // S + 1 chunks per sequence, a batch (C, B * n, D) whose column b * n + k
+holds frames k*S .. k*S + C - 1 of sequence b; a chunk's length is the part of those frames inside
+the sequence (0 to C), frames outside are 0. ``time_unchunking`` (``chunking_layer``: that layer)
+maps such a batch back to (T, B, D): every frame is the mean of the chunk frames that cover it (the
+valid ones), 0 where none does. The gradients follow from the ops (summed over the overlaps when
+chunking, spread by the mean when unchunking), which is what RETURNN's native ops compute.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from engine.errors import ConfigError
+from engine.model.layers import Layer, positive_int
+
+
+def num_chunks(n_time: tf.Tensor, size: int, step: int) -> tf.Tensor:
+    return tf.maximum(n_time - size + step - 1, 0) // step + 1
+
+
+def chunk_time(x: tf.Tensor, lengths: tf.Tensor, size: int, step: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """(T, B, D), (B,) -> (size, B * n, D) chunks and their (B * n,) lengths."""
+    n_time, n_batch = tf.shape(x)[0], tf.shape(x)[1]
+    n = num_chunks(n_time, size, step)
+    starts = tf.range(n) * step  # (n,)
+    frame = starts[None, :] + tf.range(size)[:, None]  # (size, n): the input frame of each chunk position
+    padded = tf.concat([x, tf.zeros_like(x[:1])], axis=0)  # frames past T read this zero frame
+    chunks = tf.gather(padded, tf.minimum(frame, n_time))  # (size, n, B, D)
+    chunk_lengths = tf.clip_by_value(lengths[None, :] - starts[:, None], 0, size)  # (n, B)
+    valid = tf.range(size)[:, None, None] < chunk_lengths[None, :, :]  # (size, n, B)
+    chunks = tf.where(valid[..., None], chunks, tf.zeros_like(chunks))
+    out = tf.reshape(tf.transpose(chunks, [0, 2, 1, 3]), [size, n_batch * n, tf.shape(x)[2]])
+    return out, tf.reshape(tf.transpose(chunk_lengths), [-1])
+
+
+def unchunk_time(y: tf.Tensor, chunk_lengths: tf.Tensor, size: int, step: int,
+                 n_time: tf.Tensor) -> tf.Tensor:
+    """(size, B * n, D) chunks with (B * n,) lengths -> (n_time, B, D), each frame the mean of its chunks."""
+    n = num_chunks(n_time, size, step)
+    n_batch = tf.shape(y)[1] // n
+    dim = tf.shape(y)[2]
+    by_chunk = tf.transpose(tf.reshape(y, [size, n_batch, n, dim]), [0, 2, 1, 3])  # (size, n, B, D)
+    lengths = tf.transpose(tf.reshape(chunk_lengths, [n_batch, n]))  # (n, B)
+    overlaps = -(-size // step)  # at most this many chunks cover a frame
+    t = tf.range(n_time)[:, None]
+    k = t // step - tf.range(overlaps)[None, :]  # (T, overlaps): the chunks that may cover frame t
+    pos = t - k * step  # the frame's position inside chunk k
+    inside = (k >= 0) & (k < n) & (pos < size)
+    k_safe, pos_safe = tf.where(inside, k, 0), tf.where(inside, pos, 0)
+    frames = tf.gather_nd(by_chunk, tf.stack([pos_safe, k_safe], axis=-1))  # (T, overlaps, B, D)
+    valid = inside[..., None] & (pos_safe[..., None] < tf.gather(lengths, k_safe))  # (T, overlaps, B)
+    total = tf.reduce_sum(tf.where(valid[..., None], frames, tf.zeros_like(frames)), axis=1)
+    count = tf.reduce_sum(tf.cast(valid, y.dtype), axis=1)  # (T, B)
+    return total / tf.maximum(count, 1.0)[..., None]
+
+
+class TimeChunking(Layer):
+    """``time_chunking``: ``chunk_size``, ``chunk_step``; no parameters."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int) -> None:
+        super().__init__(in_dim)
+        self.size = positive_int(name, opts, "chunk_size")
+        self.step = positive_int(name, opts, "chunk_step")
+
+    def chunk(self, x: tf.Tensor, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return chunk_time(x, lengths, self.size, self.step)
+
+
+class TimeUnchunking(Layer):
+    """``time_unchunking``: ``chunking_layer`` names the ``time_chunking`` layer whose chunks come back."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int, chunking_layer: Layer) -> None:
+        super().__init__(in_dim)
+        if not isinstance(chunking_layer, TimeChunking):
+            raise ConfigError(f"Network layer '{name}': 'chunking_layer' must name a time_chunking layer, "
+                              f"got {opts.get('chunking_layer')!r}.")
+        self.chunking_layer = opts["chunking_layer"]
+        self.size, self.step = chunking_layer.size, chunking_layer.step
+
+    def unchunk(self, y: tf.Tensor, chunk_lengths: tf.Tensor, n_time: tf.Tensor) -> tf.Tensor:
+        return unchunk_time(y, chunk_lengths, self.size, self.step, n_time)
+
+
+def check_time_axes(specs: dict, order: list[str], loss_layers: list[str]) -> None:
+    """Every layer reads sources on one time axis; ``time_unchunking`` undoes the innermost chunking; loss
+    layers and ``output`` see the data's own time axis. ``specs``: name -> (cls, sources, opts)."""
+    axes: dict[str, tuple[str, ...]] = {"data": ()}  # the chunking layers a layer's frames went through
+    for name in order:
+        cls, sources, opts = specs[name]
+        source_axes = {axes[src] for src in sources}
+        if len(source_axes) > 1:
+            raise ConfigError(f"Network layer '{name}': its sources {list(sources)} are on different time "
+                              "axes (some went through a time_chunking layer that the others did not).")
+        axis = source_axes.pop()
+        if cls == "time_chunking":
+            axis = axis + (name,)
+        elif cls == "time_unchunking":
+            chunking_layer = opts.get("chunking_layer")
+            if not axis or axis[-1] != chunking_layer:
+                raise ConfigError(f"Network layer '{name}': chunking_layer {chunking_layer!r} must be the "
+                                  f"time_chunking layer its sources were last chunked by "
+                                  f"({axis[-1] if axis else 'none'!r}).")
+            axis = axis[:-1]
+        axes[name] = axis
+    for name in set(loss_layers) | {"output"}:
+        if axes.get(name):
+            raise ConfigError(f"Network layer '{name}' is on the time axis of time_chunking layer "
+                              f"'{axes[name][-1]}': add a time_unchunking layer before a loss or the output.")

@@ -1,0 +1,76 @@
+"""What happens to the (reduced) gradients before the optimizer sees them, in RETURNN's order.
+
+Keys (0 = off):
+- ``maximize_grad_norm`` f: the gradient of -f * ||g|| is added, g being all gradients (the training
+  also pushes the gradient norm up). ``Steps`` computes that term, since it needs the gradient tape.
+- ``gradient_noise`` s: Gaussian noise with standard deviation s, truncated at 2 s (drawn again
+  beyond), is added to every gradient; the same s at every step.
+- ``gradient_clip`` c: every gradient value is clipped to [-c, c].
+- ``gradient_clip_global_norm`` n: all gradients are scaled by n / max(||g||, n), where ||g|| is the
+  norm of the gradients as they came (before the steps above), as RETURNN computes it.
+
+With data-parallel training all of this happens after the ranks' gradients are reduced, so every rank
+applies the same update. The noise is a pure function of (``random_seed``, the global step, the
+variable's index): the same on every rank, and the same again when a run is resumed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import tensorflow as tf
+
+from engine.errors import ConfigError
+
+NOISE_STREAM = 0x6E6F6973  # keeps the noise's random numbers apart from other users of the step's seed
+
+
+def _non_negative(config, key: str) -> float:
+    value = config.float(key) or 0.0
+    if value < 0:
+        raise ConfigError(f"Config key '{key}' must be >= 0 (0: off), got {value}.")
+    return value
+
+
+@dataclass(frozen=True)
+class GradientOptions:
+    noise: float = 0.0
+    clip_value: float = 0.0
+    clip_global_norm: float = 0.0
+    maximize_norm: float = 0.0
+
+    @classmethod
+    def from_config(cls, config) -> "GradientOptions":
+        return cls(noise=_non_negative(config, "gradient_noise"),
+                   clip_value=_non_negative(config, "gradient_clip"),
+                   clip_global_norm=_non_negative(config, "gradient_clip_global_norm"),
+                   maximize_norm=_non_negative(config, "maximize_grad_norm"))
+
+
+def global_norm(grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
+    return tf.linalg.global_norm([g for g in grads if g is not None])
+
+
+def process_gradients(grads: Sequence[tf.Tensor | None], options: GradientOptions, seed: tf.Tensor,
+                      extra: Sequence[tf.Tensor | None] | None = None) -> list[tf.Tensor | None]:
+    """The gradients to apply. ``extra``: the ``maximize_grad_norm`` term per gradient (or None);
+    ``seed``: int64 (2,), the step's key for the noise. A None gradient stays None (no update)."""
+    norm = global_norm(grads) if options.clip_global_norm else None
+    out = []
+    for index, grad in enumerate(grads):
+        if grad is None:
+            out.append(None)
+            continue
+        if extra is not None and extra[index] is not None:
+            grad = grad + extra[index]
+        if options.noise:
+            var_seed = tf.random.experimental.stateless_fold_in(
+                tf.random.experimental.stateless_fold_in(seed, NOISE_STREAM), index)
+            grad = grad + tf.random.stateless_truncated_normal(tf.shape(grad), seed=var_seed,
+                                                               stddev=options.noise, dtype=grad.dtype)
+        if options.clip_value:
+            grad = tf.clip_by_value(grad, -options.clip_value, options.clip_value)
+        if norm is not None:
+            grad = grad * (options.clip_global_norm / tf.maximum(norm, options.clip_global_norm))
+        out.append(grad)
+    return out

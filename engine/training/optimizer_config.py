@@ -1,0 +1,69 @@
+"""Which optimizer a config asks for: the ``optimizer`` dict, or RETURNN's older flags.
+
+RETURNN's flags (for configs without ``optimizer``):
+- ``adam = True``: adam;  ``nadam = True``: nadam (both refuse a ``momentum``). nadam is the rule of
+  RETURNN's own NadamOptimizer (also its ``optimizer = "nadam"``); RETURNN on TensorFlow 2 gives the flag
+  Keras' Nadam instead, whose momentum schedule differs;
+- ``rmsprop = <float>``: rmsprop with that decay;  ``rmsprop = True``: rmsprop (decay 0.9); both take
+  ``momentum`` as rmsprop's momentum;
+- ``momentum = <m>`` (not 0): momentum SGD;  none of them: the engine's default (adam).
+``optimizer_epsilon`` [1e-16] is the epsilon of every optimizer that has one (adam, nadam, rmsprop),
+also of an ``optimizer`` dict that gives none, as in RETURNN.
+
+Where RETURNN would silently use one setting and drop another (an ``optimizer`` dict beside a flag,
+two optimizer flags at once) or stop with an assertion (``adam`` with ``momentum``), this is a
+ConfigError that says what to write instead.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import ConfigError
+from engine.training.optimizers import Optimizer, optimizer_from_config
+
+
+def _set_flags(config) -> dict[str, Any]:
+    """The flags that select something: ``adam``/``nadam`` true, ``rmsprop`` a float (its decay) or true,
+    ``momentum`` not 0."""
+    found: dict[str, Any] = {key: True for key in ("adam", "nadam") if config.bool(key)}
+    rmsprop = config.typed("rmsprop")
+    if isinstance(rmsprop, float):
+        found["rmsprop"] = rmsprop
+    elif rmsprop is not None and config.bool("rmsprop"):
+        found["rmsprop"] = True
+    momentum = config.float("momentum") or 0.0
+    if momentum:
+        found["momentum"] = momentum
+    return found
+
+
+def optimizer_for_config(config) -> Optimizer:
+    epsilon = config.float("optimizer_epsilon")
+    flags = _set_flags(config)
+    value = config.typed("optimizer")
+    if value is not None:
+        if flags:
+            raise ConfigError(f"Config keys {sorted(flags)} and 'optimizer' are both set; give the optimizer "
+                              "in one place, e.g. optimizer = {'class': 'rmsprop', 'momentum': 0.9} "
+                              "(RETURNN would drop the flags, or take 'momentum' only for optimizers that "
+                              "have one).")
+        return optimizer_from_config(value, epsilon=epsilon)
+    chosen = [key for key in ("adam", "nadam", "rmsprop") if key in flags]
+    if len(chosen) > 1:
+        raise ConfigError(f"Config keys {chosen} each select an optimizer; set only one (RETURNN would take "
+                          f"'{chosen[0]}' and drop the others).")
+    momentum = flags.get("momentum", 0.0)
+    if chosen and chosen[0] in ("adam", "nadam") and momentum:
+        raise ConfigError(f"Config key '{chosen[0]}' does not take 'momentum' (= {momentum}); "
+                          "remove one of them.")
+    if chosen and chosen[0] == "rmsprop":
+        rmsprop = flags["rmsprop"]
+        options = {"class": "rmsprop", "momentum": momentum}
+        if not isinstance(rmsprop, bool):
+            options["decay"] = rmsprop
+        return optimizer_from_config(options, epsilon=epsilon)
+    if chosen:
+        return optimizer_from_config(chosen[0], epsilon=epsilon)
+    if momentum:
+        return optimizer_from_config({"class": "momentum", "momentum": momentum}, epsilon=epsilon)
+    return optimizer_from_config(None, epsilon=epsilon)

@@ -1,0 +1,47 @@
+"""L2, maximize_grad_norm, gradient noise and clipping with real mpirun and 2 ranks: every rank applies the
+same update, the L2 term counts as in RETURNN (on every rank for 'sum'/'average', once for 'global_frames'),
+and the norm term and the noise are those of the reduced gradient (the effect of each is checked on one
+process in test_training_gradients.py and test_model_recipe_layers.py)."""
+import numpy as np
+import pytest
+
+from test_engine_parallel import base_config, train
+
+pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest]
+
+NETWORK = {"hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "L2": 0.02},
+           "lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 5, "from": "hidden", "L2": 0.01},
+           "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+TRAINING = {"network": NETWORK, "gradient_noise": 0.01, "gradient_clip": 0.5,
+            "gradient_clip_global_norm": 2.0}
+
+
+def scaled_l2(network, factor):
+    return {name: ({**layer, "L2": layer["L2"] * factor} if "L2" in layer else layer)
+            for name, layer in network.items()}
+
+
+def test_average_mode_counts_l2_on_every_rank_as_returnn_does(tmp_path):
+    parallel = base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend="mpi", **TRAINING)
+    ranks, _ = train(tmp_path, 2, parallel)
+    # equal frames per rank: the ranks' mean of (CE / N_r + L2 R / N_r) is CE_union / N + 2 L2 R / N, the
+    # union batch with twice the L2; the norm term and the noise belong to the reduced gradient
+    single, _ = train(tmp_path, 1, base_config(batch_size=80,
+                                               **{**TRAINING, "network": scaled_l2(NETWORK, 2)}))
+    assert ranks[0]["num_steps"] == single[0]["num_steps"] == 2
+    np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
+    np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)
+
+
+def test_global_frames_counts_l2_once_and_equals_the_union_batch(tmp_path):
+    corpus = {"class": "Task12AXDataset", "num_seqs": 8, "fixed_random_seed": 5}  # unequal lengths
+    feed_forward = {"hidden": NETWORK["hidden"],
+                    "output": {"class": "softmax", "loss": "ce", "from": "hidden"}}
+    common = dict(train=corpus, batch_size=10000, maximize_grad_norm=0.1,
+                  **{**TRAINING, "network": feed_forward})
+    exact, _ = train(tmp_path, 2, base_config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
+                                              horovod_grad_normalization="global_frames", **common))
+    single, _ = train(tmp_path, 1, base_config(max_seqs=4, **common))
+    assert exact[0]["num_steps"] == single[0]["num_steps"] == 2
+    np.testing.assert_array_equal(exact[0]["params"], exact[1]["params"])
+    np.testing.assert_allclose(exact[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)
