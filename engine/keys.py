@@ -63,7 +63,7 @@ _section(
     ("get_model", "any", None, "config function returning a Keras model or tf.Module"),
     ("get_network", "any", None, "config function get_network(epoch=...) returning a layer dict"),
     ("random_seed", "int", 42,
-     "seeds the initial parameters, dropout and the train data's order (42: RETURNN's order)"),
+     "seeds the initial parameters, dropout, gradient noise and the train data's order (42: RETURNN's)"),
     ("device", "str", "", "cpu | gpu", "GPU when present"),
 )
 _section(
