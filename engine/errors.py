@@ -25,6 +25,12 @@ RESUMABLE_EXIT_CODE = 99
 NOT_RESTARTABLE_EXIT_CODES = frozenset({CONFIG_ERROR_EXIT_CODE, DATA_ERROR_EXIT_CODE})
 
 
+# A rank that stays quiet about an error another rank reports waits this long before it exits: mpirun
+# ends the whole job at the first non-zero exit, which could otherwise cut the reporting rank off before
+# its message is out.
+QUIET_RANK_EXIT_DELAY = 3.0
+
+
 class EngineError(Exception):
     """An error the user can fix: bad config, bad data, bad command line, a failed rank.
 

@@ -33,6 +33,10 @@ def _section(owner: str, *rows: tuple) -> None:
 
 
 _section(
+    "key_check",
+    ("ignore_keys", "list", [], "RETURNN names to run without: 'key', 'layer:option', 'dataset:option'", ""),
+)
+_section(
     "tasks",
     ("task", "str", "train", "train | eval | forward"),
     ("train", "any", None, 'train dataset: dict, "file1.hdf,file2.hdf", or "Class:kw=v,..."'),
@@ -85,6 +89,7 @@ _section(
     ("maximize_grad_norm", "float", 0.0, "add the gradient of -f * ||gradients|| (0: off)"),
     ("learning_rate_control", "str", "constant",
      "constant | newbob | newbob_rel | newbob_abs | newbob_multi_epoch"),
+    ("debug_add_check_numerics_ops", "bool", False, "stop training at the first Inf or NaN of an op (slow)"),
     ("newbob_learning_rate_decay", "float", 0.5, "newbob: multiply the rate by this"),
     ("newbob_learning_rate_growth", "float", 1.0, "newbob: multiply the rate by this when it is not decayed"),
     ("newbob_relative_error_threshold", "float", -0.01,
@@ -121,9 +126,9 @@ _section(
 _section(
     "log",
     ("log", "list", [], "log file(s); per rank <name>.horovod-<rank>-<size><ext> under MPI", ""),
-    ("log_verbosity", "int", 3, "0..5; 5 prints every step and tracebacks"),
+    ("log_verbosity", "int", 3, "0..5; 5 prints every step"),
     ("log_all_ranks", "bool", False, "print progress of every rank on stdout, prefixed with the rank"),
-    ("debug", "bool", False, "show tracebacks for errors"),
+    ("debug", "bool", False, "show tracebacks for errors (also for config errors)"),
 )
 _section(
     "distributed",

@@ -55,7 +55,9 @@ def verbosity() -> int:
     return _state.verbosity
 
 
-def write(level: int, message: str) -> None:
+def write(level: int, message: str, same_on_all_ranks: bool = False) -> None:
+    """``same_on_all_ranks``: every rank logs this very message (e.g. about the config, which all ranks
+    share), so other ranks write it to their files only and rank 0 alone prints it."""
     if level > _state.verbosity:
         return
     for f in _state.files:
@@ -63,7 +65,7 @@ def write(level: int, message: str) -> None:
     stream = sys.stdout if level > WARNING else sys.stderr
     if process.is_main():
         print(message, file=stream, flush=True)
-    elif level <= WARNING or _state.all_ranks_stdout:
+    elif (level <= WARNING and not same_on_all_ranks) or _state.all_ranks_stdout:
         print(process.prefix_lines(message), file=stream, flush=True)
 
 

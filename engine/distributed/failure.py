@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import NoReturn
 
 from engine import process
-from engine.errors import EngineError
+from engine.errors import QUIET_RANK_EXIT_DELAY, EngineError
 
 
 def install_failure_handler() -> None:
@@ -50,6 +51,8 @@ def fail(exc: BaseException, show_traceback: bool | None = None) -> NoReturn:
         comm.abort(message, exit_code)
     if message:
         print(message, file=sys.stderr, flush=True)
+    elif comm is not None and comm.size > 1:
+        time.sleep(QUIET_RANK_EXIT_DELAY)
     sys.exit(exit_code)
 
 

@@ -38,7 +38,9 @@ class Trainer:
         self.model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                                  target_dims=dims.target_dims)
         self.updater = Updater.from_config(config, self.model.named_trainable_variables())
-        self.steps = Steps(self.model, self.updater, strategy)
+        self.steps = Steps(self.model, self.updater, strategy,
+                           check_numerics=config.bool("debug_add_check_numerics_ops"))
+        self.steps.trace("train")
         self.lr_control = LearningRateControl.from_config(config)
         self.checkpoints = Checkpointer(config, strategy, self.model, self.updater, self.lr_control)
         self.num_epochs = config.int("num_epochs")
