@@ -58,3 +58,14 @@ class DataError(EngineError):
 
 class DistributedError(EngineError):
     """The MPI job is misconfigured, or another rank failed."""
+
+
+class TrainingStopped(EngineError):
+    """Training stopped on request (a preemption signal, the time limit) after saving a checkpoint.
+
+    Not an error: the ranks agreed on the stop through the step signal, and rank 0 logged the one line
+    saying why, so every rank ends quietly with ``RESUMABLE_EXIT_CODE``."""
+
+    exit_code = RESUMABLE_EXIT_CODE
+    agreed = True
+    quiet = True

@@ -66,7 +66,8 @@ _section(
     ("network", "any", None, "layer dict (linear, rec, softmax, dropout, copy)"),
     ("get_model", "any", None, "config function returning a Keras model or tf.Module"),
     ("get_network", "any", None, "config function get_network(epoch=...) returning a layer dict"),
-    ("random_seed", "int", 42, "seed for parameters and data order"),
+    ("random_seed", "int", 42,
+     "seeds the initial parameters, dropout, gradient noise and the train data's order (42: RETURNN's)"),
     ("device", "str", "", "cpu | gpu", "GPU when present"),
 )
 _section(
@@ -115,6 +116,8 @@ _section(
     "checkpoints",
     ("model", "str", None, "checkpoint prefix; epoch N is saved as <model>.<NNN>"),
     ("save_interval", "int", 1, "save every N epochs (and at the end)"),
+    ("checkpoint_interval", "any", "30 min",
+     "checkpoints within an epoch: N or 'N steps', 'M min', 'H h'; 0: none (resume: next batch)"),
     ("cleanup_old_models", "any", False, "delete old checkpoints: True, or {keep_last_n, keep_best_n, keep}"),
     ("start_epoch", "any", "auto", "auto: resume after the newest checkpoint; or an epoch >= 1"),
     ("load", "str", None, "checkpoint to load (initialisation for train; the model for eval/forward)"),
@@ -138,7 +141,10 @@ _section(
     ("horovod_avg_grad", "bool", False, "grad mode: average instead of sum (horovod_grad_normalization)"),
     ("horovod_grad_normalization", "str", None, "grad mode: sum | average | global_frames", "sum"),
     ("distributed_backend", "str", "auto", "auto | horovod | mpi"),
-    ("distributed_stall_timeout", "float", None, "abort the job when a collective waits longer (seconds)"),
+    ("distributed_stall_warning", "float", 60.0,
+     "seconds a rank may wait in a collective before a warning names the ranks it waits for (0: none)"),
+    ("distributed_stall_timeout", "float", 300.0,
+     "seconds a rank may wait in a collective before the job ends, naming those ranks (0: wait forever)"),
 )
 
 KEYS: dict[str, Key] = {key.name: key for key in _KEYS}

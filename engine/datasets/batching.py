@@ -132,12 +132,14 @@ class PlannedBatches:
 
 
 def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0, shard_size: int = 1,
-                     keys: Sequence[str] | None = None, recurrent: bool = True) -> PlannedBatches:
+                     keys: Sequence[str] | None = None, recurrent: bool = True,
+                     skip: int = 0) -> PlannedBatches:
     """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
 
     ``keys``: the data keys to batch (default: all of the dataset's); with ``dataset.chunking`` the
     batches hold chunks of the sequences (see ``chunking.py``), cut over these keys, unless the network
-    is not ``recurrent`` (RETURNN ignores the chunking then).
+    is not ``recurrent`` (RETURNN ignores the chunking then). ``skip``: the first batches of the epoch's
+    plan are already trained (a resumed epoch); not read.
     Planning happens now (lengths only, bad options raise here); data is read as the iterator advances."""
     if not 0 <= shard_rank < shard_size:
         raise ValueError(f"shard_rank {shard_rank} outside 0..{shard_size - 1}")
@@ -162,7 +164,7 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if oversized:
         log.warning(f"{where}: {oversized} {what} longer than batch_size {options.batch_size}; each got a "
                     f"batch of its own.")
-    mine = batches[shard_rank::shard_size]
+    mine = batches[skip:][shard_rank::shard_size]
     return PlannedBatches(_materialise(dataset, keys, pieces, mine), sum(len(b) for b in mine))
 
 

@@ -35,6 +35,14 @@ class LocalCommunicator(Communicator):
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj]
 
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any]:
+        _check_root(root)
+        return [obj]
+
+    def scatter_object(self, objects: Sequence[Any] | None, root: int = 0) -> Any:
+        _check_root(root)
+        return objects[0]
+
     def barrier(self) -> None:
         pass
 

@@ -16,8 +16,10 @@ from engine import log
 from engine.datasets import BatchOptions, BatchPrefetcher, Dataset, generate_batches
 from engine.distributed.backend import Communicator
 from engine.distributed.protocol import agree_on_failure, sum_score_vectors
-from engine.distributed.strategy import Strategy
+from engine.distributed.strategy import NO_REQUESTS, Strategy
 from engine.training.report import EpochReport
+from engine.training.checkpointer import Checkpointer
+from engine.training.resume import EpochStart
 from engine.training.step import Steps
 
 
@@ -30,22 +32,28 @@ def _next_batch(batches: Iterator):
 
 
 def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptions,
-                strategy: Strategy) -> EpochReport:
+                strategy: Strategy, checkpoints: Checkpointer | None = None) -> EpochReport:
+    """``checkpoints``: where a resumed epoch continues, and the checkpoints and stops within it."""
     report = EpochReport(f"train epoch {epoch}")
     dataset.init_seq_order(epoch)
     shard_rank, shard_size = strategy.train_shard
-    local_scores = np.zeros(3)
+    start = checkpoints.epoch_start(dataset, batching) if checkpoints is not None else EpochStart()
+    local_scores, report.steps = start.scores.copy(), start.step
     planned = generate_batches(dataset, batching, shard_rank=shard_rank, shard_size=shard_size,
-                               keys=steps.batch_keys, recurrent=steps.model.recurrent)
+                               keys=steps.batch_keys, recurrent=steps.model.recurrent,
+                               skip=start.skip_batches)
     report.expected_seqs = planned.num_seqs
     with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
-        step = 0
+        step = start.step
         while True:
             batch, error = _next_batch(batches)
-            plan = strategy.before_step(step, batch, error)
+            requests = checkpoints.requests(step) if checkpoints is not None else NO_REQUESTS
+            plan = strategy.before_step(step, batch, error, requests)
             if plan is None:
                 break  # some rank is out of data: every rank ends the epoch, the pending batch is dropped
+            if plan.checkpoint or plan.stop_requests:  # the state after `step` steps; a stop raises here
+                checkpoints.at_step_boundary(plan, step, local_scores)
             t0 = time.perf_counter()
             with report.computing():
                 scores = steps.train(batch)
