@@ -16,10 +16,11 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from engine import log
+from engine import log, phases
 from engine.datasets.base import Dataset
 from engine.datasets.buffers import ALIGN, BufferPool, carve, layout_bytes
 from engine.errors import ConfigError
+from engine.timeline import DATA_WAIT
 
 DEFAULT_EVAL_BATCH_SIZE = 5000
 
@@ -115,11 +116,24 @@ def plan_batches(lengths: np.ndarray, *, batch_size: int, max_seqs: int = -1,
     return batches, len(lengths) - len(positions), oversized
 
 
+class PlannedBatches:
+    """This rank's batches of an epoch, planned: ``len()`` is their number, iterating reads them."""
+
+    def __init__(self, dataset: Dataset, lengths: np.ndarray, batches: list[np.ndarray]) -> None:
+        self._dataset, self._lengths, self._batches = dataset, lengths, batches
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return _materialise(self._dataset, self._lengths, self._batches)
+
+
 def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0,
-                     shard_size: int = 1) -> Iterator[Batch]:
+                     shard_size: int = 1) -> PlannedBatches:
     """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
 
-    Planning happens now (lengths only, bad options raise here); data is read as the iterator advances."""
+    Planning happens now (lengths only, bad options raise here); data is read as the iteration advances."""
     if not 0 <= shard_rank < shard_size:
         raise ValueError(f"shard_rank {shard_rank} outside 0..{shard_size - 1}")
     lengths = dataset.epoch_seq_lengths()
@@ -133,7 +147,7 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if oversized:
         log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {options.batch_size}; each got "
                     "a batch of its own.")
-    return _materialise(dataset, lengths, batches[shard_rank::shard_size])
+    return PlannedBatches(dataset, lengths, batches[shard_rank::shard_size])
 
 
 def _materialise(dataset: Dataset, lengths: np.ndarray, batches: list[np.ndarray]) -> Iterator[Batch]:
@@ -218,7 +232,7 @@ class BatchPrefetcher:
     def __next__(self) -> Batch:
         if self._finished:
             raise StopIteration
-        with self._cond:
+        with phases.span("data wait", DATA_WAIT), self._cond:
             if not self._items:
                 while len(self._items) < self.depth and not (self._items and self._items[-1][0] != "batch"):
                     self._cond.wait()

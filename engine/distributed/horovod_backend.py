@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import check_reduction
+from engine import phases
+from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import MPICommunicator
 from engine.errors import DistributedError
@@ -60,12 +61,33 @@ class HorovodCommunicator(MPICommunicator):
             results = self._grouped_allreduce([tf.convert_to_tensor(a) for a in arrays], op)
         return [t.numpy() for t in results]
 
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
-        return self._grouped_allreduce(tensors, op)
+        if timed_as is None or not tensors:
+            return self._grouped_allreduce(tensors, op)
+        # Horovod reduces in its own thread, out of Python's sight: two stateful markers read the clock
+        # once every input is ready (the reduction waits for the first) and once every result is.
+        name, category = timed_as
+        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors)}
+
+        def started() -> np.ndarray:
+            return np.float64(phases.now())
+
+        def finished(start: np.ndarray) -> None:
+            phases.record(name, category, float(start), phases.now(), **sizes)
+
+        with tf.control_dependencies(tensors):
+            start = tf.numpy_function(started, [], tf.float64, stateful=True, name="allreduce_started")
+        with tf.control_dependencies([start]):
+            tensors = [tf.identity(t) for t in tensors]
+        results = self._grouped_allreduce(tensors, op)
+        with tf.control_dependencies(results):
+            tf.numpy_function(finished, [start], [], stateful=True, name="allreduce_finished")
+        return results
 
     def _grouped_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """One Horovod grouped allreduce per dtype (a group must share its dtype; Horovod fuses it)."""

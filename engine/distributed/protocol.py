@@ -14,8 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from engine import phases
 from engine.distributed.backend import Communicator
 from engine.errors import DistributedError, EngineError
+from engine.timeline import STEP_SIGNAL
 
 # Step signal vector: [ranks out of data, ranks voting for a parameter sync, error flag of each rank...]
 _NO_DATA, _SYNC_VOTE, _ERRORS = 0, 1, 2
@@ -36,7 +38,7 @@ def step_signal(comm: Communicator, have_more_data: bool, had_error: bool,
     vector[_NO_DATA] = not have_more_data
     vector[_SYNC_VOTE] = want_param_sync
     vector[_ERRORS + comm.rank] = had_error
-    with comm.stall_guard("step signal"):
+    with comm.stall_guard("step signal"), phases.span("step signal", STEP_SIGNAL, bytes=vector.nbytes):
         (total,) = comm.allreduce([vector], "sum")
     failed = tuple(int(r) for r in np.flatnonzero(total[_ERRORS:]))
     return StepSignal(all_have_data=bool(total[_NO_DATA] == 0), any_error=bool(failed), failed_ranks=failed,

@@ -13,6 +13,7 @@ from engine.model import build_model
 from engine.training.checkpoint import checkpoint_path, load_checkpoint, resolve_start_epoch, save_checkpoint
 from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
+from engine.training.monitor import RunMonitor
 from engine.training.report import hms
 from engine.training.step import Steps
 from engine.training.updater import Updater
@@ -35,6 +36,7 @@ class Trainer:
         self.updater = Updater.from_config(config, self.model.named_trainable_variables())
         self.steps = Steps(self.model, self.updater, strategy)
         self.lr_control = LearningRateControl.from_config(config)
+        self.monitor = RunMonitor(config, self.comm, self.lr_control)
         self.model_prefix = config.str("model")
         self.num_epochs = config.int("num_epochs")
         self.save_interval = config.int("save_interval")
@@ -73,7 +75,8 @@ class Trainer:
             lr = self.comm.broadcast_object(lr, root=0) * self.strategy.lr_scale
             self.updater.set_learning_rate(lr)
             log.debug(f"epoch {epoch}: learning rate {lr:g}")
-            report = train_epoch(self.steps, self.train_data, epoch, self.train_batching, self.strategy)
+            report = train_epoch(self.steps, self.train_data, epoch, self.train_batching, self.strategy,
+                                 self.monitor)
             self.global_step += report.steps
             scores = {"train_score": report.scores.score, "train_error": report.scores.error}
             log.info(f"epoch {epoch} score: {report.scores.score:.6f} error: {report.scores.error:.6f} "
@@ -85,6 +88,7 @@ class Trainer:
             self.lr_control.set_epoch_scores(epoch, scores)
             if self.comm.rank == 0:
                 self._save(epoch)
+            self.monitor.epoch_done(epoch, report, scores)
         log.info(f"finished training after epoch {self.num_epochs}")
 
     def _save(self, epoch: int) -> None:
@@ -107,4 +111,5 @@ def run_train(config: Config) -> None:
         error = exc
     agree_on_failure(strategy.comm, error)
     trainer.broadcast_state()
-    trainer.run()
+    with trainer.monitor.running(trainer.global_step, range(trainer.start_epoch, trainer.num_epochs + 1)):
+        trainer.run()

@@ -18,10 +18,12 @@ import numpy as np
 import tensorflow as tf
 
 import engine
+from engine import phases
 from engine.atomic_file import atomic_path, describe_io_error
 from engine.config import Config
 from engine.distributed.backend import Communicator
 from engine.errors import ConfigError, EngineError
+from engine.timeline import CHECKPOINT
 
 _GROUPS = ("params", "optimizer")
 
@@ -102,7 +104,8 @@ def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables,
     """Write the checkpoint; a failed write (full disk, file size limit, permissions) is an EngineError
     naming the path and the cause, and leaves an existing file of that name as it was."""
     try:
-        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        with phases.span("checkpoint", CHECKPOINT, path=path, epoch=epoch, global_step=global_step), \
+                atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
             f.attrs["epoch"] = epoch
             f.attrs["global_step"] = global_step
             f.attrs["engine_version"] = engine.__version__

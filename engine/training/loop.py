@@ -12,11 +12,13 @@ from typing import Iterator
 
 import numpy as np
 
-from engine import log
+from engine import log, phases
 from engine.datasets import BatchOptions, BatchPrefetcher, Dataset, generate_batches
 from engine.distributed.backend import Communicator
 from engine.distributed.protocol import agree_on_failure, sum_score_vectors
 from engine.distributed.strategy import Strategy
+from engine.timeline import EVAL, STEP
+from engine.training.monitor import RunMonitor
 from engine.training.report import EpochReport
 from engine.training.step import Steps
 
@@ -30,14 +32,15 @@ def _next_batch(batches: Iterator):
 
 
 def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptions,
-                strategy: Strategy) -> EpochReport:
+                strategy: Strategy, monitor: RunMonitor) -> EpochReport:
     report = EpochReport(f"train epoch {epoch}")
     dataset.init_seq_order(epoch)
     shard_rank, shard_size = strategy.train_shard
     report.expected_seqs = dataset.num_seqs // shard_size
     local_scores = np.zeros(3)
-    with BatchPrefetcher(generate_batches(dataset, batching, shard_rank=shard_rank,
-                                          shard_size=shard_size)) as prefetcher:
+    planned = generate_batches(dataset, batching, shard_rank=shard_rank, shard_size=shard_size)
+    monitor.epoch_started(epoch, len(planned), steps.updater.learning_rate)
+    with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
         step = 0
         while True:
@@ -46,14 +49,16 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
             if plan is None:
                 break  # some rank is out of data: every rank ends the epoch, the pending batch is dropped
             t0 = time.perf_counter()
-            with report.computing():
+            with report.computing(), phases.span("train step", STEP, step=step + 1, seqs=batch.num_seqs):
                 scores = steps.train(batch)
                 strategy.after_step(plan, steps.params)
             local_scores += scores
             report.step_done(batch.num_seqs, scores, time.perf_counter() - t0)
+            monitor.step_done(scores)
             step += 1
     with report.computing():
         report.scores.add(strategy.end_epoch(steps.params, local_scores))
+    monitor.epoch_trained()
     report.finish()
     return report
 
@@ -62,6 +67,7 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
              comm: Communicator) -> EpochReport:
     """Score ``dataset`` sharded over all ranks; every rank gets the global scores."""
     report = EpochReport(f"epoch {epoch} '{name}' eval")
+    start = phases.now()
     dataset.init_seq_order(epoch)
     local_scores, error = np.zeros(3), None
     try:
@@ -78,5 +84,6 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     agree_on_failure(comm, error)
     report.scores.add(sum_score_vectors(comm, local_scores) if comm.size > 1 else local_scores)
     report.finish()
+    phases.record(f"eval {name}", EVAL, start, phases.now(), epoch=epoch, seqs=report.seqs)
     log.debug(f"{name}: {report.scores.frames:.0f} frames on {comm.size} rank(s)")
     return report
