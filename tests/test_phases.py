@@ -70,3 +70,44 @@ def test_the_epoch_report_takes_its_shares_from_the_phases():
     assert report.collective_seconds == pytest.approx(1.5) and report.data_wait_seconds == pytest.approx(0.25)
     frozen = report.elapsed
     assert report.elapsed == frozen and report.percent(frozen / 2) == pytest.approx(50.0)
+
+
+def test_an_op_inside_a_tf_function_timed_by_markers(tmp_path):
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    def slow_double(x: np.ndarray) -> np.ndarray:
+        time.sleep(0.05)
+        return (x * 2).astype(np.float32)
+
+    @tf.function
+    def step(x):
+        y = x + 1  # the marker waits for its inputs
+        (z,) = phases.timed_in_graph("slow op", timeline.ALLREDUCE, [y], lambda ts: [
+            tf.numpy_function(slow_double, ts, tf.float32, stateful=True)], bytes=4)
+        return z - 1
+
+    path = str(tmp_path / "t.json")
+    timeline.start(path)
+    before = phases.totals()[timeline.ALLREDUCE]
+    assert [float(step(tf.constant(1.0))) for _ in range(3)] == [3.0, 3.0, 3.0]
+    timeline.stop()
+    spans = [e for e in json.load(open(timeline.part_path(path, 0))) if e["ph"] == "X"]
+    assert [(e["name"], e["args"]) for e in spans] == [("slow op", {"bytes": 4})] * 3
+    assert all(50_000 <= e["dur"] < 5_000_000 for e in spans)
+    assert phases.totals()[timeline.ALLREDUCE] - before == pytest.approx(sum(e["dur"] for e in spans) / 1e6)
+
+
+def test_an_op_timed_in_graph_adds_up_without_the_timeline():
+    import tensorflow as tf
+
+    @tf.function
+    def step(x):
+        return phases.timed_in_graph("op", timeline.PARAM_AVERAGE, [x], lambda ts: [ts[0] * 2])[0]
+
+    before = phases.totals()[timeline.PARAM_AVERAGE]
+    for _ in range(5):
+        assert float(step(tf.constant(1.5))) == 3.0
+    assert 0 < phases.totals()[timeline.PARAM_AVERAGE] - before < 5.0

@@ -69,25 +69,10 @@ class HorovodCommunicator(MPICommunicator):
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         if timed_as is None or not tensors:
             return self._grouped_allreduce(tensors, op)
-        # Horovod reduces in its own thread, out of Python's sight: two stateful markers read the clock
-        # once every input is ready (the reduction waits for the first) and once every result is.
+        # Horovod reduces in its own thread, out of Python's sight: markers in the graph time it.
         name, category = timed_as
-        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors)}
-
-        def started() -> np.ndarray:
-            return np.float64(phases.now())
-
-        def finished(start: np.ndarray) -> None:
-            phases.record(name, category, float(start), phases.now(), **sizes)
-
-        with tf.control_dependencies(tensors):
-            start = tf.numpy_function(started, [], tf.float64, stateful=True, name="allreduce_started")
-        with tf.control_dependencies([start]):
-            tensors = [tf.identity(t) for t in tensors]
-        results = self._grouped_allreduce(tensors, op)
-        with tf.control_dependencies(results):
-            tf.numpy_function(finished, [start], [], stateful=True, name="allreduce_finished")
-        return results
+        return phases.timed_in_graph(name, category, tensors, lambda ts: self._grouped_allreduce(ts, op),
+                                     bytes=tensor_bytes(tensors), tensors=len(tensors))
 
     def _grouped_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """One Horovod grouped allreduce per dtype (a group must share its dtype; Horovod fuses it)."""
