@@ -65,9 +65,9 @@ def span(name: str, category: str, **args: Any) -> _Span:
     return _Span(name, category, args)
 
 
-def timed_in_graph(name: str, category: str, tensors: list[tf.Tensor],
+def timed_in_graph(name: str, category: str, inputs: list[tf.Tensor],
                    compute: Callable[[list[tf.Tensor]], list[tf.Tensor]], **args: Any) -> list[tf.Tensor]:
-    """``compute(tensors)`` inside a ``tf.function`` (an op that runs outside Python, such as Horovod's
+    """``compute(inputs)`` inside a ``tf.function`` (an op that runs outside Python, such as Horovod's
     allreduce), timed as a phase without leaving the graph: ``tf.timestamp`` once every input is ready
     (``compute`` waits for it) and once every result is; the difference is added to a variable that
     ``totals`` reads. When the timeline is on while the function is traced, one ``tf.numpy_function``
@@ -78,11 +78,11 @@ def timed_in_graph(name: str, category: str, tensors: list[tf.Tensor],
         seconds = _graph_seconds.get(category)
         if seconds is None:
             seconds = _graph_seconds[category] = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-    with tf.control_dependencies(tensors):
+    with tf.control_dependencies(inputs):
         start = tf.timestamp()
     with tf.control_dependencies([start]):
-        tensors = [tf.identity(t) for t in tensors]
-    results = compute(tensors)
+        inputs = [tf.identity(t) for t in inputs]
+    results = compute(inputs)
     with tf.control_dependencies(results):
         end = tf.timestamp()
         seconds.assign_add(end - start)

@@ -86,7 +86,7 @@ def test_an_op_inside_a_tf_function_timed_by_markers(tmp_path):
     def step(x):
         y = x + 1  # the marker waits for its inputs
         (z,) = phases.timed_in_graph("slow op", timeline.ALLREDUCE, [y], lambda ts: [
-            tf.numpy_function(slow_double, ts, tf.float32, stateful=True)], bytes=4)
+            tf.numpy_function(slow_double, ts, tf.float32, stateful=True)], bytes=4, tensors=1)
         return z - 1
 
     path = str(tmp_path / "t.json")
@@ -95,7 +95,7 @@ def test_an_op_inside_a_tf_function_timed_by_markers(tmp_path):
     assert [float(step(tf.constant(1.0))) for _ in range(3)] == [3.0, 3.0, 3.0]
     timeline.stop()
     spans = [e for e in json.load(open(timeline.part_path(path, 0))) if e["ph"] == "X"]
-    assert [(e["name"], e["args"]) for e in spans] == [("slow op", {"bytes": 4})] * 3
+    assert [(e["name"], e["args"]) for e in spans] == [("slow op", {"bytes": 4, "tensors": 1})] * 3
     assert all(50_000 <= e["dur"] < 5_000_000 for e in spans)
     assert phases.totals()[timeline.ALLREDUCE] - before == pytest.approx(sum(e["dur"] for e in spans) / 1e6)
 
