@@ -10,14 +10,7 @@ import pytest
 from engine import phases, timeline
 from engine.training.report import EpochReport
 
-pytestmark = pytest.mark.tf_latest
-
-
-@pytest.fixture(autouse=True)
-def stopped():
-    timeline.stop()
-    yield
-    timeline.stop()
+pytestmark = [pytest.mark.tf_latest, pytest.mark.usefixtures("timeline_stopped")]
 
 
 def test_phases_add_up_with_the_timeline_off_and_on(tmp_path):
