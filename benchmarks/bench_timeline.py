@@ -65,6 +65,9 @@ def in_graph_cost(calls: int, repeats: int, tmp: str) -> dict[str, float]:
     """Microseconds that ``phases.timed_in_graph`` (the horovod backend's gradient allreduce timing) adds
     to a ``tf.function`` call, timeline off and on: a small step with and without it, best of
     ``repeats`` runs of ``calls`` calls, the three kinds taking turns."""
+    for name, value in (("TF_CPP_MIN_LOG_LEVEL", "2"), ("TF_NUM_INTRAOP_THREADS", "1"),
+                        ("TF_NUM_INTEROP_THREADS", "1")):  # as the ranks of bench_train run
+        os.environ.setdefault(name, value)
     import numpy as np
     import tensorflow as tf
 

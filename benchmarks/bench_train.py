@@ -18,7 +18,8 @@ with everything off that can be (``tensorboard = False``, no timeline; progress 
 epoch lines this benchmark reads stay, and a pipe gets one a minute), taking turns so that a busy
 machine slows both alike. Prints the median frames/s of each with its range and their ratio, then
 from the first "on" run's timeline the spans a step and the step time, and what the timeline's spans
-cost at the price per span that bench_timeline.py measures, in this process.
+cost at the price per span that bench_timeline.py measures, in this process (with Horovod, plus the
+numpy_function that hands the allreduce's span out of the compiled step).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from engine.datasets import DataKeyInfo, HDFWriter
 
-from bench_timeline import span_costs  # the script's own directory is on sys.path
+from bench_timeline import in_graph_cost, span_costs  # the script's own directory is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -172,9 +173,15 @@ def monitoring_rows(config: str, backend: str, runs: int, tmp: str) -> None:
     spans_per_step, step_ms = timeline_load(os.path.join(tmp, f"{backend}-on-0", "timeline.json"))
     costs = {state: micros for state, body, micros in span_costs(20000, 3)[0] if body == "record"}
     extra = costs["on"] - costs["off"]
-    share = 100 * spans_per_step * extra / (1000 * step_ms)
-    print(f"  timeline: {spans_per_step:.1f} spans a step on rank 0, steps of {step_ms:.1f} ms (median); at "
-          f"{extra:.1f} us a span more than with it off, {share:.3f}% of a step")
+    per_step = spans_per_step * extra
+    in_graph = ""
+    if backend == "horovod":  # the allreduce's span leaves the compiled step through a numpy_function
+        graph_costs = in_graph_cost(1000, 3, tmp)
+        per_step += graph_costs["on"] - graph_costs["off"]
+        in_graph = f" + {graph_costs['on'] - graph_costs['off']:.1f} us for the in-graph span"
+    print(f"  timeline: {spans_per_step:.1f} spans a step on rank 0, steps of {step_ms:.1f} ms (median); "
+          f"{spans_per_step:.1f} x {extra:.1f} us a span more than with it off{in_graph}: "
+          f"{100 * per_step / (1000 * step_ms):.3f}% of a step")
 
 
 def timeline_load(path: str) -> tuple[float, float]:
