@@ -19,7 +19,9 @@ from engine.distributed.backend import Communicator
 from engine.errors import DistributedError, EngineError
 from engine.timeline import STEP_SIGNAL
 
-# Step signal vector: [ranks out of data, ranks voting for a parameter sync, error flag of each rank...]
+# Step signal vector: [ranks out of data, ranks voting for a parameter sync, exit code of each rank (0: no
+# error)...]. Sharing the codes lets every rank end with the failing rank's code: mpirun returns the code
+# of whichever rank exits first, so a bad corpus gives DataError's code however the ranks race.
 _NO_DATA, _SYNC_VOTE, _ERRORS = 0, 1, 2
 
 
@@ -29,11 +31,18 @@ class StepSignal:
     any_error: bool
     failed_ranks: tuple[int, ...]
     param_sync: bool = False  # some rank voted for a (time-based) parameter sync at this step
+    exit_code: int = 0  # the exit code of the lowest failed rank
 
 
-def step_signal(comm: Communicator, have_more_data: bool, had_error: bool,
+def exit_code_of(error: BaseException | None) -> int:
+    """0 for no error, else the exit code the process ends with for it (``EngineError.exit_code``, or 1)."""
+    return 0 if error is None else int(getattr(error, "exit_code", 1)) or 1
+
+
+def step_signal(comm: Communicator, have_more_data: bool, had_error: bool | int,
                 want_param_sync: bool = False) -> StepSignal:
-    """Exchange (have_more_data, had_error, want_param_sync) of every rank in one int32 allreduce."""
+    """Exchange (have_more_data, had_error, want_param_sync) of every rank in one int32 allreduce.
+    ``had_error``: False/0, or the exit code this rank will end with (True counts as 1)."""
     vector = np.zeros(_ERRORS + comm.size, np.int32)
     vector[_NO_DATA] = not have_more_data
     vector[_SYNC_VOTE] = want_param_sync
@@ -42,7 +51,8 @@ def step_signal(comm: Communicator, have_more_data: bool, had_error: bool,
         (total,) = comm.allreduce([vector], "sum")
     failed = tuple(int(r) for r in np.flatnonzero(total[_ERRORS:]))
     return StepSignal(all_have_data=bool(total[_NO_DATA] == 0), any_error=bool(failed), failed_ranks=failed,
-                      param_sync=bool(total[_SYNC_VOTE] > 0))
+                      param_sync=bool(total[_SYNC_VOTE] > 0),
+                      exit_code=int(total[_ERRORS + failed[0]]) if failed else 0)
 
 
 def agree_on_failure(comm: Communicator, error: BaseException | None) -> None:
@@ -51,7 +61,7 @@ def agree_on_failure(comm: Communicator, error: BaseException | None) -> None:
         if error is not None:
             raise error
         return
-    raise_on_failure(comm, step_signal(comm, have_more_data=True, had_error=error is not None), error)
+    raise_on_failure(comm, step_signal(comm, have_more_data=True, had_error=exit_code_of(error)), error)
 
 
 def raise_on_failure(comm: Communicator, signal: StepSignal, error: BaseException | None) -> None:
@@ -70,6 +80,7 @@ def raise_on_failure(comm: Communicator, signal: StepSignal, error: BaseExceptio
     who = f"rank {', '.join(map(str, failed))}" if failed else "rank unknown"
     exc = DistributedError(f"Another rank failed ({who}); its error message is above or in its log file.")
     exc.agreed, exc.quiet = True, comm.rank != 0
+    exc.exit_code = signal.exit_code or exc.exit_code  # every rank ends with the failing rank's code
     raise exc
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.distributed.backend import Communicator
-from engine.distributed.protocol import raise_on_failure, step_signal, sum_score_vectors
+from engine.distributed.protocol import exit_code_of, raise_on_failure, step_signal, sum_score_vectors
 from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
 from engine.timeline import ALLREDUCE, PARAM_AVERAGE
 
@@ -85,7 +85,7 @@ class GradAllreduce(Strategy):
         return f"reduce type grad ({self.normalization} of the ranks' gradients)"
 
     def before_step(self, step: int, batch: Any | None, error: BaseException | None) -> StepPlan | None:
-        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=error is not None)
+        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error))
         raise_on_failure(self.comm, signal, error)
         return StepPlan() if signal.all_have_data else None
 
@@ -149,7 +149,7 @@ class ParamAverage(Strategy):
         vote = self.schedule.wants_sync(step)
         if not (self.signal_every_step or vote or batch is None or error is not None):
             return StepPlan()
-        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=error is not None,
+        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error),
                              want_param_sync=vote)
         raise_on_failure(self.comm, signal, error)
         if not signal.all_have_data:

@@ -133,6 +133,8 @@ def check_step_signal(comm) -> None:
                       want_param_sync=comm.rank == last)
     assert sig.any_error and sig.failed_ranks == tuple(sorted({0, last}))
     assert sig.param_sync and sig.all_have_data
+    sig = step_signal(comm, have_more_data=True, had_error=3 if comm.rank == last else 0)
+    assert sig.failed_ranks == (last,) and sig.exit_code == 3, "the failing rank's exit code reaches all"
     batches, steps = iter(range(5 + 2 * comm.rank)), 0  # rank 0 runs out first, after 5 batches
     while step_signal(comm, have_more_data=next(batches, None) is not None, had_error=False).all_have_data:
         steps += 1
