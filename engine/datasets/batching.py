@@ -117,13 +117,13 @@ def plan_batches(lengths: np.ndarray, *, batch_size: int, max_seqs: int = -1,
 
 
 class PlannedBatches:
-    """This rank's batches of an epoch, planned: ``len()`` is their number, iterating reads them."""
+    """This rank's batches of an epoch, planned; iterating reads them. ``all_shards``: the number of
+    batches of all ranks together (a progress display's total)."""
 
-    def __init__(self, dataset: Dataset, lengths: np.ndarray, batches: list[np.ndarray]) -> None:
+    def __init__(self, dataset: Dataset, lengths: np.ndarray, batches: list[np.ndarray],
+                 all_shards: int) -> None:
         self._dataset, self._lengths, self._batches = dataset, lengths, batches
-
-    def __len__(self) -> int:
-        return len(self._batches)
+        self.all_shards = all_shards
 
     def __iter__(self) -> Iterator[Batch]:
         return _materialise(self._dataset, self._lengths, self._batches)
@@ -147,7 +147,7 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if oversized:
         log.warning(f"{where}: {oversized} sequence(s) longer than batch_size {options.batch_size}; each got "
                     "a batch of its own.")
-    return PlannedBatches(dataset, lengths, batches[shard_rank::shard_size])
+    return PlannedBatches(dataset, lengths, batches[shard_rank::shard_size], len(batches))
 
 
 def _materialise(dataset: Dataset, lengths: np.ndarray, batches: list[np.ndarray]) -> Iterator[Batch]:

@@ -39,7 +39,8 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
     report.expected_seqs = dataset.num_seqs // shard_size
     local_scores = np.zeros(3)
     planned = generate_batches(dataset, batching, shard_rank=shard_rank, shard_size=shard_size)
-    monitor.epoch_started(epoch, len(planned), steps.updater.learning_rate)
+    # sharded, the ranks end the epoch together, when the shard with the fewest batches is done
+    monitor.epoch_started(epoch, planned.all_shards // shard_size, steps.updater.learning_rate)
     with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
         step = 0
