@@ -15,8 +15,9 @@ on this machine if communication and coordination cost nothing (they still share
 Monitoring rows, per backend: 2 ranks in grad mode, ``--monitoring-runs`` runs with everything on at
 its defaults (TensorBoard beside the model, a timeline file, progress lines, the summary) and as many
 with everything off that can be (``tensorboard = False``, no timeline; progress lines stay, as the
-epoch lines this benchmark reads stay, and a pipe gets one a minute), taking turns so that a busy
-machine slows both alike. Prints the median frames/s of each with its range and their ratio, then
+epoch lines this benchmark reads stay, and a pipe gets one a minute), and as many "off" runs again as a
+control: the ratio of two identical sets shows the noise of the machine. The three take turns so that
+a busy machine slows all alike. Prints the median frames/s of each with its range and the ratios, then
 from the first "on" run's timeline the spans a step and the step time, and what the timeline's spans
 cost at the price per span that bench_timeline.py measures, in this process (with Horovod, plus the
 numpy_function that hands the allreduce's span out of the compiled step).
@@ -152,11 +153,13 @@ def scaling_rows(config: str, backends: list[str]) -> None:
 
 
 def monitoring_rows(config: str, backend: str, runs: int, tmp: str) -> None:
-    """Everything on against everything off (module docstring), ``runs`` of each, taking turns."""
-    rates: dict[str, list[float]] = {"on": [], "off": []}
+    """Everything on against everything off (module docstring), ``runs`` of each, taking turns; and a
+    second set of "off" runs, whose ratio to the first shows how far identical runs differ here."""
+    states = ("on", "off", "off again")
+    rates: dict[str, list[float]] = {state: [] for state in states}
     for i in range(runs):
-        for state in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            out = os.path.join(tmp, f"{backend}-{state}-{i}")
+        for state in states[i % 3:] + states[:i % 3]:  # each state first, second and third in turn
+            out = os.path.join(tmp, f"{backend}-{state.replace(' ', '-')}-{i}")
             overrides = ["++horovod_reduce_type", "grad", "++model", os.path.join(out, "model")]
             if state == "on":
                 overrides += ["++timeline_file", os.path.join(out, "timeline.json")]
@@ -164,12 +167,13 @@ def monitoring_rows(config: str, backend: str, runs: int, tmp: str) -> None:
                 overrides += ["++tensorboard", "0"]
             rates[state].append(run(config, 2, overrides, backend)[0])
     print(f"2 ranks grad, {backend} backend, {runs} runs each, frames/s:")
-    for state, what in (("on", "everything on (defaults)"), ("off", "everything off")):
+    for state, what in zip(states, ("everything on (defaults)", "everything off", "everything off, again")):
         print(f"  {what:<26} median {np.median(rates[state]):>8.0f}   range {min(rates[state]):.0f}-"
               f"{max(rates[state]):.0f}")
-    pairs = [on / off for on, off in zip(rates["on"], rates["off"])]
-    print(f"  on / off: {np.median(rates['on']) / np.median(rates['off']):.3f} (medians); run by run "
-          f"median {np.median(pairs):.3f}, range {min(pairs):.3f}-{max(pairs):.3f}")
+    for state, baseline, what in (("on", "off", "on / off"), ("off again", "off", "off again / off (noise)")):
+        pairs = [a / b for a, b in zip(rates[state], rates[baseline])]
+        print(f"  {what}: {np.median(rates[state]) / np.median(rates[baseline]):.3f} (medians); run by run "
+              f"median {np.median(pairs):.3f}, range {min(pairs):.3f}-{max(pairs):.3f}")
     spans_per_step, step_ms = timeline_load(os.path.join(tmp, f"{backend}-on-0", "timeline.json"))
     costs = {state: micros for state, body, micros in span_costs(20000, 3)[0] if body == "record"}
     extra = costs["on"] - costs["off"]
