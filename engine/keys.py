@@ -131,6 +131,15 @@ _section(
     ("debug", "bool", False, "show tracebacks for errors (also for config errors)"),
 )
 _section(
+    "monitoring",
+    ("tensorboard", "bool", True, "TensorBoard curves, written by rank 0 (docs/monitoring.md)"),
+    ("tensorboard_dir", "str", None, "where the TensorBoard curves go", "<model dir>/tensorboard"),
+    ("tensorboard_step_interval", "int", 100, "write the per-step curves (train/*) every N steps"),
+    ("progress_interval", "float", 60.0, "seconds between progress lines when stdout is not a terminal"),
+    ("timeline_file", "str", None, "Chrome-trace step timeline of every rank (a .json file)",
+     "$ENGINE_TIMELINE, else off"),
+)
+_section(
     "distributed",
     ("use_horovod", "bool", False, "data-parallel training over the ranks of the MPI job"),
     ("horovod_reduce_type", "str", "grad", "grad: allreduce gradients each step; param: average parameters"),

@@ -47,7 +47,8 @@ def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None,
     for theirs, ours in _ALIASES.items():
         if theirs in kwargs:
             if ours in kwargs:
-                raise DataError(f"{cls.__name__}: give either '{ours}' or its old spelling '{theirs}', not both.")
+                raise DataError(f"{cls.__name__}: give either '{ours}' or its old spelling '{theirs}', "
+                                "not both.")
             kwargs[ours] = kwargs.pop(theirs)
     for name, value in (defaults or {}).items():
         if kwargs.get(name) is None and value is not None:

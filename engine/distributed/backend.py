@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 OPS = ("sum", "average", "min", "max")
+
+# ``allreduce_tensors(..., timed_as=(name, category))``: time the collective as a phase (``engine.phases``)
+TimedAs = Optional[Tuple[str, str]]
 
 
 def check_reduction(op: str, dtypes: Sequence[np.dtype] = ()) -> None:
@@ -30,6 +33,13 @@ def check_reduction(op: str, dtypes: Sequence[np.dtype] = ()) -> None:
         if op == "average" and dtype.kind != "f":
             raise ValueError(f"allreduce: op 'average' needs floating-point values, got {dtype}; "
                              "sum them and divide where the rounding you want is clear")
+
+
+def tensor_bytes(tensors: Sequence[tf.Tensor]) -> int | None:
+    """Bytes of the tensors when their shapes are known while tracing (gradients' are), else None."""
+    if not all(t.shape.is_fully_defined() for t in tensors):
+        return None
+    return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
 
 
 class Communicator(abc.ABC):
@@ -81,8 +91,10 @@ class Communicator(abc.ABC):
         """Element-wise ``op`` ("sum", "average", "min", "max") of each array over all ranks."""
 
     @abc.abstractmethod
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
-        """Like ``allreduce`` for tensors; usable inside ``tf.function``."""
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
+        """Like ``allreduce`` for tensors; usable inside ``tf.function``. ``timed_as`` = (name, category):
+        the collective is timed as that phase (``engine.phases``), with its bytes and tensor count."""
 
     @abc.abstractmethod
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import check_reduction
+from engine import phases
+from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator
 from engine.distributed.watchdog import StallLimits
@@ -58,15 +59,27 @@ class HorovodCommunicator(MPICommunicator):
             results = self._grouped_allreduce([tf.convert_to_tensor(a) for a in arrays], op)
         return [t.numpy() for t in results]
 
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
-        if self.watchdog is None or not tensors:
-            return self._grouped_allreduce(tensors, op)
-        # The reduction runs in Horovod's thread, out of Python's sight: the graph tells the stall watchdog
-        # when it starts and ends waiting in it.
+        if not tensors:
+            return []
+        reduce = self._grouped_allreduce if self.watchdog is None else self._watched_allreduce
+        if timed_as is None:
+            return reduce(tensors, op)
+        # Horovod reduces in its own thread, out of Python's sight: markers in the graph time it.
+        name, category = timed_as
+        return phases.timed_in_graph(name, category, tensors, lambda ts: reduce(ts, op),
+                                     bytes=tensor_bytes(tensors), tensors=len(tensors))
+
+    def _watched_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
+        """The reduction, with the graph telling the stall watchdog when it starts and ends waiting in
+        Horovod's thread."""
+        import tensorflow as tf
+
         entered = tf.numpy_function(self._enter_in_graph, [], tf.int8, stateful=True, name="stall_enter")
         with tf.control_dependencies([entered]):
             results = self._grouped_allreduce([tf.identity(t) for t in tensors], op)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import Communicator, check_reduction
+from engine import phases
+from engine.distributed.backend import Communicator, TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
@@ -59,18 +60,30 @@ class MPICommunicator(Communicator):
         with self._collective(name):
             return self._fusion.run(arrays, reduce_segment)
 
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         if not tensors:
             return []
+        name, category = timed_as or ("", "")
+        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors)}
+
+        def reduce(*arrays: np.ndarray) -> list[np.ndarray]:
+            if timed_as is None:
+                return self._allreduce(arrays, op, IN_GRAPH)
+            start = phases.now()  # the reduction runs in Python already: timed here, no markers needed
+            results = self._allreduce(arrays, op, IN_GRAPH)
+            phases.record(name, category, start, phases.now(), **sizes)
+            return results
+
         # One Python call for all tensors: inputs arrive as numpy views of the tensors, and the aligned
         # result views go back to TensorFlow without a copy. numpy_function is stateful, so tf.function
         # keeps these calls in program order on every rank.
-        results = tf.numpy_function(lambda *arrays: self._allreduce(arrays, op, IN_GRAPH), tensors,
-                                    [t.dtype for t in tensors], stateful=True, name="mpi_allreduce")
+        results = tf.numpy_function(reduce, tensors, [t.dtype for t in tensors], stateful=True,
+                                    name="mpi_allreduce")
         for result, tensor in zip(results, tensors):
             result.set_shape(tensor.shape)
         return list(results)

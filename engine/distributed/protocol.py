@@ -15,8 +15,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from engine import phases
 from engine.distributed.backend import Communicator
 from engine.errors import DistributedError, EngineError
+from engine.timeline import STEP_SIGNAL
 
 # Step signal vector: [ranks out of data, ranks voting for a parameter sync, ranks voting for a checkpoint,
 # exit code of each rank (0: no error)..., stop signal number each rank received (0: none)...]. Sharing
@@ -53,7 +55,7 @@ def step_signal(comm: Communicator, have_more_data: bool, had_error: bool | int,
     vector[_CHECKPOINT_VOTE] = want_checkpoint
     vector[_ERRORS + comm.rank] = had_error
     vector[_ERRORS + comm.size + comm.rank] = stop_signal
-    with comm.stall_guard("step signal"):
+    with comm.stall_guard("step signal"), phases.span("step signal", STEP_SIGNAL, bytes=vector.nbytes):
         (total,) = comm.allreduce([vector], "sum")
     errors, stops = total[_ERRORS:_ERRORS + comm.size], total[_ERRORS + comm.size:]
     failed = tuple(int(r) for r in np.flatnonzero(errors))

@@ -38,6 +38,7 @@ from engine.distributed.backend import Communicator
 from engine.distributed.protocol import (StepSignal, exit_code_of, raise_on_failure, step_signal,
                                          sum_score_vectors)
 from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
+from engine.timeline import ALLREDUCE, PARAM_AVERAGE
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ class GradAllreduce(Strategy):
     def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
         # The score sums ride along in the gradients' fused buffer: one collective per step, and every
         # rank reports the global scores.
-        reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum")
+        reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum",
+                                              timed_as=("gradient allreduce", ALLREDUCE))
         grads, scores = reduced[:-1], reduced[-1]
         return self._normalize(grads, scores), scores
 
@@ -243,7 +245,8 @@ def _compile_average(comm: Communicator, params: list) -> Callable[[], None]:
 
     @tf.function
     def average() -> None:
-        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average")
+        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average",
+                                          timed_as=("parameter average", PARAM_AVERAGE))
         for var, value in zip(params, averaged):
             var.assign(value)
 

@@ -17,6 +17,7 @@ from engine.training.checkpointer import Checkpointer
 from engine.training.cleanup import CleanupPolicy, cleanup_old_models
 from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
+from engine.training.monitor import RunMonitor
 from engine.training.report import hms
 from engine.training.resume import find_resume_point
 from engine.training.step import Steps
@@ -38,10 +39,11 @@ class Trainer:
         self.model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                                  target_dims=dims.target_dims)
         self.updater = Updater.from_config(config, self.model.named_trainable_variables())
+        self.lr_control = LearningRateControl.from_config(config)
+        self.monitor = RunMonitor(config, self.comm, self.lr_control)
         self.steps = Steps(self.model, self.updater, strategy,
                            check_numerics=config.bool("debug_add_check_numerics_ops"))
         self.steps.trace("train")
-        self.lr_control = LearningRateControl.from_config(config)
         self.checkpoints = Checkpointer(config, strategy, self.model, self.updater, self.lr_control)
         self.num_epochs = config.int("num_epochs")
         self.save_interval = config.int("save_interval")
@@ -83,7 +85,7 @@ class Trainer:
             log.debug(f"epoch {epoch}: learning rate {lr:g}")
             self.checkpoints.begin_epoch(epoch, self.global_step)
             report = train_epoch(self.steps, self.train_data, epoch, self.train_batching, self.strategy,
-                                 self.checkpoints)
+                                 self.monitor, self.checkpoints)
             self.global_step += report.steps
             scores = {"train_score": report.scores.score, "train_error": report.scores.error}
             log.info(f"epoch {epoch} score: {report.scores.score:.6f} error: {report.scores.error:.6f} "
@@ -94,6 +96,7 @@ class Trainer:
                 log.info(f"dev: score {dev.scores.score:.6f} error {dev.scores.error:.6f}")
             self.lr_control.set_epoch_scores(epoch, scores)
             saved = self._save(epoch)
+            self.monitor.epoch_done(epoch, report, scores)
             self.checkpoints.stop_if_requested(epoch, self.global_step, saved)
         log.info(f"finished training after epoch {self.num_epochs}")
 
@@ -125,4 +128,5 @@ def _train(config: Config) -> None:
         error = exc
     agree_on_failure(strategy.comm, error)
     trainer.broadcast_state()
-    trainer.run()
+    with trainer.monitor.running(trainer.global_step, range(trainer.start_epoch, trainer.num_epochs + 1)):
+        trainer.run()

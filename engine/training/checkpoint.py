@@ -20,10 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 import engine
+from engine import phases
 from engine.atomic_file import atomic_path, describe_io_error
 from engine.config import Config
 from engine.distributed.backend import Communicator
 from engine.errors import ConfigError, EngineError
+from engine.timeline import CHECKPOINT
 
 _GROUPS = ("params", "optimizer")
 
@@ -129,7 +131,8 @@ def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables, epo
               for group, variables in zip(_GROUPS, (params, optimizer_vars))}
     arrays.update(groups or {})
     try:
-        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        with phases.span("checkpoint", CHECKPOINT, path=path, epoch=epoch, global_step=global_step), \
+                atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
             f.attrs["epoch"] = epoch
             f.attrs["global_step"] = global_step
             f.attrs["engine_version"] = engine.__version__

@@ -175,7 +175,8 @@ class Checkpointer:
         save_checkpoint(path, self.model.named_variables(), self.updater.named_variables(), self.epoch,
                         global_step, attrs=attrs, groups=groups)
         removed = remove_superseded(self.prefix, path)
-        log.info(f"saved {kind} checkpoint {path}" + (f" (removed {len(removed)} older)" if removed else ""))
+        what = "saved model to" if kind == "epoch" else f"saved {kind} checkpoint"  # RETURNN-like epoch line
+        log.info(f"{what} {path}" + (f" (removed {len(removed)} older)" if removed else ""))
 
     def _stop(self, stops: tuple[tuple[int, int], ...], path: str | None, where: str) -> None:
         who = "; ".join(f"{signal.Signals(number).name} received by rank {rank}" for rank, number in stops)
