@@ -17,7 +17,10 @@ with the range. Rows:
 - 1 rank under mpirun (``use_horovod``: MPI loaded, nothing to reduce);
 - N ranks (N = the cores of this machine) with the engine's default threading, per backend: grad;
   param with ``horovod_param_sync_step`` 5 and 20 (syncs inside the epoch: at 1000 sequences a rank
-  takes about 25 steps an epoch) and with syncs only at the end of each epoch.
+  takes about 25 steps an epoch) and with syncs only at the end of each epoch;
+- monitoring: N ranks grad on the default backend with everything of monitoring on at its defaults
+  (TensorBoard beside the model, a timeline file, progress lines, the summary), with TensorBoard off and
+  no timeline, and that "off" row again (the noise of identical runs); all write checkpoints.
 
 Speed-ups are against the best single-process row. The verdicts check the targets of issue 13.
 Peak memory: the kernel's high-water mark of each rank's process (``peak_memory.py``), medians.
@@ -25,12 +28,15 @@ Peak memory: the kernel's high-water mark of each rank's process (``peak_memory.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
+import itertools
 import tempfile
 import threading
 
+from bench_timeline import in_graph_cost, span_costs  # the script's own directory is on sys.path
 from timing import Output, Row, child_env, interleaved, rnn_command, run_stamped, verdict
 from workload import make_corpus, write_engine_config
 
@@ -51,6 +57,7 @@ class Trainer:
         # row name -> per run, (peak, anonymous, file-backed) MiB of the rank with the largest peak
         self.memory: dict[str, list[tuple[float, float, float]]] = {}
         self.notes: dict[str, set[str]] = {}
+        self.timelines: dict[str, list[str]] = {}
 
     def rate(self, output: Output) -> float:
         """frames/s of epochs 2..E, timed from the end of epoch 1 to the end of the last."""
@@ -79,6 +86,29 @@ class Trainer:
             for t in threads:
                 t.join()
             return sum(self.rate(output) for output in outputs)
+
+        return Row(name, measure)
+
+    def monitored_row(self, name: str, ranks: int, backend: str, monitoring: bool, tmp: str) -> Row:
+        """``ranks`` ranks in grad mode, each run with a model folder of its own (checkpoints every
+        epoch): with everything of monitoring on at its defaults and a timeline file, or with TensorBoard
+        off and no timeline (progress lines stay: a pipe gets one a minute). ``self.timelines[name]``:
+        the runs' timeline files."""
+        runs = itertools.count()
+        timelines = self.timelines.setdefault(name, [])
+
+        def measure() -> float:
+            out = os.path.join(tmp, re.sub(r"\W+", "-", name), str(next(runs)))
+            overrides = parallel_overrides(backend, "grad") + ["++model", os.path.join(out, "model")]
+            if monitoring:
+                timelines.append(os.path.join(out, "timeline.json"))
+                overrides += ["++timeline_file", timelines[-1]]
+            else:
+                overrides += ["++tensorboard", "0"]
+            env = child_env()
+            output = run_stamped(rnn_command(self.config, ranks, overrides, env), env)
+            self._remember(name, output)
+            return self.rate(output)
 
         return Row(name, measure)
 
@@ -155,6 +185,39 @@ def memory_report(alone: Row, under_mpirun: Row, parallel: dict[str, dict[str, R
                       f"mpirun {base:.1f} MiB + fused buffers {fused:.1f} MiB (+2 MiB for allocator noise)"))
 
 
+def monitoring_report(on: Row, off: Row, off_again: Row, trainer: Trainer, backend: str, tmp: str) -> None:
+    """The cost of watching a run: everything on against off, and a second "off" row against the first
+    as the noise of identical runs; then, from the first "on" run's timeline, the spans a step and what
+    they cost at the price per span that bench_timeline.py measures in this process."""
+    print(f"\nmonitoring, {on.name.split(',')[0]}, {backend} backend (medians and ranges, frames/s):")
+    for row in (on, off, off_again):
+        print(f"  {row.name:<56} {row.median:>9.0f} {row.spread():>13}")
+    ratio, noise = on.median / off.median, off_again.median / off.median
+    print(f"  off again / off (the noise of identical runs): {noise:.3f}")
+    print(verdict(ratio >= min(noise, 1.0) - 0.02,
+                  f"everything on / everything off: {ratio:.3f} (target: no slowdown beyond the noise, 2%)"))
+    spans_per_step, step_ms = timeline_load(trainer.timelines[on.name][0])
+    costs = {state: micros for state, body, micros in span_costs(20000, 3)[0] if body == "record"}
+    per_step = spans_per_step * (costs["on"] - costs["off"])
+    in_graph = ""
+    if backend == "horovod":  # the allreduce's span leaves the compiled step through a numpy_function
+        graph = in_graph_cost(1000, 3, tmp)
+        per_step += graph["on"] - graph["off"]
+        in_graph = f" + {graph['on'] - graph['off']:.1f} us for the in-graph span"
+    print(f"  timeline: {spans_per_step:.1f} spans a step on rank 0, steps of {step_ms:.1f} ms (median); "
+          f"{spans_per_step:.1f} x {costs['on'] - costs['off']:.1f} us a span{in_graph}: "
+          f"{100 * per_step / (1000 * step_ms):.3f}% of a step (target < 1%)")
+
+
+def timeline_load(path: str) -> tuple[float, float]:
+    """(spans per train step, median milliseconds from one step's start to the next) of rank 0, from a
+    run's merged timeline."""
+    with open(path) as f:
+        spans = [e for e in json.load(f) if e["ph"] == "X" and e["pid"] == 0]
+    starts = sorted(e["ts"] for e in spans if e["cat"] == "step")
+    return len(spans) / len(starts), statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seqs", type=int, default=1000)
@@ -181,9 +244,14 @@ def main() -> None:
         parallel = {b: {m: trainer.row(f"{args.ranks} ranks {m}, {b} backend", args.ranks,
                                        parallel_overrides(b, m)) for m in MODES}
                     for b in args.backends.split(",")}
+        default_backend = args.backends.split(",")[0]
+        monitored = [trainer.monitored_row(f"{args.ranks} ranks grad, {what}", args.ranks, default_backend,
+                                           what.endswith(" on"), tmp)
+                     for what in ("monitoring on", "monitoring off", "monitoring off, again")]
         rows = [*single, ceiling, under_mpirun, *[r for rs in parallel.values() for r in rs.values()]]
-        interleaved(rows, args.runs)
+        interleaved(rows + monitored, args.runs)
         report(single, ceiling, under_mpirun, parallel, trainer, args.ranks)
+        monitoring_report(*monitored, trainer, default_backend, tmp)
 
 
 if __name__ == "__main__":

@@ -129,11 +129,12 @@ def main() -> int:
     from engine import log, process
     from engine.distributed import horovod_import_error
     from engine.distributed.mpi_backend import MPICommunicator
+    from engine.distributed.watchdog import StallLimits
     from engine.launch import env_size
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    comm = MPICommunicator(stall_timeout=args.timeout)  # a hung collective must not hang the demo
+    comm = MPICommunicator(StallLimits(timeout=args.timeout))  # a hung collective must not hang the demo
     process.set_communicator(comm)
     log.init()
     print(f"[rank {rank}/{size}] pid {os.getpid()} on {socket.gethostname()}: MPI is up", flush=True)

@@ -1,4 +1,5 @@
-"""The command line of ``rnn.py``: ``CONFIG [CONFIG ...] [++key value ...]``, ``--help``, ``--version``."""
+"""The command line of ``rnn.py``: ``CONFIG [CONFIG ...] [++key value ...] [--check]``, ``--help``,
+``--version``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,13 +8,15 @@ import engine
 from engine import keys
 from engine.errors import ConfigError
 
-USAGE = """usage: rnn.py CONFIG [CONFIG ...] [++key value ...]
+USAGE = """usage: rnn.py CONFIG [CONFIG ...] [++key value ...] [--check]
        mpirun -np N python rnn.py CONFIG ++use_horovod 1
        rnn.py --help | --version
 
 Config files load in order (JSON when the file starts with '{', Python otherwise); `++key value`
 overrides any key, before and after the files load. A value for a key that holds a number, bool, list
-or dict is parsed as a literal of that type; `++key +-0.1` passes -0.1."""
+or dict is parsed as a literal of that type; `++key +-0.1` passes -0.1. `--check` prints what each key,
+layer option and dataset option means here (implemented, no effect, not implemented, unknown) and
+whether training would start, without training."""
 
 
 @dataclass
@@ -22,6 +25,7 @@ class CommandLine:
     overrides: list[tuple[str, str]] = field(default_factory=list)
     show_help: bool = False
     show_version: bool = False
+    check: bool = False
 
 
 def help_text() -> str:
@@ -53,6 +57,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
             cmd.show_help = True
         elif arg == "--version":
             cmd.show_version = True
+        elif arg == "--check":
+            cmd.check = True
         elif arg.startswith("++") and len(arg) > 2:
             key = arg[2:]
             if i + 1 >= len(argv) or argv[i + 1].startswith("++"):

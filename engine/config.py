@@ -11,6 +11,7 @@ import ast
 import builtins
 import json
 import os
+import re
 import traceback
 from typing import Any, Iterable
 
@@ -67,6 +68,19 @@ def _convert(key: str, text: str, expected: type) -> Any:
     return value
 
 
+_JSON_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|//[^\n]*|/\*.*?\*/', re.S)
+
+
+def _blank_json_comments(text: str) -> str:
+    """``//`` and ``/* */`` comments (outside strings) as spaces, as RETURNN's JSON configs have them;
+    newlines stay, so a parse error still names the right line and column."""
+    def blank(match: re.Match) -> str:
+        token = match.group(0)
+        return token if token.startswith('"') else re.sub(r"[^\n]", " ", token)
+
+    return _JSON_TOKEN.sub(blank, text)
+
+
 def _listed(key: str, default: Any) -> Any:
     return keys.default(key) if default is _LISTED else default
 
@@ -114,7 +128,7 @@ class Config:
 
     def _load_json(self, path: str, content: str) -> None:
         try:
-            values = json.loads(content)
+            values = json.loads(_blank_json_comments(content))
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"Config file '{path}' is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}."

@@ -25,6 +25,12 @@ RESUMABLE_EXIT_CODE = 99
 NOT_RESTARTABLE_EXIT_CODES = frozenset({CONFIG_ERROR_EXIT_CODE, DATA_ERROR_EXIT_CODE})
 
 
+# A rank that stays quiet about an error another rank reports waits this long before it exits: mpirun
+# ends the whole job at the first non-zero exit, which could otherwise cut the reporting rank off before
+# its message is out.
+QUIET_RANK_EXIT_DELAY = 3.0
+
+
 class EngineError(Exception):
     """An error the user can fix: bad config, bad data, bad command line, a failed rank.
 
@@ -52,3 +58,14 @@ class DataError(EngineError):
 
 class DistributedError(EngineError):
     """The MPI job is misconfigured, or another rank failed."""
+
+
+class TrainingStopped(EngineError):
+    """Training stopped on request (a preemption signal, the time limit) after saving a checkpoint.
+
+    Not an error: the ranks agreed on the stop through the step signal, and rank 0 logged the one line
+    saying why, so every rank ends quietly with ``RESUMABLE_EXIT_CODE``."""
+
+    exit_code = RESUMABLE_EXIT_CODE
+    agreed = True
+    quiet = True

@@ -33,6 +33,10 @@ def _section(owner: str, *rows: tuple) -> None:
 
 
 _section(
+    "key_check",
+    ("ignore_keys", "list", [], "RETURNN names to run without: 'key', 'layer:option', 'dataset:option'", ""),
+)
+_section(
     "tasks",
     ("task", "str", "train", "train | eval | forward"),
     ("train", "any", None, 'train dataset: dict, "file1.hdf,file2.hdf", or "Class:kw=v,..."'),
@@ -62,7 +66,8 @@ _section(
     ("network", "any", None, "layer dict (linear, rec, softmax, dropout, copy)"),
     ("get_model", "any", None, "config function returning a Keras model or tf.Module"),
     ("get_network", "any", None, "config function get_network(epoch=...) returning a layer dict"),
-    ("random_seed", "int", 42, "seed for parameters and data order"),
+    ("random_seed", "int", 42,
+     "seeds the initial parameters, dropout, gradient noise and the train data's order (42: RETURNN's)"),
     ("device", "str", "", "cpu | gpu", "GPU when present"),
 )
 _section(
@@ -93,6 +98,7 @@ _section(
     ("maximize_grad_norm", "float", 0.0, "add the gradient of -f * ||gradients|| (0: off)"),
     ("learning_rate_control", "str", "constant",
      "constant | newbob | newbob_rel | newbob_abs | newbob_multi_epoch"),
+    ("debug_add_check_numerics_ops", "bool", False, "stop training at the first Inf or NaN of an op (slow)"),
     ("newbob_learning_rate_decay", "float", 0.5, "newbob: multiply the rate by this"),
     ("newbob_learning_rate_growth", "float", 1.0, "newbob: multiply the rate by this when it is not decayed"),
     ("newbob_relative_error_threshold", "float", -0.01,
@@ -119,6 +125,8 @@ _section(
     "checkpoints",
     ("model", "str", None, "checkpoint prefix; epoch N is saved as <model>.<NNN>"),
     ("save_interval", "int", 1, "save every N epochs (and at the end)"),
+    ("checkpoint_interval", "any", "30 min",
+     "checkpoints within an epoch: N or 'N steps', 'M min', 'H h'; 0: none (resume: next batch)"),
     ("cleanup_old_models", "any", False, "delete old checkpoints: True, or {keep_last_n, keep_best_n, keep}"),
     ("start_epoch", "any", "auto", "auto: resume after the newest checkpoint; or an epoch >= 1"),
     ("load", "str", None, "checkpoint to load (initialisation for train; the model for eval/forward)"),
@@ -127,9 +135,18 @@ _section(
 _section(
     "log",
     ("log", "list", [], "log file(s); per rank <name>.horovod-<rank>-<size><ext> under MPI", ""),
-    ("log_verbosity", "int", 3, "0..5; 5 prints every step and tracebacks"),
+    ("log_verbosity", "int", 3, "0..5; 5 prints every step"),
     ("log_all_ranks", "bool", False, "print progress of every rank on stdout, prefixed with the rank"),
-    ("debug", "bool", False, "show tracebacks for errors"),
+    ("debug", "bool", False, "show tracebacks for errors (also for config errors)"),
+)
+_section(
+    "monitoring",
+    ("tensorboard", "bool", True, "TensorBoard curves, written by rank 0 (docs/monitoring.md)"),
+    ("tensorboard_dir", "str", None, "where the TensorBoard curves go", "<model dir>/tensorboard"),
+    ("tensorboard_step_interval", "int", 100, "write the per-step curves (train/*) every N steps"),
+    ("progress_interval", "float", 60.0, "seconds between progress lines when stdout is not a terminal"),
+    ("timeline_file", "str", None, "Chrome-trace step timeline of every rank (a .json file)",
+     "$ENGINE_TIMELINE, else off"),
 )
 _section(
     "distributed",
@@ -142,7 +159,10 @@ _section(
     ("horovod_avg_grad", "bool", False, "grad mode: average instead of sum (horovod_grad_normalization)"),
     ("horovod_grad_normalization", "str", None, "grad mode: sum | average | global_frames", "sum"),
     ("distributed_backend", "str", "auto", "auto | horovod | mpi"),
-    ("distributed_stall_timeout", "float", None, "abort the job when a collective waits longer (seconds)"),
+    ("distributed_stall_warning", "float", 60.0,
+     "seconds a rank may wait in a collective before a warning names the ranks it waits for (0: none)"),
+    ("distributed_stall_timeout", "float", 300.0,
+     "seconds a rank may wait in a collective before the job ends, naming those ranks (0: wait forever)"),
 )
 
 KEYS: dict[str, Key] = {key.name: key for key in _KEYS}

@@ -1,7 +1,9 @@
-"""What the launcher (``mpirun``, ``srun``) tells a process through its environment, before MPI starts.
+"""What the launcher (``mpirun``, ``srun``) tells a process through its environment, before MPI starts,
+and where the launcher's output goes.
 
 Used where the engine must know its rank before (or without) initialising MPI: per-rank log files and
-printing a start-up error once rather than once per rank.
+printing a start-up error once rather than once per rank; and by the progress display, which draws a
+bar only where a person watches a terminal.
 """
 from __future__ import annotations
 
@@ -33,3 +35,20 @@ def env_size() -> int:
 
 def launched_by_mpi() -> bool:
     return any(name in os.environ for name in _RANK_VARS[:3])
+
+
+def launcher_output_is_terminal(fd: int) -> bool:
+    """Whether output to this process's ``fd`` (a terminal itself) ends up on a terminal.
+
+    Open MPI gives every rank a pseudo-terminal as stdout and copies what arrives there to ``mpirun``'s
+    own stdout, which may be a file or a pipe (a batch job): then a rank's ``isatty()`` says yes, and a
+    progress bar would fill the job's log with redraws. Under an MPI launcher this looks at the same
+    descriptor of the parent process (``mpirun`` itself on its node); where that cannot be seen (a rank
+    on another node, whose parent is a daemon, or no ``/proc``), the answer is no."""
+    if not launched_by_mpi():
+        return True
+    try:
+        target = os.readlink(f"/proc/{os.getppid()}/fd/{fd}")
+    except OSError:
+        return False
+    return target.startswith(("/dev/pts/", "/dev/tty"))

@@ -20,6 +20,7 @@ class _State:
     verbosity: int = INFO
     all_ranks_stdout: bool = False
     files: list[TextIO] = []
+    progress_bars: int = 0  # tqdm bars on the console (engine.report.progress)
 
 
 _state = _State()
@@ -55,16 +56,34 @@ def verbosity() -> int:
     return _state.verbosity
 
 
-def write(level: int, message: str) -> None:
+def write(level: int, message: str, same_on_all_ranks: bool = False) -> None:
+    """``same_on_all_ranks``: every rank logs this very message (e.g. about the config, which all ranks
+    share), so other ranks write it to their files only and rank 0 alone prints it."""
     if level > _state.verbosity:
         return
     for f in _state.files:
         f.write(message + "\n")
     stream = sys.stdout if level > WARNING else sys.stderr
     if process.is_main():
+        _print(message, stream)
+    elif (level <= WARNING and not same_on_all_ranks) or _state.all_ranks_stdout:
+        _print(process.prefix_lines(message), stream)
+
+
+def _print(message: str, stream: TextIO) -> None:
+    if _state.progress_bars:
+        from tqdm import tqdm
+
+        tqdm.write(message, file=stream)  # clears the bars, prints, draws them again below the line
+        stream.flush()
+    else:
         print(message, file=stream, flush=True)
-    elif level <= WARNING or _state.all_ranks_stdout:
-        print(process.prefix_lines(message), file=stream, flush=True)
+
+
+def progress_bar_shown(shown: bool) -> None:
+    """A progress bar appeared on the console (True) or went (False): until the last one goes, lines
+    are printed through tqdm, so that none lands in the middle of a bar."""
+    _state.progress_bars = max(0, _state.progress_bars + (1 if shown else -1))
 
 
 def error(message: str) -> None:

@@ -13,11 +13,8 @@ import traceback
 from engine import log, process
 from engine.cli import help_text, parse_command_line, version_text
 from engine.config import Config
-from engine.errors import ConfigError, EngineError
-
-# A rank that stays quiet about an error rank 0 reports waits this long before it exits: mpirun ends the
-# whole job at the first non-zero exit, which could otherwise cut rank 0 off before its message.
-QUIET_RANK_EXIT_DELAY = 3.0
+from engine.errors import QUIET_RANK_EXIT_DELAY, ConfigError, EngineError
+from engine.tasks.check import check_at_start, run_check
 
 
 def setup_logging(config: Config) -> None:
@@ -41,10 +38,12 @@ def report_error(exc: EngineError, show_traceback: bool) -> None:
 
 
 def wants_traceback(config: Config | None) -> bool:
+    """Only ``debug`` adds the traceback to an error the user can fix: RETURNN recipes run at
+    log_verbosity 5 as a matter of course, and a config error is one paragraph for them too."""
     if config is None:
         return False
     try:
-        return config.bool("debug") or config.int("log_verbosity") >= log.TRACE
+        return config.bool("debug")
     except EngineError:
         return False
 
@@ -64,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
             print(version_text())
             return 0
         config = Config.from_sources(cmd.config_files, cmd.overrides)
+        if cmd.check:
+            return run_check(config)
         setup_logging(config)
         log.debug(f"{version_text()} starting: config files {cmd.config_files}, "
                   f"task {config.str('task')!r}, pid {os.getpid()}")
+        check_at_start(config)
         from engine.tasks import run_task  # after logging: tasks import TensorFlow
 
         run_task(config)

@@ -98,6 +98,7 @@ class _Recorder:
 
 
 _recorder: _Recorder | None = None
+_expected = False  # a recording will start (graphs traced before it must include their span ops)
 
 
 class _Span:
@@ -150,6 +151,17 @@ def stop() -> None:
 def enabled() -> bool:
     """Whether spans are recorded: lets a caller skip computing span arguments when off."""
     return _recorder is not None
+
+
+def expect_recording() -> None:
+    """A recording will start later in this process: graphs traced from now on record their spans
+    (``engine.phases.timed_in_graph`` decides when a function is traced, not when it runs)."""
+    global _expected
+    _expected = True
+
+
+def recording_expected() -> bool:
+    return _recorder is not None or _expected
 
 
 def now() -> float:

@@ -1,9 +1,15 @@
 """Shared helpers for tests that start real processes (``rnn.py``, tools, ``mpirun`` jobs)."""
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
+import select
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,3 +54,50 @@ def run_mpi(num_ranks: int, args: list[str], timeout: float = 180, env: dict | N
 def run_rnn(args: list[str], timeout: float = 120, env: dict | None = None, cwd=None):
     """``python rnn.py ARGS...`` in a single process."""
     return run([sys.executable, str(ROOT / "rnn.py"), *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def run_on_terminal(cmd: list[str], timeout: float = 120, env: dict | None = None, columns: int = 100,
+                    rows: int = 24, stderr_too: bool = False) -> tuple[int, str, str]:
+    """Run ``cmd`` with stdout (and stderr with ``stderr_too``) on a pseudo-terminal of ``columns`` x
+    ``rows``; returns (exit status, everything written to the terminal, stderr when it was a pipe)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    proc = subprocess.Popen(cmd, stdout=slave, stderr=slave if stderr_too else subprocess.PIPE,
+                            env=child_env(env))
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the terminal closed: every writer has ended
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        os.close(master)
+    stderr = ""
+    if proc.stderr is not None:
+        stderr = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+    return proc.returncode, b"".join(chunks).decode(errors="replace"), stderr
+
+
+def screen(raw: str) -> list[str]:
+    """What a terminal shows for ``raw``: carriage returns move back to column 0 and overwrite; the
+    non-empty rows."""
+    lines = []
+    for text in raw.replace("\r\n", "\n").split("\n"):
+        row: list[str] = []
+        for segment in text.split("\r"):
+            row[:len(segment)] = segment
+        lines.append("".join(row).rstrip())
+    return [line for line in lines if line]

@@ -130,6 +130,9 @@ def test_shards_are_disjoint_and_complete(corpus, num_ranks):
         assert shard == everything[r::num_ranks]  # rank r takes batches r, r+N, ...
     tags = [t for shard in shards for b in shard for t in b]
     assert len(tags) == len(set(tags)) == 80
+    planned = [generate_batches(ds, BatchOptions(60), shard_rank=r, shard_size=num_ranks).all_shards
+               for r in range(num_ranks)]
+    assert planned == [len(everything)] * num_ranks  # every rank knows the whole plan's size
 
 
 @pytest.mark.tf_latest

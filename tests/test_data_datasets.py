@@ -175,9 +175,11 @@ def test_create_dataset_forms(tmp_path):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ({"class": "LmDataset"}, "Unknown dataset class 'LmDataset'"),
+    ({"class": "LmDataset"}, "'LmDataset' in {'class': 'LmDataset'} (a RETURNN dataset class this engine"),
     ({"files": ["a.hdf"]}, "Unknown dataset class None"),
-    ({"class": "Task12AXDataset", "num_seq": 3}, "unknown option(s) 'num_seq'"),
+    ({"class": "Task12AXDataset", "num_seq": 3}, "option 'num_seq' (did you mean 'num_seqs'?)"),
+    ({"class": "Task12AXDataset", "seq_list_filter_file": "x"},
+     "RETURNN defines that this engine does not implement: dataset (Task12AXDataset) option"),
     ("Task12AXDataset:num_seqs", "expected 'name=value'"),
     ({"class": "Task12AXDataset", "partition_epoch": 0}, "partition_epoch"),
     ({"class": "HDFDataset", "files": []}, "non-empty list"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import pytest
 from engine.datasets import DataKeyInfo, HDFDataset, HDFWriter, Task12AXDataset
 from engine.errors import DATA_ERROR_EXIT_CODE
 from engine.tools import dump_dataset, hdf_dump
+from helpers import run_on_terminal, screen
 
 pytestmark = pytest.mark.tf_latest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,6 +113,15 @@ def test_command_line_entry(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "Wrote 5 sequences" in proc.stdout and out.exists()
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+    out = tmp_path / "big.hdf"
+    returncode, shown, _ = run_on_terminal([sys.executable, os.path.join(ROOT, "tools", "hdf_dump.py"),
+                                            "Task12AXDataset:num_seqs=2000", str(out)], stderr_too=True)
+    assert returncode == 0, shown
+    assert re.search(r"hdf_dump:  *\d+%\|.*\| \d+/2000 \[", shown) and "seq/s" in shown, shown
+    assert screen(shown)[-1].startswith("Wrote 2000 sequences to ")  # the bar is gone
 
 
 def test_dump_dataset_info(tmp_path, capsys):

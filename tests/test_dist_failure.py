@@ -46,10 +46,31 @@ def test_sigkill_of_one_rank_ends_the_job():
 
 
 def test_stall_timeout_aborts_when_a_rank_stops_answering():
-    result, output = run_failing("stall", "--stall-timeout", "2")
-    assert "[rank 0] error: 'step signal (allreduce)' did not complete within 2 s" in output, output
+    result, output = run_failing("stall", "--stall-warning", "1", "--stall-timeout", "3")
+    assert output.count("stall: rank 1 has not reached collective #2 'step signal (allreduce)' "
+                        "after 1 s; rank 0 waits there") == 1, output
+    assert output.count("error:") == 1, output
+    assert ("[rank 0] error: rank 1 did not reach collective #2 'step signal (allreduce)' within 3 s "
+            "(distributed_stall_timeout), where rank 0 waits") in output, output
 
 
 def test_stall_timeout_inside_tf_function():
     result, output = run_failing("stall_in_graph", "--stall-timeout", "3")
-    assert "[rank 0] error: 'allreduce' did not complete within 3 s" in output, output
+    assert output.count("error:") == 1, output
+    assert ("[rank 0] error: rank 1 did not reach collective #2 'allreduce in a tf.function' within 3 s"
+            in output), output
+
+
+def test_a_stalled_rank_0_is_named_by_its_own_watchdog_thread():
+    result, output = run_failing("stall", "--failing-rank", "0", "--stall-timeout", "3")
+    assert output.count("error:") == 1, output
+    assert ("[rank 0] error: rank 0 did not reach collective #2 'step signal (allreduce)' within 3 s "
+            "(distributed_stall_timeout), where rank 1 waits") in output, output
+
+
+def test_a_frozen_rank_0_is_caught_by_the_other_ranks_after_a_grace_period():
+    result, output = run_failing("freeze", "--failing-rank", "0", "--stall-timeout", "2")
+    assert output.count("error:") == 1, output
+    assert ("[rank 1] error: 'step signal (allreduce)' did not complete within 12.2 s "
+            "(distributed_stall_timeout + 10.2 s), and rank 0, which names stalled ranks, did not end the job"
+            in output), output

@@ -88,6 +88,7 @@ def test_local_backend_is_rank_0_of_1_and_returns_copies():
     with pytest.raises(ValueError):
         comm.allreduce([np.ones(2, np.int64)], "average")
     assert comm.broadcast_object({"a": 1}) == {"a": 1} and comm.allgather_object(3) == [3]
+    assert comm.gather_object(4) == [4] and comm.scatter_object(["only"]) == "only"
     with pytest.raises(ValueError, match="root rank 1"):
         comm.broadcast_object(1, root=1)
     comm.barrier()
@@ -192,7 +193,8 @@ def test_stall_watchdog_ends_the_process():
     result = run_python("""
         import time
         from engine.distributed.local_backend import LocalCommunicator
-        comm = LocalCommunicator(stall_timeout=0.5)
+        from engine.distributed.watchdog import StallLimits
+        comm = LocalCommunicator(StallLimits(timeout=0.5))
         with comm.stall_guard("fast"):
             pass
         time.sleep(1.0)  # outside any guard: no stall

@@ -6,6 +6,7 @@ import pytest
 
 from engine.config import Config
 from engine.distributed import DataParallelSettings, GradAllreduce, ParamAverage, Strategy, build_strategy
+from engine.distributed.watchdog import StallLimits
 from engine.errors import ConfigError
 
 pytestmark = pytest.mark.tf_latest
@@ -34,8 +35,8 @@ def test_off_without_use_horovod():
 def test_defaults_follow_the_spec():
     ctx = context(use_horovod=True)
     assert (ctx.reduce_type, ctx.param_sync_step, ctx.param_sync_time_diff, ctx.dataset_distribution,
-            ctx.scale_lr, ctx.grad_normalization, ctx.backend_name, ctx.stall_timeout) == \
-        ("grad", 1, None, "shard", False, "sum", "auto", None)
+            ctx.scale_lr, ctx.grad_normalization, ctx.backend_name, ctx.stall) == \
+        ("grad", 1, None, "shard", False, "sum", "auto", StallLimits(warning=60.0, timeout=300.0))
     grad = strategy(use_horovod=True)
     assert isinstance(grad, GradAllreduce) and grad.normalization == "sum"
     assert grad.train_shard == (2, 4) and grad.random_seed_offset == 0 and not grad.differentiates_loss_sum
@@ -44,15 +45,16 @@ def test_defaults_follow_the_spec():
 def test_every_key_is_read_also_from_command_line_strings():
     ctx = context(use_horovod="1", horovod_reduce_type="param", horovod_param_sync_step="100",
                   horovod_dataset_distribution="random_seed_offset", horovod_scale_lr="yes",
-                  distributed_backend="mpi", distributed_stall_timeout="600")
+                  distributed_backend="mpi", distributed_stall_timeout="600", distributed_stall_warning="20")
     assert (ctx.reduce_type, ctx.param_sync_step, ctx.dataset_distribution, ctx.scale_lr, ctx.backend_name,
-            ctx.stall_timeout) == ("param", 100, "random_seed_offset", True, "mpi", 600.0)
+            ctx.stall) == ("param", 100, "random_seed_offset", True, "mpi", StallLimits(20.0, 600.0))
     timed = context(use_horovod=True, horovod_reduce_type="param", horovod_param_sync_time_diff=30)
     assert timed.param_sync_time_diff == 30.0
     assert context(use_horovod=True, horovod_avg_grad=True).grad_normalization == "average"
     assert context(use_horovod=True, horovod_grad_normalization="global_frames").grad_normalization == \
         "global_frames"
-    assert context(use_horovod=True, distributed_stall_timeout=0).stall_timeout is None
+    never = context(use_horovod=True, distributed_stall_timeout=0, distributed_stall_warning=None).stall
+    assert never == StallLimits(None, None) and not never.enabled
 
 
 def test_each_mode_builds_its_strategy():
@@ -91,6 +93,7 @@ def test_unknown_horovod_key_is_named_with_a_suggestion_and_the_known_keys():
     ({"horovod_reduce_type": "param", "horovod_param_sync_time_diff": -1}, ["time_diff", "> 0"]),
     ({"distributed_backend": "nccl"}, ["'distributed_backend'", "'nccl'", "'auto', 'horovod', 'mpi'"]),
     ({"distributed_stall_timeout": -5}, ["'distributed_stall_timeout'"]),
+    ({"distributed_stall_warning": -1}, ["'distributed_stall_warning'"]),
     ({"horovod_param_sync_step": "often"}, ["'horovod_param_sync_step'", "'often'"]),
 ])
 def test_bad_and_contradictory_settings(values, words):

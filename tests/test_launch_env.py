@@ -2,10 +2,12 @@
 no srun step) is one process; a task that srun started is one of SLURM_STEP_NUM_TASKS ranks."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from engine import launch
-from helpers import run_rnn
+from helpers import mpirun_cmd, run_mpi, run_on_terminal, run_rnn, screen
 from test_engine_tasks import tiny_config
 
 pytestmark = pytest.mark.tf_latest
@@ -50,3 +52,23 @@ def test_srun_task_without_use_horovod_is_refused(tmp_path):
     srun_task_0 = {**SRUN_TASK_2, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}  # rank 0 prints the error
     r = run_rnn([tiny_config(tmp_path), "++num_epochs", "1"], env=srun_task_0)
     assert r.returncode == 2 and "one of 4 ranks started by mpirun/srun" in r.stderr, r.stderr
+
+
+ASK_TERMINAL = "import sys; from engine.launch import launcher_output_is_terminal; " \
+               "print(sys.stdout.isatty(), launcher_output_is_terminal(1))"
+
+
+@pytest.mark.mpi
+def test_a_rank_knows_whether_mpirun_writes_to_a_terminal():
+    """Open MPI gives each rank a pseudo-terminal as stdout also when mpirun's output is a pipe."""
+    piped = run_mpi(2, ["-c", ASK_TERMINAL])
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.split("\n") == ["True False", "True False", ""]
+    returncode, shown, stderr = run_on_terminal(mpirun_cmd(2, [sys.executable, "-c", ASK_TERMINAL]))
+    assert returncode == 0, stderr
+    assert screen(shown) == ["True True", "True True"]
+
+
+def test_without_a_launcher_the_terminal_is_the_process_own(monkeypatch):
+    set_env(monkeypatch, {})
+    assert launch.launcher_output_is_terminal(1)

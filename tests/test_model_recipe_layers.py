@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from engine.errors import ConfigError
 from engine.model import build_model
-from engine.model.layers import LSTM_UNITS
+from engine.model.spec import LSTM_UNITS
 from engine.model.lstm import fused_lstm, scan_lstm
 from engine.model.time_chunking import chunk_time, unchunk_time
 

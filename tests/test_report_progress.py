@@ -17,7 +17,7 @@ from engine import log
 from engine.config import Config
 from engine.errors import ConfigError
 from engine.report.progress import Progress, interval_from_config
-from helpers import ROOT, child_env
+from helpers import ROOT, child_env, screen
 
 pytestmark = pytest.mark.tf_latest
 
@@ -48,17 +48,6 @@ def read_all(fd: int) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode()
-
-
-def screen(raw: str) -> list[str]:
-    """What a terminal shows for ``raw``: carriage returns move back to column 0 and overwrite."""
-    lines = []
-    for text in raw.replace("\r\n", "\n").split("\n"):
-        row: list[str] = []
-        for segment in text.split("\r"):
-            row[:len(segment)] = segment
-        lines.append("".join(row).rstrip())
-    return [line for line in lines if line]
 
 
 @pytest.fixture

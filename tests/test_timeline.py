@@ -14,14 +14,7 @@ from engine import timeline
 from engine.errors import EngineError
 from helpers import ROOT, child_env, run, run_mpi
 
-pytestmark = pytest.mark.tf_latest
-
-
-@pytest.fixture(autouse=True)
-def stopped():
-    timeline.stop()
-    yield
-    timeline.stop()
+pytestmark = [pytest.mark.tf_latest, pytest.mark.usefixtures("timeline_stopped")]
 
 
 def spans_of(events: list[dict]) -> list[dict]:

@@ -48,13 +48,15 @@ class Dataset:
     """Base class. Subclasses set ``self._keys`` (data key -> DataKeyInfo, ``data`` first) and
     ``self.labels``, and implement the ``_corpus_*`` methods."""
 
-    def __init__(self, *, seq_ordering: str = "default", partition_epoch: int = 1,
+    def __init__(self, *, seq_ordering: str = "default", partition_epoch: int | None = 1,
                  fixed_random_seed: int | None = None, random_seed_offset: int = 0,
                  chunking: Any = None, min_chunk_size: Any = 0, name: str | None = None) -> None:
         self.name = name or type(self).__name__
         self.seq_ordering = ordering.parse_seq_ordering(seq_ordering, owner=self.name)
         # None: batches hold whole sequences (see chunking.py)
         self.chunking: Chunking | None = parse_chunking(chunking, min_chunk_size, owner=self.name)
+        if partition_epoch is None:  # RETURNN's default spelling of "not partitioned"
+            partition_epoch = 1
         if not isinstance(partition_epoch, int) or isinstance(partition_epoch, bool) or partition_epoch < 1:
             raise DataError(f"{self.name}: partition_epoch must be an integer >= 1, got {partition_epoch!r}.")
         self.partition_epoch = partition_epoch

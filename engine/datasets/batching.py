@@ -18,11 +18,12 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from engine import log
+from engine import log, phases
 from engine.datasets.base import Dataset
 from engine.datasets.buffers import ALIGN, BufferPool, carve, layout_bytes
 from engine.datasets.chunking import EpochPieces, cut_into_chunks, whole_sequences
 from engine.errors import ConfigError
+from engine.timeline import DATA_WAIT
 
 DEFAULT_EVAL_BATCH_SIZE = 5000
 
@@ -121,23 +122,26 @@ def plan_batches(lengths: np.ndarray, *, batch_size: int, max_seqs: int = -1,
 
 class PlannedBatches:
     """This rank's batches of an epoch, read as they are iterated; ``num_seqs``: the sequences (or chunks)
-    they hold."""
+    they hold; ``all_shards``: the number of batches of all ranks together (a progress display's total)."""
 
-    def __init__(self, batches: Iterator[Batch], num_seqs: int) -> None:
+    def __init__(self, batches: Iterator[Batch], num_seqs: int, all_shards: int) -> None:
         self._batches = batches
         self.num_seqs = num_seqs
+        self.all_shards = all_shards
 
     def __iter__(self) -> Iterator[Batch]:
         return self._batches
 
 
 def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0, shard_size: int = 1,
-                     keys: Sequence[str] | None = None, recurrent: bool = True) -> PlannedBatches:
+                     keys: Sequence[str] | None = None, recurrent: bool = True,
+                     skip: int = 0) -> PlannedBatches:
     """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
 
     ``keys``: the data keys to batch (default: all of the dataset's); with ``dataset.chunking`` the
     batches hold chunks of the sequences (see ``chunking.py``), cut over these keys, unless the network
-    is not ``recurrent`` (RETURNN ignores the chunking then).
+    is not ``recurrent`` (RETURNN ignores the chunking then). ``skip``: the first batches of the epoch's
+    plan are already trained (a resumed epoch); not read.
     Planning happens now (lengths only, bad options raise here); data is read as the iterator advances."""
     if not 0 <= shard_rank < shard_size:
         raise ValueError(f"shard_rank {shard_rank} outside 0..{shard_size - 1}")
@@ -162,8 +166,10 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if oversized:
         log.warning(f"{where}: {oversized} {what} longer than batch_size {options.batch_size}; each got a "
                     f"batch of its own.")
-    mine = batches[shard_rank::shard_size]
-    return PlannedBatches(_materialise(dataset, keys, pieces, mine), sum(len(b) for b in mine))
+    remaining = batches[skip:]
+    mine = remaining[shard_rank::shard_size]
+    return PlannedBatches(_materialise(dataset, keys, pieces, mine), num_seqs=sum(len(b) for b in mine),
+                          all_shards=len(remaining))
 
 
 def _materialise(dataset: Dataset, keys: list[str], pieces: EpochPieces,
@@ -250,7 +256,7 @@ class BatchPrefetcher:
     def __next__(self) -> Batch:
         if self._finished:
             raise StopIteration
-        with self._cond:
+        with phases.span("data wait", DATA_WAIT), self._cond:
             if not self._items:
                 while len(self._items) < self.depth and not (self._items and self._items[-1][0] != "batch"):
                     self._cond.wait()

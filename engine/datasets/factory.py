@@ -10,73 +10,108 @@ import ast
 import inspect
 import os
 import re
-from typing import Any
+from typing import Any, Collection
 
 import h5py
 
-from engine import log
+from engine import keys, returnn_keys
 from engine.config import Config
 from engine.datasets.base import Dataset
 from engine.datasets.generated import DummyDataset, Task12AXDataset
 from engine.datasets.hdf_reader import HDFDataset
 from engine.datasets.npz import NpzDataset
 from engine.errors import DataError
+from engine.key_check import IGNORED, NO_EFFECT, Finding, Scope, classify, enforce, ignored_names
+from engine.no_effect import DATASET_OPTIONS as NO_EFFECT_OPTIONS
 
 DATASET_CLASSES: dict[str, type[Dataset]] = {
     cls.__name__: cls for cls in (HDFDataset, NpzDataset, Task12AXDataset, DummyDataset)}
-# keys RETURNN configs often carry that mean nothing here; accepted with a warning so such configs run
-_IGNORED_KEYS = {"use_cache_manager": "no cluster file cache here", "estimated_num_seqs": "only a hint"}
+_ALIASES = {"cache_byte_size": "cache_size", "partitionEpoch": "partition_epoch"}  # RETURNN's old names
+ORDER_SEED_STRIDE = 1_000_003  # a prime above any epoch count: one random_seed never meets another's epochs
 
 
 def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None, random_seed_offset: int = 0,
-                   cache_size: int | str | None = None, defaults: dict[str, Any] | None = None) -> Dataset:
+                   cache_size: int | str | None = None, key: str = "", ignored: Collection[str] = (),
+                   defaults: dict[str, Any] | None = None, order_seed_shift: int = 0) -> Dataset:
     """A dataset from a config value. ``random_seed_offset`` is added to the dict's own (per-rank
-    offsets); ``cache_size`` is used by HDF datasets whose dict sets none; ``defaults`` (options such as
-    ``chunking``) apply where the dict gives none."""
-    kwargs = spec_to_kwargs(spec)
-    if "partitionEpoch" in kwargs:  # RETURNN's old spelling
-        old = kwargs.pop("partitionEpoch")
-        if old and kwargs.get("partition_epoch"):
-            raise DataError(f"{kwargs.get('class')}: give either 'partition_epoch' or its old spelling "
-                            f"'partitionEpoch', not both.")
-        if old:
-            kwargs["partition_epoch"] = old
+    offsets), and so is ``order_seed_shift`` unless the dict fixes its seed (``fixed_random_seed``);
+    ``cache_size`` is used by HDF datasets whose dict sets none; ``key`` (``train``, ...) names it in
+    messages; ``ignored``: the config's ignore_keys (``"dataset:option"`` entries apply here);
+    ``defaults`` (options such as ``chunking``) apply where the dict gives none."""
+    cls, kwargs = _class_and_options(spec)
+    findings = classify(_scope(cls, key), kwargs, ignored)
+    enforce(findings, f"Dataset {key!r}" if key else "The dataset", error=DataError)
+    for finding in findings:
+        if finding.verdict in (NO_EFFECT, IGNORED):
+            del kwargs[finding.name]
+    for theirs, ours in _ALIASES.items():
+        if theirs in kwargs:
+            if ours in kwargs:
+                raise DataError(f"{cls.__name__}: give either '{ours}' or its old spelling '{theirs}', "
+                                "not both.")
+            kwargs[ours] = kwargs.pop(theirs)
     for name, value in (defaults or {}).items():
         if kwargs.get(name) is None and value is not None:
             kwargs[name] = value
-    class_name = kwargs.pop("class", None)
-    cls = DATASET_CLASSES.get(class_name) if isinstance(class_name, str) else None
-    if cls is None:
-        raise DataError(f"Unknown dataset class {class_name!r} in {_short(spec)}; known classes: "
-                        f"{', '.join(DATASET_CLASSES)}.")
-    for key, why in _IGNORED_KEYS.items():
-        if kwargs.pop(key, None) is not None:
-            log.warning(f"{class_name}: ignoring '{key}' ({why}).")
-    if "cache_byte_size" in kwargs:  # RETURNN's name for the same thing
-        if "cache_size" in kwargs:
-            raise DataError(f"{class_name}: give either 'cache_size' or 'cache_byte_size', not both.")
-        kwargs["cache_size"] = kwargs.pop("cache_byte_size")
     if cls is HDFDataset and "cache_size" not in kwargs and cache_size is not None:
         kwargs["cache_size"] = cache_size
     if default_seq_ordering and "seq_ordering" not in kwargs:
         kwargs["seq_ordering"] = default_seq_ordering
     own_offset = kwargs.get("random_seed_offset") or 0
+    if kwargs.get("fixed_random_seed") is None:
+        random_seed_offset += order_seed_shift
     if random_seed_offset and isinstance(own_offset, int):  # a non-int is reported by the dataset
         kwargs["random_seed_offset"] = own_offset + random_seed_offset
-    _check_kwargs(cls, kwargs)
+    _check_required(cls, kwargs)
     return cls(**kwargs)
+
+
+def dataset_findings(spec: dict | str, key: str = "", ignored: Collection[str] = ()) -> list[Finding]:
+    """A verdict for every option of a dataset dict, without creating the dataset."""
+    cls, kwargs = _class_and_options(spec)
+    return classify(_scope(cls, key), kwargs, ignored)
+
+
+def _class_and_options(spec: dict | str) -> tuple[type[Dataset], dict[str, Any]]:
+    kwargs = spec_to_kwargs(spec)
+    class_name = kwargs.pop("class", None)
+    cls = DATASET_CLASSES.get(class_name) if isinstance(class_name, str) else None
+    if cls is None:
+        known = "a RETURNN dataset class this engine does not implement" if class_name in \
+            returnn_keys.DATASET_OPTIONS else "not a dataset class"
+        raise DataError(f"Unknown dataset class {class_name!r} in {_short(spec)} ({known}); this engine "
+                        f"implements: {', '.join(DATASET_CLASSES)}.")
+    return cls, kwargs
+
+
+def _scope(cls: type[Dataset], key: str) -> Scope:
+    """What a dataset class takes: its constructor's and the common parameters (and RETURNN's spellings)."""
+    implemented = set(_ALIASES) | set(_parameters(cls))
+    returnn = returnn_keys.DATASET_COMMON_OPTIONS | returnn_keys.DATASET_OPTIONS.get(cls.__name__, set())
+    return Scope("dataset", key, cls.__name__, implemented, returnn, NO_EFFECT_OPTIONS, unknown_fatal=True)
 
 
 def dataset_from_config(config: Config, key: str, *, random_seed_offset: int = 0) -> Dataset | None:
     """The dataset under ``key`` (``train``/``dev``/``eval``), or None when the config has none.
 
-    ``batching`` is the train dataset's default ``seq_ordering``; ``cache_size`` applies to every HDF one."""
+    ``batching`` is the train dataset's default ``seq_ordering``; ``cache_size`` applies to every HDF one;
+    ``random_seed`` shifts the train dataset's ordering seed (``train_order_seed_shift``)."""
     spec = config.typed(key)
     if not spec:
         return None
-    return create_dataset(spec, default_seq_ordering=config.str("batching") if key == "train" else None,
+    train = key == "train"
+    return create_dataset(spec, default_seq_ordering=config.str("batching") if train else None,
                           random_seed_offset=random_seed_offset, cache_size=config.value("cache_size"),
-                          defaults=chunking_defaults(config, key))
+                          key=key, ignored=ignored_names(config), defaults=chunking_defaults(config, key),
+                          order_seed_shift=train_order_seed_shift(config.int("random_seed")) if train else 0)
+
+
+def train_order_seed_shift(random_seed: int) -> int:
+    """What ``random_seed`` adds to the train data's ordering seed (``epoch + random_seed_offset``): 0 for
+    the default 42 (RETURNN's too), so a RETURNN config orders its data as RETURNN does; another seed,
+    another order (and other generated data) in every epoch. A dataset with ``fixed_random_seed`` keeps
+    its own."""
+    return (int(random_seed) - keys.default("random_seed")) * ORDER_SEED_STRIDE
 
 
 def chunking_defaults(config: Config, key: str) -> dict[str, Any]:
@@ -134,17 +169,17 @@ def _literal_or_str(text: str) -> Any:
         return text
 
 
-def _check_kwargs(cls: type[Dataset], kwargs: dict[str, Any]) -> None:
-    """Option names against the constructor's (and the base class's common) parameters."""
+def _parameters(cls: type[Dataset]) -> dict[str, inspect.Parameter]:
     params = {}
     for klass in (Dataset, cls):
         params.update((name, p) for name, p in inspect.signature(klass.__init__).parameters.items()
                       if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
-    unknown = sorted(set(kwargs) - set(params))
-    if unknown:
-        raise DataError(f"{cls.__name__}: unknown option(s) {', '.join(map(repr, unknown))}; "
-                        f"known: {', '.join(sorted(params))}.")
-    missing = sorted(name for name, p in params.items() if p.default is p.empty and name not in kwargs)
+    return params
+
+
+def _check_required(cls: type[Dataset], kwargs: dict[str, Any]) -> None:
+    missing = sorted(name for name, p in _parameters(cls).items()
+                     if p.default is p.empty and name not in kwargs)
     if missing:
         raise DataError(f"{cls.__name__}: required option(s) {', '.join(map(repr, missing))} missing.")
 

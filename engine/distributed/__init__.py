@@ -16,11 +16,12 @@ from engine.distributed.settings import DataParallelSettings
 from engine.distributed.startup import start
 from engine.distributed.strategy import (GradAllreduce, ParamAverage, ParamSyncSchedule, StepPlan, Strategy,
                                          build_strategy)
-from engine.distributed.watchdog import Watchdog
+from engine.distributed.watchdog import StallLimits, Watchdog
 
 __all__ = [
     "OPS", "BACKENDS", "Communicator", "DataParallelSettings", "GradAllreduce", "ParamAverage",
-    "ParamSyncSchedule", "StepPlan", "StepSignal", "Strategy", "Watchdog", "agree_on_failure", "auto_backend",
+    "ParamSyncSchedule", "StallLimits", "StepPlan", "StepSignal", "Strategy", "Watchdog", "agree_on_failure",
+    "auto_backend",
     "broadcast_initial", "build_strategy", "check_config_consistency", "create_communicator", "fail",
     "format_error", "helpers", "horovod_import_error", "install_failure_handler", "raise_on_failure",
     "reduce_scores", "start", "step_signal",

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
-from engine.distributed.watchdog import Watchdog
+from engine.distributed.watchdog import StallLimits, Watchdog
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 OPS = ("sum", "average", "min", "max")
+
+# ``allreduce_tensors(..., timed_as=(name, category))``: time the collective as a phase (``engine.phases``)
+TimedAs = Optional[Tuple[str, str]]
 
 
 def check_reduction(op: str, dtypes: Sequence[np.dtype] = ()) -> None:
@@ -30,6 +33,13 @@ def check_reduction(op: str, dtypes: Sequence[np.dtype] = ()) -> None:
         if op == "average" and dtype.kind != "f":
             raise ValueError(f"allreduce: op 'average' needs floating-point values, got {dtype}; "
                              "sum them and divide where the rounding you want is clear")
+
+
+def tensor_bytes(tensors: Sequence[tf.Tensor]) -> int | None:
+    """Bytes of the tensors when their shapes are known while tracing (gradients' are), else None."""
+    if not all(t.shape.is_fully_defined() for t in tensors):
+        return None
+    return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
 
 
 class Communicator(abc.ABC):
@@ -48,25 +58,45 @@ class Communicator(abc.ABC):
     # The CPU affinity of each rank on this host, by local rank (empty: unknown); ``tf_threads`` reads it.
     local_cpus: tuple[frozenset[int], ...] = ()
 
-    def __init__(self, stall_timeout: float | None = None) -> None:
-        # A collective that waits longer than this (seconds) aborts the job; None: wait forever.
-        self.watchdog = Watchdog(self.abort, stall_timeout) if stall_timeout else None
+    def __init__(self, stall: StallLimits | None = None, side_channel: Any = None) -> None:
+        """``stall``: when to warn about and end a wait for other ranks (None: never); ``side_channel``:
+        a ``side_channel.SideChannel`` (multi-rank backends), for the watchdog and stop notices."""
+        self.side_channel = side_channel
+        self.watchdog = None
+        if stall is not None and stall.enabled:
+            self.watchdog = Watchdog(stall, self.abort, rank=self.rank, size=self.size, channel=side_channel)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def stall_guard(self, what: str) -> ContextManager[None]:
-        """Abort the job when the block takes longer than the stall timeout (a rank stopped answering)."""
+        """Names the collectives in the block ("step signal") for the stall watchdog's messages, and ends
+        the job when the block waits too long (``watchdog.py``)."""
         return self.watchdog.guard(what) if self.watchdog is not None else contextlib.nullcontext()
+
+    def _collective(self, name: str) -> ContextManager[None]:
+        """Around one collective call of a backend: counted and announced to the stall watchdog."""
+        return self.watchdog.collective(name) if self.watchdog is not None else contextlib.nullcontext()
+
+    def notify_stop(self, signal_number: int) -> None:
+        """Tell every other rank, without waiting, that this rank received a stop signal."""
+        if self.side_channel is not None:
+            self.side_channel.notify_stop(signal_number)
+
+    def stop_notices(self) -> list[tuple[int, int]]:
+        """(rank, signal number) of the other ranks' stop notices received since the last call."""
+        return self.side_channel.stop_notices() if self.side_channel is not None else []
 
     @abc.abstractmethod
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
         """Element-wise ``op`` ("sum", "average", "min", "max") of each array over all ranks."""
 
     @abc.abstractmethod
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
-        """Like ``allreduce`` for tensors; usable inside ``tf.function``."""
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
+        """Like ``allreduce`` for tensors; usable inside ``tf.function``. ``timed_as`` = (name, category):
+        the collective is timed as that phase (``engine.phases``), with its bytes and tensor count."""
 
     @abc.abstractmethod
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
@@ -79,6 +109,14 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def allgather_object(self, obj: Any) -> list[Any]:
         """Every rank's object, indexed by rank, on every rank."""
+
+    @abc.abstractmethod
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's object, indexed by rank, on ``root``; None on the other ranks."""
+
+    @abc.abstractmethod
+    def scatter_object(self, objects: Sequence[Any] | None, root: int = 0) -> Any:
+        """``objects[r]`` of ``root`` (one per rank; ignored elsewhere), on rank r."""
 
     @abc.abstractmethod
     def barrier(self) -> None:

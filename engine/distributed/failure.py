@@ -4,8 +4,8 @@
   it once (one paragraph for an ``EngineError``, the traceback otherwise) and aborts the MPI job.
 - ``fail(exc)``: the same, for a top level that catches errors itself (``rnn.py``).
 - A rank killed outright (SIGKILL, out of memory): ``mpirun`` notices and ends the job on its own.
-- A rank that stopped answering: the communicator's ``Watchdog`` (``watchdog.py``) aborts when a guarded
-  collective is not done within ``distributed_stall_timeout`` seconds.
+- A rank that stopped answering: the communicator's ``Watchdog`` (``watchdog.py``) names it and aborts
+  the job when the others have waited ``distributed_stall_timeout`` seconds for it (on by default).
 
 An ``EngineError`` with ``agreed = True`` is known to every rank already (it came through the step
 signal or a collective check), so every rank exits on its own and nothing needs aborting.
@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import NoReturn
 
 from engine import process
-from engine.errors import EngineError
+from engine.errors import QUIET_RANK_EXIT_DELAY, EngineError
 
 
 def install_failure_handler() -> None:
@@ -50,6 +51,8 @@ def fail(exc: BaseException, show_traceback: bool | None = None) -> NoReturn:
         comm.abort(message, exit_code)
     if message:
         print(message, file=sys.stderr, flush=True)
+    elif comm is not None and comm.size > 1:
+        time.sleep(QUIET_RANK_EXIT_DELAY)
     sys.exit(exit_code)
 
 

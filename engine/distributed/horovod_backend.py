@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import check_reduction
+from engine import phases
+from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
-from engine.distributed.mpi_backend import MPICommunicator
+from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator
+from engine.distributed.watchdog import StallLimits
 from engine.errors import DistributedError
 
 if TYPE_CHECKING:
@@ -31,24 +33,21 @@ if TYPE_CHECKING:
 class HorovodCommunicator(MPICommunicator):
     name = "horovod"
 
-    def __init__(self, stall_timeout: float | None = None) -> None:
+    def __init__(self, stall: StallLimits | None = None) -> None:
         from mpi4py import MPI  # noqa: F401  (MPI must be initialised by mpi4py before Horovod)
 
-        if stall_timeout:
-            # Horovod's coordinator shuts down ops waiting for a rank that never submits its tensor;
-            # that covers reductions inside a tf.function, where no Python watchdog can look.
-            os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(stall_timeout) // 2)))
-            os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(1, int(stall_timeout))))
+        _set_horovod_stall_check(stall or StallLimits())
         import horovod.tensorflow as hvd
 
         hvd.init(comm=MPI.COMM_WORLD)
-        super().__init__(stall_timeout)
+        super().__init__(stall)
         if (hvd.rank(), hvd.size()) != (self.rank, self.size):
             raise DistributedError(
                 f"Horovod sees rank {hvd.rank()} of {hvd.size()}, MPI sees rank {self.rank} of {self.size}: "
                 "Horovod was built against a different MPI library than mpi4py uses. Rebuild Horovod in "
                 "this environment (tools/install_env.sh) or set distributed_backend = 'mpi'.")
         self._hvd = hvd
+        self._outside_graph = None  # the watchdog's state before the in-graph reduction started
         self._hvd_ops = {"sum": hvd.Sum, "average": hvd.Sum, "min": hvd.Min, "max": hvd.Max}
 
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
@@ -56,16 +55,46 @@ class HorovodCommunicator(MPICommunicator):
 
         arrays = [np.asarray(a) for a in arrays]
         check_reduction(op, [a.dtype for a in arrays])
-        with self.stall_guard("allreduce"):
+        with self._collective("allreduce"):
             results = self._grouped_allreduce([tf.convert_to_tensor(a) for a in arrays], op)
         return [t.numpy() for t in results]
 
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
-        return self._grouped_allreduce(tensors, op)
+        if not tensors:
+            return []
+        reduce = self._grouped_allreduce if self.watchdog is None else self._watched_allreduce
+        if timed_as is None:
+            return reduce(tensors, op)
+        # Horovod reduces in its own thread, out of Python's sight: markers in the graph time it.
+        name, category = timed_as
+        return phases.timed_in_graph(name, category, tensors, lambda ts: reduce(ts, op),
+                                     bytes=tensor_bytes(tensors), tensors=len(tensors))
+
+    def _watched_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
+        """The reduction, with the graph telling the stall watchdog when it starts and ends waiting in
+        Horovod's thread."""
+        import tensorflow as tf
+
+        entered = tf.numpy_function(self._enter_in_graph, [], tf.int8, stateful=True, name="stall_enter")
+        with tf.control_dependencies([entered]):
+            results = self._grouped_allreduce([tf.identity(t) for t in tensors], op)
+        with tf.control_dependencies(results):
+            left = tf.numpy_function(self._leave_in_graph, [], tf.int8, stateful=True, name="stall_leave")
+        with tf.control_dependencies([left]):
+            return [tf.identity(r) for r in results]
+
+    def _enter_in_graph(self) -> np.int8:
+        self._outside_graph = self.watchdog.enter(IN_GRAPH)
+        return np.int8(0)
+
+    def _leave_in_graph(self) -> np.int8:
+        self.watchdog.leave(self._outside_graph)
+        return np.int8(0)
 
     def _grouped_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """One Horovod grouped allreduce per dtype (a group must share its dtype; Horovod fuses it)."""
@@ -80,5 +109,22 @@ class HorovodCommunicator(MPICommunicator):
 
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
         self._check_root(root)
-        with self.stall_guard("broadcast_variables"):
+        with self._collective("broadcast_variables"):
             self._hvd.broadcast_variables(list(variables), root_rank=root)
+
+
+def _set_horovod_stall_check(stall: StallLimits) -> None:
+    """Horovod's own stall check from the same limits (an explicit HOROVOD_STALL_* variable wins).
+
+    Its warning lists the missing ranks and the tensors they owe. Its shutdown comes after the watchdog's
+    ends of the job (rank 0's at ``timeout``, the others' at ``timeout + grace``), which name the ranks in
+    one message, so it is only a last resort. Horovod reads these variables in ``hvd.init``."""
+    shutdown = max(1, round(stall.timeout + 2 * stall.grace)) if stall.timeout else None
+    warning = max(1, round(stall.warning)) if stall.warning else shutdown
+    if warning is None:
+        os.environ.setdefault("HOROVOD_STALL_CHECK_DISABLE", "1")
+        return
+    # Horovod never shuts down when the shutdown time is below the warning time
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(min(warning, shutdown or warning)))
+    if shutdown:
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(shutdown))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import Communicator, check_reduction
+from engine.distributed.backend import Communicator, TimedAs, check_reduction
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -21,7 +21,9 @@ class LocalCommunicator(Communicator):
         check_reduction(op, [a.dtype for a in arrays])
         return [a.copy() for a in arrays]  # callers may write into results, as with the other backends
 
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
+        # One rank: no collective takes place, so there is no phase to time.
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         return list(tensors)
 
@@ -34,6 +36,14 @@ class LocalCommunicator(Communicator):
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj]
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any]:
+        _check_root(root)
+        return [obj]
+
+    def scatter_object(self, objects: Sequence[Any] | None, root: int = 0) -> Any:
+        _check_root(root)
+        return objects[0]
 
     def barrier(self) -> None:
         pass

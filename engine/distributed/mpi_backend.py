@@ -13,18 +13,24 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import Communicator, check_reduction
+from engine import phases
+from engine.distributed.backend import Communicator, TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import FusionBuffers
+from engine.distributed.side_channel import SideChannel
+from engine.distributed.watchdog import StallLimits
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+# How the stall watchdog names a reduction inside a tf.function: the train step's gradients, or an average.
+IN_GRAPH = "allreduce in a tf.function"
 
 
 class MPICommunicator(Communicator):
     name = "mpi"
 
-    def __init__(self, stall_timeout: float | None = None) -> None:
-        from mpi4py import MPI  # initialises MPI (thread level MULTIPLE: the watchdog thread may abort)
+    def __init__(self, stall: StallLimits | None = None) -> None:
+        from mpi4py import MPI  # initialises MPI (thread level MULTIPLE: the watchdog thread sends, aborts)
 
         self._mpi = MPI
         self._comm = MPI.COMM_WORLD
@@ -37,10 +43,13 @@ class MPICommunicator(Communicator):
         node.Free()
         self._fusion = FusionBuffers()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
-        super().__init__(stall_timeout)
+        super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None)
 
     # ----- tensors -----
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
+        return self._allreduce(arrays, op, "allreduce")
+
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: str, name: str) -> list[np.ndarray]:
         arrays = [np.asarray(a) for a in arrays]
         check_reduction(op, [a.dtype for a in arrays])
         comm, in_place, mpi_op = self._comm, self._mpi.IN_PLACE, self._ops[op]
@@ -51,21 +60,33 @@ class MPICommunicator(Communicator):
             if divisor:
                 segment /= divisor  # while the segment is in cache; same rounding as the horovod backend
 
-        with self.stall_guard("allreduce"):
+        with self._collective(name):
             return self._fusion.run(arrays, reduce_segment)
 
-    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+    def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
+                          timed_as: TimedAs = None) -> list[tf.Tensor]:
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         if not tensors:
             return []
+        name, category = timed_as or ("", "")
+        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors)}
+
+        def reduce(*arrays: np.ndarray) -> list[np.ndarray]:
+            if timed_as is None:
+                return self._allreduce(arrays, op, IN_GRAPH)
+            start = phases.now()  # the reduction runs in Python already: timed here, no markers needed
+            results = self._allreduce(arrays, op, IN_GRAPH)
+            phases.record(name, category, start, phases.now(), **sizes)
+            return results
+
         # One Python call for all tensors: inputs arrive as numpy views of the tensors, and the aligned
         # result views go back to TensorFlow without a copy. numpy_function is stateful, so tf.function
         # keeps these calls in program order on every rank.
-        results = tf.numpy_function(lambda *arrays: self.allreduce(arrays, op), tensors,
-                                    [t.dtype for t in tensors], stateful=True, name="mpi_allreduce")
+        results = tf.numpy_function(reduce, tensors, [t.dtype for t in tensors], stateful=True,
+                                    name="mpi_allreduce")
         for result, tensor in zip(results, tensors):
             result.set_shape(tensor.shape)
         return list(results)
@@ -73,7 +94,7 @@ class MPICommunicator(Communicator):
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
         self._check_root(root)
         values = [v.numpy() for v in variables]
-        with self.stall_guard("broadcast_variables"):
+        with self._collective("broadcast_variables"):
             results = self._fusion.run(values, lambda segment: self._comm.Bcast(segment, root=root))
         for variable, value in zip(variables, results):
             variable.assign(value)
@@ -81,15 +102,25 @@ class MPICommunicator(Communicator):
     # ----- objects and control -----
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         self._check_root(root)
-        with self.stall_guard("broadcast_object"):
+        with self._collective("broadcast_object"):
             return self._comm.bcast(obj, root=root)
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        with self.stall_guard("allgather_object"):
+        with self._collective("allgather_object"):
             return self._comm.allgather(obj)
 
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        self._check_root(root)
+        with self._collective("gather_object"):
+            return self._comm.gather(obj, root=root)
+
+    def scatter_object(self, objects: Sequence[Any] | None, root: int = 0) -> Any:
+        self._check_root(root)
+        with self._collective("scatter_object"):
+            return self._comm.scatter(list(objects) if self.rank == root else None, root=root)
+
     def barrier(self) -> None:
-        with self.stall_guard("barrier"):
+        with self._collective("barrier"):
             self._comm.Barrier()
 
     def abort(self, message: str, exit_code: int = 1) -> NoReturn:

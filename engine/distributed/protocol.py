@@ -1,10 +1,11 @@
 """The collectives of the data-parallel step protocol (``docs/distributed-protocol.md``).
 
 Per step: ``step_signal`` (one small integer allreduce: who has data, who failed, who wants a parameter
-sync) and, after it, ``raise_on_failure``, so no rank waits in a collective that a failed rank will
-never enter; ``agree_on_failure`` does the same between the phases of a task (loading, saving).
-``reduce_scores`` sums score vectors over ranks; ``broadcast_initial`` gives every rank rank 0's
-parameters before step 1. When each of them runs is the strategy's business (``strategy.py``).
+sync or a checkpoint, who received a stop signal) and, after it, ``raise_on_failure``, so no rank waits
+in a collective that a failed rank will never enter; ``agree_on_failure`` does the same between the
+phases of a task (loading, saving), ``agree_on_stop`` for stop signals between epochs. ``reduce_scores``
+sums score vectors over ranks; ``broadcast_initial`` gives every rank rank 0's parameters before step 1.
+When each of them runs is the strategy's business (``strategy.py``).
 """
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from engine import phases
 from engine.distributed.backend import Communicator
 from engine.errors import DistributedError, EngineError
+from engine.timeline import STEP_SIGNAL
 
-# Step signal vector: [ranks out of data, ranks voting for a parameter sync, exit code of each rank (0: no
-# error)...]. Sharing the codes lets every rank end with the failing rank's code: mpirun returns the code
-# of whichever rank exits first, so a bad corpus gives DataError's code however the ranks race.
-_NO_DATA, _SYNC_VOTE, _ERRORS = 0, 1, 2
+# Step signal vector: [ranks out of data, ranks voting for a parameter sync, ranks voting for a checkpoint,
+# exit code of each rank (0: no error)..., stop signal number each rank received (0: none)...]. Sharing
+# the codes lets every rank end with the failing rank's code: mpirun returns the code of whichever rank
+# exits first, so a bad corpus gives DataError's code however the ranks race.
+_NO_DATA, _SYNC_VOTE, _CHECKPOINT_VOTE, _ERRORS = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class StepSignal:
     failed_ranks: tuple[int, ...]
     param_sync: bool = False  # some rank voted for a (time-based) parameter sync at this step
     exit_code: int = 0  # the exit code of the lowest failed rank
+    checkpoint: bool = False  # some rank voted for a checkpoint (its interval is due)
+    stop_requests: tuple[tuple[int, int], ...] = ()  # (rank, signal number) of every rank asked to stop
 
 
 def exit_code_of(error: BaseException | None) -> int:
@@ -38,19 +44,33 @@ def exit_code_of(error: BaseException | None) -> int:
 
 
 def step_signal(comm: Communicator, have_more_data: bool, had_error: bool | int,
-                want_param_sync: bool = False) -> StepSignal:
-    """Exchange (have_more_data, had_error, want_param_sync) of every rank in one int32 allreduce.
-    ``had_error``: False/0, or the exit code this rank will end with (True counts as 1)."""
-    vector = np.zeros(_ERRORS + comm.size, np.int32)
+                want_param_sync: bool = False, want_checkpoint: bool = False,
+                stop_signal: int = 0) -> StepSignal:
+    """Exchange (have_more_data, had_error, want_param_sync, want_checkpoint, stop_signal) of every rank in
+    one int32 allreduce. ``had_error``: False/0, or the exit code this rank will end with (True counts as
+    1); ``stop_signal``: the number of the stop signal this rank received, or 0."""
+    vector = np.zeros(_ERRORS + 2 * comm.size, np.int32)
     vector[_NO_DATA] = not have_more_data
     vector[_SYNC_VOTE] = want_param_sync
+    vector[_CHECKPOINT_VOTE] = want_checkpoint
     vector[_ERRORS + comm.rank] = had_error
-    with comm.stall_guard("step signal"):
+    vector[_ERRORS + comm.size + comm.rank] = stop_signal
+    with comm.stall_guard("step signal"), phases.span("step signal", STEP_SIGNAL, bytes=vector.nbytes):
         (total,) = comm.allreduce([vector], "sum")
-    failed = tuple(int(r) for r in np.flatnonzero(total[_ERRORS:]))
+    errors, stops = total[_ERRORS:_ERRORS + comm.size], total[_ERRORS + comm.size:]
+    failed = tuple(int(r) for r in np.flatnonzero(errors))
     return StepSignal(all_have_data=bool(total[_NO_DATA] == 0), any_error=bool(failed), failed_ranks=failed,
                       param_sync=bool(total[_SYNC_VOTE] > 0),
-                      exit_code=int(total[_ERRORS + failed[0]]) if failed else 0)
+                      exit_code=int(errors[failed[0]]) if failed else 0,
+                      checkpoint=bool(total[_CHECKPOINT_VOTE] > 0),
+                      stop_requests=tuple((int(r), int(stops[r])) for r in np.flatnonzero(stops)))
+
+
+def agree_on_stop(comm: Communicator, stop_signal: int) -> tuple[tuple[int, int], ...]:
+    """Between the phases of training: (rank, signal number) of every rank that received a stop signal."""
+    if comm.size == 1:
+        return ((0, stop_signal),) if stop_signal else ()
+    return step_signal(comm, have_more_data=True, had_error=False, stop_signal=stop_signal).stop_requests
 
 
 def agree_on_failure(comm: Communicator, error: BaseException | None) -> None:

@@ -14,6 +14,7 @@ import os
 
 from engine import log
 from engine.distributed.backend import Communicator
+from engine.distributed.watchdog import StallLimits
 from engine.errors import ConfigError, DistributedError
 
 BACKENDS = ("auto", "horovod", "mpi", "local")
@@ -53,12 +54,13 @@ def _horovod_version() -> str:
     return horovod.__version__
 
 
-def create_communicator(name: str = "auto", stall_timeout: float | None = None,
+def create_communicator(name: str = "auto", stall: StallLimits | None = None,
                         device: str = "") -> Communicator:
     """The communicator for backend ``name``; call once per process, on every rank.
 
-    With ``stall_timeout`` (seconds) the communicator gets its watchdog, and Horovod its own stall
-    shutdown for the reductions inside a ``tf.function``. ``device``: the config's, for "auto".
+    With ``stall`` limits a multi-rank communicator gets its stall watchdog (``watchdog.py``), and
+    Horovod its own stall check for the reductions inside a ``tf.function``. ``device``: the config's,
+    for "auto".
     """
     if name not in BACKENDS:
         raise ConfigError(f"Config key 'distributed_backend' is {name!r}; expected one of "
@@ -87,11 +89,11 @@ def create_communicator(name: str = "auto", stall_timeout: float | None = None,
     if name == "horovod":
         from engine.distributed.horovod_backend import HorovodCommunicator
 
-        comm: Communicator = HorovodCommunicator(stall_timeout=stall_timeout)
+        comm: Communicator = HorovodCommunicator(stall)
     else:
         from engine.distributed.mpi_backend import MPICommunicator
 
-        comm = MPICommunicator(stall_timeout)
+        comm = MPICommunicator(stall)
     log.info(f"distributed: using the {comm.name} backend ({reason}); {comm.size} ranks")
     return comm
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import log
+from engine.distributed.watchdog import StallLimits
 from engine.errors import ConfigError
 
 REDUCE_TYPES = ("grad", "param")
@@ -24,7 +25,7 @@ HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param
                 "horovod_dataset_distribution", "horovod_scale_lr", "horovod_avg_grad",
                 "horovod_grad_normalization")
 BACKEND_KEY = "distributed_backend"
-STALL_TIMEOUT_KEY = "distributed_stall_timeout"
+STALL_KEYS = ("distributed_stall_warning", "distributed_stall_timeout")
 RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
 
 
@@ -38,7 +39,7 @@ class DataParallelSettings:
     scale_lr: bool = False
     grad_normalization: str = "sum"
     backend_name: str = "auto"
-    stall_timeout: float | None = None  # seconds a collective may wait for the others; None: forever
+    stall: StallLimits = StallLimits()  # when a wait for the other ranks is reported, and ends the job
 
     @classmethod
     def from_config(cls, config: Any) -> DataParallelSettings:
@@ -47,12 +48,9 @@ class DataParallelSettings:
         _check_known_keys(config)
         backend = config.str(BACKEND_KEY, "auto")
         _check_choice(BACKEND_KEY, backend, CONFIG_BACKENDS)
-        stall = config.float(STALL_TIMEOUT_KEY, None)
-        if stall is not None and stall < 0:
-            raise ConfigError(f"Config key '{STALL_TIMEOUT_KEY}' is {stall}; expected seconds > 0 "
-                              "(or 0 / None for no stall timeout).")
+        stall = _stall_limits(config)
         if not config.bool("use_horovod"):
-            return cls(backend_name=backend, stall_timeout=stall or None)
+            return cls(backend_name=backend, stall=stall)
         settings = cls(
             enabled=True,
             reduce_type=config.str("horovod_reduce_type"),
@@ -62,7 +60,7 @@ class DataParallelSettings:
             scale_lr=config.bool("horovod_scale_lr"),
             grad_normalization=_grad_normalization(config),
             backend_name=backend,
-            stall_timeout=stall or None,
+            stall=stall,
         )
         settings._validate()
         return settings
@@ -105,6 +103,18 @@ def _grad_normalization(config: Any) -> str:
                               "horovod_grad_normalization.")
         return "average"
     return normalization or "sum"
+
+
+def _stall_limits(config: Any) -> StallLimits:
+    """``distributed_stall_warning`` [60] and ``distributed_stall_timeout`` [300], in seconds; 0 or None:
+    never."""
+    seconds = []
+    for key in STALL_KEYS:
+        value = None if config.has(key) and config.typed(key) is None else config.float(key)
+        if value is not None and value < 0:
+            raise ConfigError(f"Config key '{key}' is {value:g}; expected seconds > 0 (or 0 / None: never).")
+        seconds.append(value or None)
+    return StallLimits(*seconds)
 
 
 def _check_known_keys(config: Any) -> None:

@@ -30,7 +30,7 @@ def start(config: Config) -> Strategy:
                           "'use_horovod' is off, so every rank would train its own model and overwrite the "
                           "others' files. Add '++use_horovod 1' for data-parallel training, or start a "
                           "single process.")
-    comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall_timeout,
+    comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall,
                                config.str("device"))
     process.set_communicator(comm)
     install_failure_handler()

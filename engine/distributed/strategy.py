@@ -3,7 +3,7 @@
 The epoch loop and the compiled train step call the same hooks whatever the mode, and never ask which
 mode runs:
 
-    plan = strategy.before_step(step, batch, error)       # None: every rank ends the epoch here
+    plan = strategy.before_step(step, batch, error, requests)  # None: every rank ends the epoch here
     grads, scores = strategy.reduce_gradients(grads, scores)   # inside the step's tf.function
     strategy.after_step(plan, params)                      # param mode: average when due
     scores = strategy.end_epoch(params, local_scores)      # identical parameters, reported scores
@@ -18,6 +18,12 @@ mode runs:
   the signal and the average when its own schedule says so (a rank out of data calls the signal too,
   so every rank makes the same sequence of collective calls) and train scores stay per rank.
 
+``requests`` (``StepRequests``) carry this rank's wish for a checkpoint (its interval is due) and the
+stop signal it received; the plan says what all ranks agreed on. With a per-step signal they agree at
+once. With ``random_seed_offset`` a checkpoint waits for the next average; a rank with a stop signal
+tells the others over the side channel (``Communicator.notify_stop``) and calls the signal at once, and
+each rank that hears of it does the same at its next step, so every rank stops within one step.
+
 Importing this module imports neither mpi4py nor TensorFlow.
 """
 from __future__ import annotations
@@ -29,8 +35,21 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.distributed.backend import Communicator
-from engine.distributed.protocol import exit_code_of, raise_on_failure, step_signal, sum_score_vectors
+from engine.distributed.protocol import (StepSignal, exit_code_of, raise_on_failure, step_signal,
+                                         sum_score_vectors)
 from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
+from engine.timeline import ALLREDUCE, PARAM_AVERAGE
+
+
+@dataclass(frozen=True)
+class StepRequests:
+    """What this rank asks for at a step boundary."""
+
+    checkpoint: bool = False  # its checkpoint interval is due
+    stop_signal: int = 0  # the number of the stop signal it received (SIGUSR1, ...); 0: none
+
+
+NO_REQUESTS = StepRequests()
 
 
 @dataclass(frozen=True)
@@ -38,6 +57,16 @@ class StepPlan:
     """What the ranks agreed on for one step."""
 
     sync_params: bool = False  # average the parameters after this step
+    checkpoint: bool = False  # every rank saves a checkpoint before this step
+    # (rank, signal): save, then stop before this step, also when a rank is out of data (it saves its
+    # position at the end; a resumed run then ends the epoch where an uninterrupted one would)
+    stop_requests: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def agreed(cls, signal: StepSignal, sync_params: bool = False) -> StepPlan:
+        # no average at a stop: the ranks' own parameters are saved, as at any other step boundary
+        return cls(sync_params=sync_params and not signal.stop_requests, checkpoint=signal.checkpoint,
+                   stop_requests=signal.stop_requests)
 
 
 class Strategy:
@@ -52,15 +81,23 @@ class Strategy:
         self.differentiates_loss_sum = False
         # with the loss sum: this rank's share of the model's regularisers, so that they count once in all
         self.regularizer_share = 1.0
+        # True: the ranks' parameters and optimizer states differ, so a checkpoint holds every rank's
+        self.keeps_rank_state = False
+        # True: the score sums the loop accumulates are already the global ones (else end_epoch adds them)
+        self.scores_are_global = True
 
     def describe(self) -> str:
         return "single process"
 
-    def before_step(self, step: int, batch: Any | None, error: BaseException | None) -> StepPlan | None:
+    def before_step(self, step: int, batch: Any | None, error: BaseException | None,
+                    requests: StepRequests = NO_REQUESTS) -> StepPlan | None:
         """Called with the next batch (None: this rank has no more data) or the loader's error."""
         if error is not None:
             raise error
-        return None if batch is None else StepPlan()
+        if batch is None:
+            return None
+        stops = ((self.comm.rank, requests.stop_signal),) if requests.stop_signal else ()
+        return StepPlan(checkpoint=requests.checkpoint, stop_requests=stops)
 
     def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
         """Inside the train step's ``tf.function``: the gradients to apply and the step's score sums."""
@@ -91,15 +128,18 @@ class GradAllreduce(Strategy):
     def describe(self) -> str:
         return f"reduce type grad ({self.normalization} of the ranks' gradients)"
 
-    def before_step(self, step: int, batch: Any | None, error: BaseException | None) -> StepPlan | None:
-        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error))
+    def before_step(self, step: int, batch: Any | None, error: BaseException | None,
+                    requests: StepRequests = NO_REQUESTS) -> StepPlan | None:
+        signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error),
+                             want_checkpoint=requests.checkpoint, stop_signal=requests.stop_signal)
         raise_on_failure(self.comm, signal, error)
-        return StepPlan() if signal.all_have_data else None
+        return StepPlan.agreed(signal) if signal.all_have_data or signal.stop_requests else None
 
     def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
         # The score sums ride along in the gradients' fused buffer: one collective per step, and every
         # rank reports the global scores.
-        reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum")
+        reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum",
+                                              timed_as=("gradient allreduce", ALLREDUCE))
         grads, scores = reduced[:-1], reduced[-1]
         return self._normalize(grads, scores), scores
 
@@ -149,28 +189,37 @@ class ParamAverage(Strategy):
         else:
             self.random_seed_offset = comm.rank * RANDOM_SEED_OFFSET
         self.signal_every_step = distribution == "shard"
+        self.keeps_rank_state = True
+        self.scores_are_global = False
         self._average: Callable[[], None] | None = None
         self._averaged: tuple[int, ...] = ()
+        self._stop_known = False  # random_seed_offset: this rank sent or received a stop notice
 
     def describe(self) -> str:
         every = (f"every {self.schedule.time_diff:g} s" if self.schedule.time_diff is not None
                  else f"every {self.schedule.step_interval} steps")
         return f"reduce type param (parameters averaged {every} and at the end of each epoch)"
 
-    def before_step(self, step: int, batch: Any | None, error: BaseException | None) -> StepPlan | None:
+    def before_step(self, step: int, batch: Any | None, error: BaseException | None,
+                    requests: StepRequests = NO_REQUESTS) -> StepPlan | None:
         vote = self.schedule.wants_sync(step)
-        if not (self.signal_every_step or vote or batch is None or error is not None):
+        if not self.signal_every_step and not self._stop_known:
+            if requests.stop_signal:
+                self.comm.notify_stop(requests.stop_signal)
+            self._stop_known = bool(requests.stop_signal) or bool(self.comm.stop_notices())
+        if not (self.signal_every_step or vote or batch is None or error is not None or self._stop_known):
             return StepPlan()
         signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error),
-                             want_param_sync=vote)
+                             want_param_sync=vote, want_checkpoint=requests.checkpoint,
+                             stop_signal=requests.stop_signal)
         raise_on_failure(self.comm, signal, error)
-        if not signal.all_have_data:
+        if not signal.all_have_data and not signal.stop_requests:
             return None
         # Any rank's vote makes everyone average: with a per-step signal that turns differing clocks
         # into one decision; without one, every rank that reaches this point has voted itself.
         if signal.param_sync:
             self.schedule.restart()
-        return StepPlan(sync_params=signal.param_sync)
+        return StepPlan.agreed(signal, sync_params=signal.param_sync)
 
     def after_step(self, plan: StepPlan, params: Sequence[Any]) -> None:
         if plan.sync_params:
@@ -196,7 +245,8 @@ def _compile_average(comm: Communicator, params: list) -> Callable[[], None]:
 
     @tf.function
     def average() -> None:
-        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average")
+        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average",
+                                          timed_as=("parameter average", PARAM_AVERAGE))
         for var, value in zip(params, averaged):
             var.assign(value)
 

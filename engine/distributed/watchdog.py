@@ -1,48 +1,206 @@
-"""Ending the job when a collective waits too long: a rank stopped answering, or is far behind.
+"""Stall detection: a rank that stopped answering ends the job with a message naming it, never a hang.
 
-A ``Watchdog`` belongs to one communicator (``Communicator.stall_guard`` enters its guard around every
-collective it runs from Python). Entering a guard only stores a deadline (no lock, no thread start),
-so it costs about a microsecond per collective; a daemon thread checks the deadline a few times per
-timeout and aborts the job through the communicator when it has passed.
+A ``Watchdog`` belongs to one communicator. The backend enters ``collective(name)`` around every collective
+it runs (``enter``/``leave`` for the Horovod reductions inside a ``tf.function``); protocol code wraps its
+collectives in ``guard(what)`` to name them ("step signal"). Each rank counts the collectives it enters;
+entering one only stores a tuple (well under a microsecond).
+
+Every rank's watchdog thread looks a few times per second. A rank other than 0 that has waited in
+collective #k for more than one look tells rank 0 so, "rank r waits at #k (name) for s seconds", with one
+tiny non-blocking message per look over a ``WaitChannel`` (``side_channel.py``); nothing is sent while
+collectives finish quickly. Rank 0's watchdog thread collects these reports and knows its own main
+thread's state. When some rank has waited at #k for ``warning`` seconds (``distributed_stall_warning``) it
+logs one warning naming the ranks that are not waiting there; after ``timeout`` seconds
+(``distributed_stall_timeout``) it ends the job with one message naming them and the collective. It names
+rank 0 itself when the others wait for it, since it is a thread of its own. A rank 0 frozen as a whole
+(stopped, or stuck in a call that holds Python's lock) cannot report; every other rank therefore also
+ends the job itself after waiting ``timeout + grace`` in one guard. A single process (no channel) only has
+that local deadline, at ``timeout``.
 """
 from __future__ import annotations
 
-import contextlib
+import atexit
 import threading
 import time
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Callable, ContextManager, NamedTuple, Protocol
 
-from engine import process
+from engine import log, process
+
+
+@dataclass(frozen=True)
+class StallLimits:
+    """Seconds a rank may wait in a collective before the warning, and before the job ends; None: never."""
+
+    warning: float | None = None
+    timeout: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.warning or self.timeout)
+
+    @property
+    def grace(self) -> float:
+        """How much later than rank 0's watchdog the other ranks end the job on their own."""
+        return 10.0 + 0.1 * (self.timeout or 0.0)
+
+
+class WaitChannel(Protocol):
+    def report_wait(self, count: int, waited: float, what: str) -> None:
+        """Tell rank 0 that this rank has waited ``waited`` seconds in collective ``count``."""
+
+    def collect_waits(self) -> list[tuple[int, int, float, str]]:
+        """On rank 0: the (rank, count, waited, what) reports received since the last call."""
+
+
+class _Wait(NamedTuple):
+    what: str
+    entered: float  # monotonic
+    count: int  # the collective's number; the previous collective's for a guard around none
 
 
 class Watchdog:
-    def __init__(self, abort: Callable[[str, int], object], timeout: float) -> None:
-        self.timeout = float(timeout)
+    def __init__(self, limits: StallLimits, abort: Callable[[str, int], object], *, rank: int = 0,
+                 size: int = 1, channel: WaitChannel | None = None,
+                 clock: Callable[[], float] = time.monotonic, start: bool = True) -> None:
+        self.limits = limits
+        self.rank, self.size = rank, size
         self._abort = abort
-        self._current: tuple[str, float] | None = None  # (what, deadline): one attribute, set atomically
+        self._channel = channel
+        self._clock = clock
+        self._monitor = channel is not None and rank == 0 and size > 1
+        self._deadline_after = None
+        if limits.timeout:
+            self._deadline_after = limits.timeout + (limits.grace if channel is not None and rank else 0.0)
+        self._count = 0
+        self._current: _Wait | None = None  # set and read atomically (one attribute)
+        # rank 0: rank -> (count, waited, what, when received) of its newest report
+        self._reports: dict[int, tuple[int, float, str, float]] = {}
+        self._warned_at = 0  # the collective already warned about
         self._stopped = threading.Event()
-        self._poll = min(1.0, self.timeout / 4)
-        threading.Thread(target=self._run, name="stall-watchdog", daemon=True).start()
+        self.poll = min([1.0] + [t / 4 for t in (limits.warning, limits.timeout) if t])
+        self._thread: threading.Thread | None = None
+        if start and limits.enabled:
+            self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
+            self._thread.start()
+            atexit.register(self.stop)  # before MPI is finalised (atexit runs the newest first)
 
-    @contextlib.contextmanager
-    def guard(self, what: str) -> Iterator[None]:
+    # ----- the main thread's side -----
+    def guard(self, what: str) -> ContextManager[None]:
+        """A block that waits for the other ranks; names the collectives inside it."""
+        return _Scope(self, what, counted=False)
+
+    def collective(self, name: str) -> ContextManager[None]:
+        """One collective call: counted, and guarded under its name."""
+        return _Scope(self, name, counted=True)
+
+    def enter(self, name: str, counted: bool = True) -> _Wait | None:
+        """Start waiting in a collective (counted) or a named block; returns what ``leave`` needs."""
+        if counted:
+            self._count += 1
         outer = self._current
-        if outer is not None:
-            what = f"{outer[0]} ({what})"
-        self._current = (what, time.monotonic() + self.timeout)
-        try:
-            yield
-        finally:
-            self._current = outer
+        if outer is None:
+            self._current = _Wait(name, self._clock(), self._count)
+        else:
+            count = self._count if counted else outer.count
+            self._current = _Wait(f"{outer.what} ({name})", outer.entered, count)
+        return outer
+
+    def leave(self, outer: _Wait | None = None) -> None:
+        self._current = outer
 
     def stop(self) -> None:
+        """End the watchdog thread, and wait for it: it must not be inside an MPI call when MPI ends."""
         self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
 
+    # ----- the watchdog thread -----
     def _run(self) -> None:
-        while not self._stopped.wait(self._poll):
-            current = self._current
-            if current is not None and time.monotonic() > current[1]:
-                self._abort(process.prefix_lines(
-                    f"error: '{current[0]}' did not complete within {self.timeout:g} s "
-                    "(distributed_stall_timeout): another rank stopped answering or is far behind. "
-                    "Ending the MPI job."), 1)
+        while not self._stopped.wait(self.poll):
+            self.check()
+
+    def check(self) -> None:
+        """One look: report a long wait to rank 0, or (rank 0) warn or end the job."""
+        now = self._clock()
+        current = self._current
+        waited = now - current.entered if current is not None else 0.0
+        if self._monitor:
+            if self._check_ranks(now, current):
+                return  # a rank is missing: named there, not by the local deadline below
+        elif current is not None and self._channel is not None and waited >= self.poll:
+            self._channel.report_wait(current.count, waited, current.what)
+        if current is not None and self._deadline_after and waited > self._deadline_after:
+            self._end(self._deadline_message(current.what))
+
+    def _check_ranks(self, now: float, own: _Wait | None) -> bool:
+        """Rank 0: warn about, or end the job for, ranks that are not waiting where the others have waited
+        longest. False when no rank waits, or every rank waits in the same collective."""
+        for rank, count, waited, what in self._channel.collect_waits():
+            self._reports[rank] = (count, waited, what, now)
+        waits = {rank: (count, waited + now - seen, what) for rank, (count, waited, what, seen)
+                 in self._reports.items() if now - seen <= 3 * self.poll}  # older: no longer waiting
+        if own is not None:
+            waits[0] = (own.count, now - own.entered, own.what)
+        if not waits:
+            return False
+        front = max(count for count, _, _ in waits.values())
+        waiting = sorted(r for r, (count, _, _) in waits.items() if count == front)
+        missing = [r for r in range(self.size) if r not in waiting]
+        if not missing:
+            return False
+        longest = max(waits[r][1] for r in waiting)
+        what = waits[waiting[0]][2]
+        if self.limits.timeout and longest >= self.limits.timeout:
+            self._end(f"error: {_ranks(missing)} did not reach collective #{front} '{what}' within "
+                      f"{self.limits.timeout:g} s (distributed_stall_timeout), where {_ranks(waiting)} "
+                      f"{_verb(waiting, 'waits', 'wait')}: {_verb(missing, 'it', 'they')} stopped answering "
+                      f"or {_verb(missing, 'is', 'are')} far behind. Ending the MPI job.")
+        elif self.limits.warning and longest >= self.limits.warning and self._warned_at != front:
+            self._warned_at = front
+            end = f"{self.limits.timeout:g} s" if self.limits.timeout else "None (never)"
+            log.warning(f"stall: {_ranks(missing)} {_verb(missing, 'has', 'have')} not reached collective "
+                        f"#{front} '{what}' after {longest:.0f} s; {_ranks(waiting)} "
+                        f"{_verb(waiting, 'waits', 'wait')} there (distributed_stall_warning). The job ends "
+                        f"after distributed_stall_timeout = {end}.")
+        return True
+
+    def _deadline_message(self, what: str) -> str:
+        if self._deadline_after != self.limits.timeout:
+            return (f"error: '{what}' did not complete within {self._deadline_after:g} s "
+                    f"(distributed_stall_timeout + {self.limits.grace:g} s), and rank 0, which names stalled "
+                    "ranks, did not end the job: rank 0 itself is probably not answering. Ending the MPI "
+                    "job.")
+        if self._monitor:
+            return (f"error: '{what}' did not complete within {self.limits.timeout:g} s "
+                    "(distributed_stall_timeout) although every rank entered it: a rank is stuck inside it, "
+                    "or the ranks called different collectives. Ending the MPI job.")
+        return (f"error: '{what}' did not complete within {self.limits.timeout:g} s "
+                "(distributed_stall_timeout). Ending the job.")
+
+    def _end(self, message: str) -> None:
+        self._stopped.set()
+        self._abort(process.prefix_lines(message), 1)
+
+
+class _Scope:
+    """``with``-block of ``guard``/``collective``: a plain class, 3x cheaper than a generator context."""
+
+    __slots__ = ("_dog", "_name", "_counted", "_outer")
+
+    def __init__(self, dog: Watchdog, name: str, counted: bool) -> None:
+        self._dog, self._name, self._counted = dog, name, counted
+
+    def __enter__(self) -> None:
+        self._outer = self._dog.enter(self._name, self._counted)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._dog.leave(self._outer)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _verb(ranks: list[int], one: str, many: str) -> str:
+    return one if len(ranks) == 1 else many

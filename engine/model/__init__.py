@@ -7,73 +7,20 @@ Use::
     result = model.compute_losses(outputs, {"classes": y}, {"classes": y_lengths})
 
 All variables exist when ``build_model`` returns, with values that depend only on ``random_seed``.
+``engine.model.spec`` (the layer dict as data, checked) needs no TensorFlow, so importing this package
+does not load it either: the names below load TensorFlow on first use.
 """
-
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from engine import keys
-from engine.config import Config
-from engine.errors import ConfigError
-from engine.model.base import LossResult, SeqModel
-from engine.model.custom import CustomModel
-from engine.model.network import NetworkModel
-
-DEFAULT_RANDOM_SEED = keys.default("random_seed")
-
-__all__ = ["build_model", "SeqModel", "LossResult"]
+_LAZY = {"build_model": "engine.model.build", "SeqModel": "engine.model.base",
+         "LossResult": "engine.model.base"}
+__all__ = list(_LAZY)
 
 
-def build_model(
-    config_or_network: Any,
-    *,
-    input_dim: int,
-    input_sparse: bool,
-    target_dims: dict[str, int],
-    random_seed: int | None = None,
-    epoch: int = 1,
-) -> SeqModel:
-    """Build the model a config describes, or a network dict given directly.
-
-    From a config, in this order: ``network`` (a dict), ``get_model`` (see ``engine/model/custom.py``
-    for its calling convention), ``get_network(epoch=epoch, **kwargs)`` returning a network dict.
-    ``random_seed`` defaults to the config's ``random_seed`` (42 when unset).
-    """
-    if not isinstance(config_or_network, Config):
-        seed = DEFAULT_RANDOM_SEED if random_seed is None else random_seed
-        return NetworkModel(
-            config_or_network,
-            input_dim=input_dim,
-            input_sparse=input_sparse,
-            target_dims=target_dims,
-            random_seed=seed,
-        )
-    config = config_or_network
-    seed = config.int("random_seed") if random_seed is None else random_seed
-    dims = dict(input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, random_seed=seed)
-    network = config.value("network")
-    if callable(network):
-        raise ConfigError(
-            "Config key 'network' must be a layer dict; a function goes in 'get_model' (returning a "
-            "Keras model or tf.Module) or 'get_network' (returning a layer dict)."
-        )
-    # maximize_grad_norm differentiates the gradient: the network then uses twice-differentiable ops
-    twice = (config.float("maximize_grad_norm") or 0.0) > 0.0
-    if network is not None:
-        return NetworkModel(network, twice_differentiable=twice, **dims)
-    get_model = config.value("get_model")
-    if callable(get_model):
-        return CustomModel(get_model, epoch=epoch, **dims)
-    get_network = config.value("get_network")
-    if callable(get_network):
-        network = get_network(epoch=epoch)
-        if not isinstance(network, dict):
-            raise ConfigError(
-                f"get_network(epoch={epoch}) must return a network dict, got {type(network).__name__}."
-            )
-        return NetworkModel(network, twice_differentiable=twice, **dims)
-    raise ConfigError(
-        "The config defines no model: set 'network' to a layer dict, or define a config function "
-        "'get_model' (returning a Keras model or tf.Module) or 'get_network' (returning a dict)."
-    )
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'engine.model' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

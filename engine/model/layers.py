@@ -31,12 +31,6 @@ ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
     "softmax": tf.nn.softmax,
     "log_softmax": tf.nn.log_softmax,
 }
-# RETURNN's unit names of a plain LSTM (no peepholes, no projection), lower case. In RETURNN (TF) "lstm"
-# and "lstmp" both mean its default NativeLSTM2, and "CudnnLSTM" without a GPU means LSTMBlockFused.
-LSTM_UNITS = ("lstm", "lstmp", "basiclstm", "standardlstm", "lstmblock", "lstmblockfused", "nativelstm",
-              "nativelstm2", "nativelstmlowmem", "cudnnlstm", "vanillalstm")
-_UNIT_NAMES = ("LSTM, lstmp, BasicLSTM, StandardLSTM, LSTMBlock, LSTMBlockFused, NativeLstm, NativeLstm2, "
-               "NativeLstmLowMem, CudnnLSTM, VanillaLSTM")
 
 
 def glorot_variable(name: str, shape: tuple[int, int], random_seed: int) -> tf.Variable:
@@ -181,13 +175,7 @@ class Rec(Layer):
     def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int,
                  twice_differentiable: bool = False) -> None:
         super().__init__(in_dim)
-        self.n_out = positive_int(name, opts, "n_out")
-        unit = opts.get("unit", "lstm")
-        if not isinstance(unit, str) or unit.lower() not in LSTM_UNITS:
-            raise ConfigError(
-                f"Network layer '{name}': unit {unit!r} is not supported; supported (all a plain LSTM): "
-                f"{_UNIT_NAMES}."
-            )
+        self.n_out = positive_int(name, opts, "n_out")  # its unit is an LSTM (``spec.py`` checks)
         self.direction = opts.get("direction", 1)
         if self.direction not in (1, -1):
             raise ConfigError(f"Network layer '{name}': direction must be 1 or -1, got {self.direction!r}.")

@@ -9,128 +9,17 @@ the rest).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Collection
 
 import tensorflow as tf
 
-from engine import log
 from engine.errors import ConfigError, DataError
+from engine.key_check import enforce
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
 from engine.model.layers import Copy, Layer, Linear, Rec, Softmax
 from engine.model.losses import l2_factor, l2_term
+from engine.model.spec import RECURRENT_CLASSES, LayerSpec, build_order, layer_findings, parse_network
 from engine.model.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
-
-_CLASS_OPTIONS = {
-    "linear": {"n_out", "activation", "with_bias"},
-    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias"},
-    "rec": {"n_out", "unit", "direction"},
-    "copy": set(),
-    "dropout": set(),
-    "time_chunking": {"chunk_size", "chunk_step"},
-    "time_unchunking": {"chunking_layer"},
-}
-_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2"}
-# layers for which the order of frames matters
-RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking"}
-
-
-class LayerSpec(NamedTuple):
-    cls: str
-    sources: tuple[str, ...]
-    opts: dict[str, Any]
-
-
-def parse_network(network: Any) -> dict[str, LayerSpec]:
-    """Check the dict's shape, layer classes, ``from`` references and cycles; ConfigError names the layer."""
-    if not isinstance(network, dict) or not network:
-        raise ConfigError(
-            f"Config key 'network' must be a non-empty dict of layers, got {type(network).__name__}."
-        )
-    specs: dict[str, LayerSpec] = {}
-    for name, opts in network.items():
-        if not isinstance(name, str) or name == "data" or name.startswith("data:"):
-            raise ConfigError(f"Network layer name {name!r} is not allowed ('data' is the input stream).")
-        if not isinstance(opts, dict):
-            raise ConfigError(
-                f"Network layer '{name}' must be a dict like {{'class': 'linear', ...}}, got {opts!r}."
-            )
-        cls = opts.get("class")
-        if cls not in _CLASS_OPTIONS:
-            raise ConfigError(
-                f"Network layer '{name}': unknown class {cls!r}; supported: {', '.join(_CLASS_OPTIONS)}."
-            )
-        unknown = sorted(set(opts) - _COMMON_OPTIONS - _CLASS_OPTIONS[cls])
-        if unknown:
-            log.warning(f"Network layer '{name}' ({cls}): option(s) {unknown} are not supported and ignored.")
-        rate = opts.get("dropout", 0.0)
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
-            raise ConfigError(f"Network layer '{name}': dropout must be a float in [0, 1), got {rate!r}.")
-        specs[name] = LayerSpec(cls, _sources(name, opts.get("from", "data")), opts)
-    for name, spec in specs.items():
-        for src in spec.sources:
-            if src != "data" and src not in specs:
-                raise ConfigError(
-                    f"Network layer '{name}': 'from' names {src!r}, which is not a layer of the "
-                    f"network; layers: {', '.join(specs)} (and 'data')."
-                )
-    if "output" not in specs:
-        raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
-    _check_cycles(specs)
-    return specs
-
-
-def _sources(name: str, value: Any) -> tuple[str, ...]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) for s in items):
-        raise ConfigError(
-            f"Network layer '{name}': 'from' must be a layer name or a non-empty list of names, "
-            f"got {value!r}."
-        )
-    return tuple("data" if s == "data:data" else s for s in items)
-
-
-def _check_cycles(specs: dict[str, LayerSpec]) -> None:
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-
-    def visit(name: str, path: list[str]) -> None:
-        if state.get(name) == 2 or name == "data":
-            return
-        if state.get(name) == 1:
-            cycle = path[path.index(name) :] + [name]
-            raise ConfigError(
-                f"The network has a cycle: {' -> '.join(cycle)} (each layer takes 'from' the next)."
-            )
-        state[name] = 1
-        for src in specs[name].sources:
-            visit(src, path + [name])
-        state[name] = 2
-
-    for name in specs:
-        visit(name, [])
-
-
-def build_order(specs: dict[str, LayerSpec]) -> list[str]:
-    """Layers needed by ``output``, loss and ``is_output_layer`` layers, each after its sources."""
-    roots = [
-        n
-        for n, s in specs.items()
-        if n == "output" or s.opts.get("is_output_layer") or (s.cls == "softmax" and s.opts.get("loss"))
-    ]
-    order: list[str] = []
-
-    def visit(name: str) -> None:
-        if name == "data" or name in order:
-            return
-        for src in specs[name].sources:
-            visit(src)
-        order.append(name)
-
-    for name in roots:
-        visit(name)
-    unused = [n for n in specs if n not in order]
-    if unused:
-        log.info(f"Network layers {unused} feed no output or loss layer and are not built.")
-    return order
 
 
 class NetworkModel(SeqModel):
@@ -145,12 +34,15 @@ class NetworkModel(SeqModel):
         target_dims: dict[str, int],
         random_seed: int,
         twice_differentiable: bool = False,
+        ignored: Collection[str] = (),
     ) -> None:
-        """``twice_differentiable``: use ops whose gradients can be differentiated again (slower LSTM)."""
+        """``twice_differentiable``: use ops whose gradients can be differentiated again (slower LSTM);
+        ``ignored``: the config's ignore_keys (``"layer:option"`` entries apply here)."""
         super().__init__(
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="network"
         )
         self.specs = parse_network(network)
+        enforce(layer_findings(self.specs, ignored), "The network")
         self.order = build_order(self.specs)
         check_time_axes(self.specs, self.order,
                         [n for n in self.order

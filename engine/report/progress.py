@@ -10,7 +10,11 @@ key ``progress_interval``] one line like
 shows that the job lives. Both appear from ``log_verbosity`` 3 (the level of the epoch lines) on.
 
 Lines printed while a bar is shown must go through ``tqdm.write`` (it clears the bar, prints the line
-and redraws the bar below it); a plain ``print`` would land in the middle of the bar.
+and redraws the bar below it); a plain ``print`` would land in the middle of the bar. ``engine.log``
+does so while a bar is shown (a bar tells it when it appears and goes).
+
+Under ``mpirun`` a rank's stdout is a pseudo-terminal even when ``mpirun``'s own output goes to a file:
+there the bar shows only when ``mpirun``'s output is a terminal (``launch.launcher_output_is_terminal``).
 """
 from __future__ import annotations
 
@@ -20,17 +24,18 @@ from typing import Callable, TextIO
 
 from tqdm import tqdm
 
-from engine import log
+from engine import keys, log
 from engine.errors import ConfigError
+from engine.launch import launcher_output_is_terminal
 from engine.training.report import hms
 
 CONFIG_KEY = "progress_interval"
-DEFAULT_INTERVAL = 60.0
+DEFAULT_INTERVAL = keys.default(CONFIG_KEY)
 
 
 def interval_from_config(config) -> float:
     """Seconds between plain progress lines: config key ``progress_interval`` (> 0) [60]."""
-    interval = config.float(CONFIG_KEY, DEFAULT_INTERVAL)
+    interval = config.float(CONFIG_KEY)
     if not interval > 0:
         raise ConfigError(f"Config key '{CONFIG_KEY}' must be a number of seconds above 0, got {interval!r}.")
     return interval
@@ -62,6 +67,7 @@ class Progress:
         if self.enabled and _is_terminal(self.stream):
             self.bar = tqdm(total=total_steps, desc=name, unit=unit, file=self.stream, leave=False,
                             dynamic_ncols=True, mininterval=bar_refresh, miniters=1, smoothing=0.1)
+            log.progress_bar_shown(True)
 
     @property
     def terminal(self) -> bool:
@@ -99,6 +105,7 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+            log.progress_bar_shown(False)
         self.enabled = False
 
     def __enter__(self) -> "Progress":
@@ -119,6 +126,8 @@ def _details(frames: float | None, score: float | None, elapsed: float) -> str:
 
 def _is_terminal(stream: TextIO) -> bool:
     try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        if not stream.isatty():
+            return False
+        return launcher_output_is_terminal(stream.fileno())
+    except (AttributeError, ValueError, OSError):  # no isatty or fileno, or a closed stream
         return False

@@ -114,6 +114,23 @@ def _wait_for_a_later_file_name(log_dir: str) -> None:
             time.sleep(wait)
 
 
+def settings_from_config(config) -> tuple[str, int] | None:
+    """(directory, step interval) as the config asks (keys in the module docstring), None when off.
+    Checks the keys without touching the directory, so that every rank can check them."""
+    if not config.bool("tensorboard"):
+        return None
+    log_dir = config.str("tensorboard_dir")
+    if log_dir is None:
+        model = config.str("model")
+        if not model:
+            return None
+        log_dir = os.path.join(os.path.dirname(model), "tensorboard")
+    interval = config.int("tensorboard_step_interval")
+    if interval < 1:
+        raise ConfigError(f"Config key 'tensorboard_step_interval' must be at least 1, got {interval}.")
+    return log_dir, interval
+
+
 class TensorBoardWriter:
     """Rank 0's summary writer: ``step`` every step (it writes every ``step_interval``), ``epoch``
     once an epoch's scores are known, ``close`` at the end."""
@@ -133,17 +150,10 @@ class TensorBoardWriter:
     def from_config(cls, config, *, resume_step: int = 0,
                     resume_epoch: int = 0) -> "TensorBoardWriter | None":
         """The writer the config asks for (keys in the module docstring), or None when off."""
-        if not config.bool("tensorboard", True):
+        settings = settings_from_config(config)
+        if settings is None:
             return None
-        log_dir = config.str("tensorboard_dir", None)
-        if log_dir is None:
-            model = config.str("model", None)
-            if not model:
-                return None
-            log_dir = os.path.join(os.path.dirname(model), "tensorboard")
-        interval = config.int("tensorboard_step_interval", 100)
-        if interval < 1:
-            raise ConfigError(f"Config key 'tensorboard_step_interval' must be at least 1, got {interval}.")
+        log_dir, interval = settings
         return cls(log_dir, step_interval=interval, resume_step=resume_step, resume_epoch=resume_epoch)
 
     def wants_step(self, global_step: int) -> bool:

@@ -35,11 +35,12 @@ def run_eval(config: Config) -> None:
             raise ConfigError("Task 'eval' needs a 'dev' or 'eval' dataset in the config.")
         model, epoch = load_model_for_inference(config, comm, next(iter(datasets.values())))
         batching = BatchOptions.from_config(config, train=False)
+        steps = Steps(model)
+        steps.trace("eval")
     except EngineError as exc:
         error = exc
     agree_on_failure(comm, error)
     broadcast_initial(comm, list(model.variables))
-    steps = Steps(model)
     for name, dataset in datasets.items():
         report = evaluate(steps, dataset, max(epoch, 1), name, batching, comm)
         log.info(f"{name}: score {report.scores.score:.6f} error {report.scores.error:.6f}")

@@ -108,11 +108,12 @@ def run_forward(config: Config) -> None:
         model, epoch = load_model_for_inference(config, comm, dataset)
         dataset.init_seq_order(max(epoch, 1))
         batching = BatchOptions.from_config(config, train=False)
+        steps = Steps(model)
+        steps.trace("forward")
     except EngineError as exc:
         error = exc
     agree_on_failure(comm, error)
     broadcast_initial(comm, list(model.variables))
-    steps = Steps(model)
     out_dim = steps.output_dim()
     layout = OutputLayout.of(dataset)
     tmp, offset = _create_output(comm, output_file, layout, out_dim)

@@ -1,4 +1,5 @@
-"""``task = "train"``: the epoch loop with dev eval, learning-rate control and checkpoints."""
+"""``task = "train"``: the epoch loop with dev eval, learning-rate control and checkpoints (mid-epoch ones,
+resuming and stopping on request: ``engine/training/checkpointer.py``)."""
 from __future__ import annotations
 
 import os
@@ -10,11 +11,15 @@ from engine.device import select_device
 from engine.distributed import Strategy, agree_on_failure, broadcast_initial, start
 from engine.errors import ConfigError, EngineError
 from engine.model import build_model
-from engine.training.checkpoint import checkpoint_path, load_checkpoint, resolve_start_epoch, save_checkpoint
+from engine.training import preemption
+from engine.training.checkpoint import load_checkpoint
+from engine.training.checkpointer import Checkpointer
 from engine.training.cleanup import CleanupPolicy, cleanup_old_models
 from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
+from engine.training.monitor import RunMonitor
 from engine.training.report import hms
+from engine.training.resume import find_resume_point
 from engine.training.step import Steps
 from engine.training.updater import Updater
 
@@ -34,9 +39,12 @@ class Trainer:
         self.model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                                  target_dims=dims.target_dims)
         self.updater = Updater.from_config(config, self.model.named_trainable_variables())
-        self.steps = Steps(self.model, self.updater, strategy)
         self.lr_control = LearningRateControl.from_config(config)
-        self.model_prefix = config.str("model")
+        self.monitor = RunMonitor(config, self.comm, self.lr_control)
+        self.steps = Steps(self.model, self.updater, strategy,
+                           check_numerics=config.bool("debug_add_check_numerics_ops"))
+        self.steps.trace("train")
+        self.checkpoints = Checkpointer(config, strategy, self.model, self.updater, self.lr_control)
         self.num_epochs = config.int("num_epochs")
         self.save_interval = config.int("save_interval")
         if self.save_interval < 1:
@@ -44,20 +52,15 @@ class Trainer:
                               f"got {self.save_interval}.")
         self.cleanup = CleanupPolicy.from_config(config)
         self.lr_file = config.str("learning_rate_file")
-        self.start_epoch = resolve_start_epoch(config, self.comm)
+        self.resume = find_resume_point(config, self.comm)
+        self.start_epoch = self.resume.start_epoch
         self.global_step = 0
 
     def load_on_main(self) -> None:
         """Rank 0 loads the checkpoint to resume from (or ``load``) and the learning-rate history."""
         if self.comm.rank == 0 and self.start_epoch <= self.num_epochs:
-            if self.start_epoch > 1:
-                if not self.model_prefix:
-                    raise ConfigError(f"start_epoch is {self.start_epoch}, but no 'model' prefix is set to "
-                                      "load the previous epoch's checkpoint from.")
-                path = checkpoint_path(self.model_prefix, self.start_epoch - 1)
-                info = load_checkpoint(path, self.model.named_variables(), self.updater.named_variables())
-                self.global_step = info.global_step
-                log.info(f"resuming after epoch {info.epoch} from {path}")
+            if self.resume.path:
+                self.checkpoints.load(self.resume)
             elif self.config.str("load"):
                 load_checkpoint(self.config.str("load"), self.model.named_variables())
                 log.info(f"initialised the parameters from {self.config.str('load')}")
@@ -65,8 +68,10 @@ class Trainer:
                 self.lr_control.load(self.lr_file)
 
     def broadcast_state(self) -> None:
-        """Rank 0's parameters and optimizer state (initial or loaded) to every rank, before step 1."""
+        """Rank 0's parameters and optimizer state (initial or loaded) to every rank, before step 1; then
+        each rank's own part of a checkpoint (param mode, mid-epoch position)."""
         broadcast_initial(self.comm, list(self.model.variables) + self.updater.variables)
+        self.global_step = self.checkpoints.restore_rank_states(self.resume)
 
     def run(self) -> None:
         if self.start_epoch > self.num_epochs:
@@ -78,7 +83,9 @@ class Trainer:
             lr = self.comm.broadcast_object(lr, root=0) * self.strategy.lr_scale
             self.updater.set_learning_rate(lr)
             log.debug(f"epoch {epoch}: learning rate {lr:g}")
-            report = train_epoch(self.steps, self.train_data, epoch, self.train_batching, self.strategy)
+            self.checkpoints.begin_epoch(epoch, self.global_step)
+            report = train_epoch(self.steps, self.train_data, epoch, self.train_batching, self.strategy,
+                                 self.monitor, self.checkpoints)
             self.global_step += report.steps
             scores = {"train_score": report.scores.score, "train_error": report.scores.error}
             log.info(f"epoch {epoch} score: {report.scores.score:.6f} error: {report.scores.error:.6f} "
@@ -88,23 +95,30 @@ class Trainer:
                 scores.update(dev_score=dev.scores.score, dev_error=dev.scores.error)
                 log.info(f"dev: score {dev.scores.score:.6f} error {dev.scores.error:.6f}")
             self.lr_control.set_epoch_scores(epoch, scores)
-            if self.comm.rank == 0:
-                self._save(epoch)
+            saved = self._save(epoch)
+            self.monitor.epoch_done(epoch, report, scores)
+            self.checkpoints.stop_if_requested(epoch, self.global_step, saved)
         log.info(f"finished training after epoch {self.num_epochs}")
 
-    def _save(self, epoch: int) -> None:
-        if self.lr_file:
+    def _save(self, epoch: int) -> str | None:
+        """The learning-rate file (rank 0) and, when due, the epoch's checkpoint (every rank takes part)."""
+        if self.lr_file and self.comm.rank == 0:
             self.lr_control.save(self.lr_file)
-        if self.model_prefix and (epoch % self.save_interval == 0 or epoch == self.num_epochs):
-            path = checkpoint_path(self.model_prefix, epoch)
-            save_checkpoint(path, self.model.named_variables(), self.updater.named_variables(),
-                            epoch, self.global_step)
-            log.info(f"saved model to {path}")
-        if self.model_prefix and self.cleanup is not None:
-            cleanup_old_models(self.model_prefix, self.num_epochs, self.lr_control, self.cleanup)
+        saved = None
+        if epoch % self.save_interval == 0 or epoch == self.num_epochs:
+            saved = self.checkpoints.save_epoch(epoch, self.global_step)
+        if self.checkpoints.prefix and self.cleanup is not None and self.comm.rank == 0:
+            cleanup_old_models(self.checkpoints.prefix, self.num_epochs, self.lr_control, self.cleanup)
+        return saved
 
 
 def run_train(config: Config) -> None:
+    """SIGUSR1, SIGUSR2 and SIGTERM stop the training at the next step boundary, after a checkpoint."""
+    with preemption.installed():
+        _train(config)
+
+
+def _train(config: Config) -> None:
     strategy = start(config)
     trainer, error = None, None
     try:
@@ -114,4 +128,5 @@ def run_train(config: Config) -> None:
         error = exc
     agree_on_failure(strategy.comm, error)
     trainer.broadcast_state()
-    trainer.run()
+    with trainer.monitor.running(trainer.global_step, range(trainer.start_epoch, trainer.num_epochs + 1)):
+        trainer.run()

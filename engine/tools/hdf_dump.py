@@ -18,14 +18,7 @@ import time
 
 from engine.datasets import HDFWriter, dataset_from_cli_arg
 from engine.errors import DataError, EngineError
-
-
-def progress(done: int, total: int, started: float) -> None:
-    width = 30
-    filled = width * done // max(1, total)
-    elapsed = time.monotonic() - started
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} seqs, {elapsed:.0f} s")
-    sys.stderr.flush()
+from engine.report.progress import Progress
 
 
 def dump(args: argparse.Namespace) -> None:
@@ -37,19 +30,16 @@ def dump(args: argparse.Namespace) -> None:
     if args.start_seq < 0 or args.start_seq > end:
         raise DataError(f"No sequences to dump: --start_seq {args.start_seq} / --end_seq {args.end_seq} "
                         f"select nothing of the {dataset.num_seqs} sequences of epoch {args.epoch}.")
-    total = end - args.start_seq + 1
-    show_progress = sys.stderr.isatty()
     started = time.monotonic()
     keys = dataset.data_keys
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    # A bar on a terminal; elsewhere a line a minute, so that a long dump in a job's log shows it lives.
     with HDFWriter(args.out, {key: dataset.key_info(key) for key in keys}, labels=dataset.labels,
-                   overwrite=args.overwrite) as writer:
+                   overwrite=args.overwrite) as writer, \
+            Progress("hdf_dump", end - args.start_seq + 1, stream=sys.stderr, unit="seq") as progress:
         for done, seq_idx in enumerate(range(args.start_seq, end + 1), 1):
             writer.insert(dataset.get_seq_tag(seq_idx), {key: dataset.get_data(seq_idx, key) for key in keys})
-            if show_progress and (done % 100 == 0 or done == total):
-                progress(done, total, started)
-    if show_progress:
-        sys.stderr.write("\n")
+            progress.update(done)
     frames = ", ".join(f"{key} {n}" for key, n in writer.num_frames.items())
     size_mb = os.path.getsize(args.out) / 2**20
     print(f"Wrote {writer.num_seqs} sequences to {args.out}: frames {frames}; {size_mb:.1f} MiB; "

@@ -1,9 +1,11 @@
-"""Checkpoints: one HDF5 file ``<model>.<NNN>`` per saved epoch, written atomically.
+"""Checkpoints: one HDF5 file ``<model>.<NNN>`` per saved epoch, written atomically, and mid-epoch ones
+``<model>.<NNN>.step<S>`` (epoch NNN in progress, at global step S; ``resume.py`` says what they hold).
 
 A checkpoint holds the model's variables and the optimizer's state by name, plus the epoch and the
-global step. It is written through ``atomic_file``, so a crash, kill or full disk during a save leaves
-the previous checkpoint intact and never a partial file under a checkpoint's name. One file (rather
-than TensorFlow's index + data shards) keeps the rename atomic.
+global step, and whatever attributes and extra groups of arrays its writer adds. It is written through
+``atomic_file``, so a crash, kill or full disk during a save leaves the previous checkpoint intact and
+never a partial file under a checkpoint's name. One file (rather than TensorFlow's index + data shards)
+keeps the rename atomic.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 import engine
+from engine import phases
 from engine.atomic_file import atomic_path, describe_io_error
 from engine.config import Config
 from engine.distributed.backend import Communicator
 from engine.errors import ConfigError, EngineError
+from engine.timeline import CHECKPOINT
 
 _GROUPS = ("params", "optimizer")
 
@@ -30,27 +34,47 @@ def checkpoint_path(model_prefix: str, epoch: int) -> str:
     return f"{model_prefix}.{epoch:03d}"
 
 
+def mid_epoch_path(model_prefix: str, epoch: int, global_step: int) -> str:
+    return f"{model_prefix}.{epoch:03d}.step{global_step}"
+
+
+def _mid_epoch_pattern(model_prefix: str) -> re.Pattern:
+    return re.compile(re.escape(os.path.basename(model_prefix)) + r"\.(\d{3,})\.step(\d+)$")
+
+
+def find_mid_epoch_checkpoints(model_prefix: str) -> list[tuple[int, int, str]]:
+    """(epoch, global step, path) of every mid-epoch checkpoint of ``model_prefix``, oldest first."""
+    pattern = _mid_epoch_pattern(model_prefix)
+    found = [(int(m.group(1)), int(m.group(2)), path) for path in glob.glob(glob.escape(model_prefix) + ".*")
+             if (m := pattern.match(os.path.basename(path)))]
+    return sorted(found, key=lambda item: (item[1], item[0]))
+
+
+def remove_superseded(model_prefix: str, keep: str) -> list[str]:
+    """After ``keep`` was saved: remove every other mid-epoch checkpoint of ``model_prefix`` and the temp
+    files that killed saves of checkpoints left behind. Returns the removed paths."""
+    base = re.escape(os.path.basename(model_prefix))
+    temp = re.compile(rf"\.{base}\.\d{{3,}}(\.step\d+)?\..+\.tmp$")  # atomic_file's temp names
+    folder = os.path.dirname(os.path.abspath(model_prefix))
+    doomed = [path for _, _, path in find_mid_epoch_checkpoints(model_prefix)
+              if os.path.abspath(path) != os.path.abspath(keep)]
+    doomed += [os.path.join(folder, name) for name in os.listdir(folder) if temp.match(name)]
+    removed = []
+    for path in doomed:
+        try:
+            os.remove(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def find_newest_epoch(model_prefix: str) -> int | None:
     """The highest epoch N with a file ``<model>.<NNN>``, ignoring temp files of interrupted saves."""
     pattern = re.compile(re.escape(os.path.basename(model_prefix)) + r"\.(\d{3,})$")
     epochs = [int(m.group(1)) for path in glob.glob(glob.escape(model_prefix) + ".*")
               if (m := pattern.match(os.path.basename(path)))]
     return max(epochs) if epochs else None
-
-
-def resolve_start_epoch(config: Config, comm: Communicator) -> int:
-    """``start_epoch`` [auto]: "auto" is one after the newest checkpoint ``<model>.<NNN>`` (1 without one).
-    Rank 0 looks; every rank gets its answer."""
-    start = config.typed("start_epoch")
-    if start in ("auto", None):
-        prefix = config.str("model")
-        newest = find_newest_epoch(prefix) if (prefix and comm.rank == 0) else None
-        start = (newest or 0) + 1
-    else:
-        start = config.int("start_epoch")
-        if start < 1:
-            raise ConfigError(f"Config key 'start_epoch' must be 'auto' or >= 1, got {start}.")
-    return comm.broadcast_object(start, root=0)
 
 
 def checkpoint_to_load(config: Config, comm: Communicator) -> tuple[str, int]:
@@ -97,19 +121,27 @@ class CheckpointInfo:
     global_step: int
 
 
-def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables,
-                    epoch: int, global_step: int) -> None:
-    """Write the checkpoint; a failed write (full disk, file size limit, permissions) is an EngineError
-    naming the path and the cause, and leaves an existing file of that name as it was."""
+def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables, epoch: int, global_step: int, *,
+                    attrs: Mapping[str, object] | None = None,
+                    groups: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> None:
+    """Write the checkpoint, with extra ``attrs`` (numbers, strings, arrays) and ``groups`` (group path ->
+    arrays by name); a failed write (full disk, file size limit, permissions) is an EngineError naming the
+    path and the cause, and leaves an existing file of that name as it was."""
+    arrays = {group: {name: var.numpy() for name, var in named(variables).items()}
+              for group, variables in zip(_GROUPS, (params, optimizer_vars))}
+    arrays.update(groups or {})
     try:
-        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        with phases.span("checkpoint", CHECKPOINT, path=path, epoch=epoch, global_step=global_step), \
+                atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
             f.attrs["epoch"] = epoch
             f.attrs["global_step"] = global_step
             f.attrs["engine_version"] = engine.__version__
-            for group_name, variables in zip(_GROUPS, (params, optimizer_vars)):
+            for key, value in (attrs or {}).items():
+                f.attrs[key] = value
+            for group_name, values in arrays.items():
                 group = f.create_group(group_name)
-                for name, var in named(variables).items():
-                    group.create_dataset(name.replace("/", "|"), data=var.numpy())
+                for name, value in values.items():
+                    group.create_dataset(name.replace("/", "|"), data=value)
     except (OSError, RuntimeError) as exc:
         if isinstance(exc, RuntimeError) and "errno =" not in str(exc):
             raise  # not a failed write (h5py reports those found while closing as RuntimeError)
@@ -121,7 +153,33 @@ def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables,
 def _read_group(f: h5py.File, group_name: str) -> dict[str, np.ndarray]:
     if group_name not in f:
         return {}
-    return {key.replace("|", "/"): ds[()] for key, ds in f[group_name].items()}
+    return {key.replace("|", "/"): ds[()] for key, ds in f[group_name].items()
+            if isinstance(ds, h5py.Dataset)}
+
+
+def read_extras(path: str) -> tuple[dict[str, object], dict[str, dict[str, np.ndarray]]]:
+    """The attributes and the extra groups (path -> arrays by name) ``save_checkpoint`` wrote."""
+    groups: dict[str, dict[str, np.ndarray]] = {}
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = {key: _plain(value) for key, value in f.attrs.items()}
+
+            def visit(name: str, obj: object) -> None:  # returning a value would end the visit
+                if isinstance(obj, h5py.Group) and name not in _GROUPS:
+                    groups[name] = _read_group(f, name)
+
+            f.visititems(visit)
+    except OSError as exc:
+        raise ConfigError(f"Checkpoint '{path}' cannot be read (not an engine checkpoint, or truncated): "
+                          f"{exc}.") from None
+    return attrs, {name: arrays for name, arrays in groups.items() if arrays}
+
+
+def _plain(value: object) -> object:
+    """HDF5 attribute values as Python values: numpy scalars as numbers, bytes as text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _assign(path: str, what: str, variables: Variables, stored: dict[str, np.ndarray]) -> None:

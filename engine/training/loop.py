@@ -12,12 +12,16 @@ from typing import Iterator
 
 import numpy as np
 
-from engine import log
+from engine import log, phases
 from engine.datasets import BatchOptions, BatchPrefetcher, Dataset, generate_batches
 from engine.distributed.backend import Communicator
 from engine.distributed.protocol import agree_on_failure, sum_score_vectors
-from engine.distributed.strategy import Strategy
+from engine.distributed.strategy import NO_REQUESTS, Strategy
+from engine.timeline import EVAL, STEP
+from engine.training.monitor import RunMonitor
 from engine.training.report import EpochReport
+from engine.training.checkpointer import Checkpointer
+from engine.training.resume import EpochStart
 from engine.training.step import Steps
 
 
@@ -30,31 +34,42 @@ def _next_batch(batches: Iterator):
 
 
 def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptions,
-                strategy: Strategy) -> EpochReport:
+                strategy: Strategy, monitor: RunMonitor,
+                checkpoints: Checkpointer | None = None) -> EpochReport:
+    """``checkpoints``: where a resumed epoch continues, and the checkpoints and stops within it."""
     report = EpochReport(f"train epoch {epoch}")
     dataset.init_seq_order(epoch)
     shard_rank, shard_size = strategy.train_shard
-    local_scores = np.zeros(3)
+    start = checkpoints.epoch_start(dataset, batching) if checkpoints is not None else EpochStart()
+    local_scores, report.steps = start.scores.copy(), start.step
     planned = generate_batches(dataset, batching, shard_rank=shard_rank, shard_size=shard_size,
-                               keys=steps.batch_keys, recurrent=steps.model.recurrent)
+                               keys=steps.batch_keys, recurrent=steps.model.recurrent,
+                               skip=start.skip_batches)
     report.expected_seqs = planned.num_seqs
+    # sharded, the ranks end the epoch together, when the shard with the fewest batches is done
+    monitor.epoch_started(epoch, planned.all_shards // shard_size, steps.updater.learning_rate)
     with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
-        step = 0
+        step = start.step
         while True:
             batch, error = _next_batch(batches)
-            plan = strategy.before_step(step, batch, error)
+            requests = checkpoints.requests(step) if checkpoints is not None else NO_REQUESTS
+            plan = strategy.before_step(step, batch, error, requests)
             if plan is None:
                 break  # some rank is out of data: every rank ends the epoch, the pending batch is dropped
+            if plan.checkpoint or plan.stop_requests:  # the state after `step` steps; a stop raises here
+                checkpoints.at_step_boundary(plan, step, local_scores)
             t0 = time.perf_counter()
-            with report.computing():
+            with report.computing(), phases.span("train step", STEP, step=step + 1, seqs=batch.num_seqs):
                 scores = steps.train(batch)
                 strategy.after_step(plan, steps.params)
             local_scores += scores
             report.step_done(batch.num_seqs, scores, time.perf_counter() - t0)
+            monitor.step_done(scores)
             step += 1
     with report.computing():
         report.scores.add(strategy.end_epoch(steps.params, local_scores))
+    monitor.epoch_trained()
     report.finish()
     return report
 
@@ -63,6 +78,7 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
              comm: Communicator) -> EpochReport:
     """Score ``dataset`` sharded over all ranks; every rank gets the global scores."""
     report = EpochReport(f"epoch {epoch} '{name}' eval")
+    start = phases.now()
     dataset.init_seq_order(epoch)
     local_scores, error = np.zeros(3), None
     try:
@@ -80,5 +96,6 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     agree_on_failure(comm, error)
     report.scores.add(sum_score_vectors(comm, local_scores) if comm.size > 1 else local_scores)
     report.finish()
+    phases.record(f"eval {name}", EVAL, start, phases.now(), epoch=epoch, seqs=report.seqs)
     log.debug(f"{name}: {report.scores.frames:.0f} frames on {comm.size} rank(s)")
     return report

@@ -74,6 +74,11 @@ def request() -> StopRequest | None:
     return _request
 
 
+def requested_number() -> int:
+    """The number of the first stop signal received since ``install()``, or 0."""
+    return signal.Signals[_request.signal].value if _request is not None else 0
+
+
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
     install()

@@ -2,7 +2,8 @@
 
 computing time = wall time of the step executions (the collective inside the step included) plus
 parameter syncs, divided by the wall time since the epoch's data loading started. Below about 90% the
-run waits for data or for other ranks.
+run waits for data or for other ranks. The time in collectives (gradient allreduce, parameter average,
+step signal: waiting there for slower ranks included) and waiting for data come from ``engine.phases``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from engine import log
+from engine import log, phases
 
 
 def hms(seconds: float) -> str:
@@ -54,6 +55,10 @@ class EpochReport:
         self.name = name  # "train epoch 3" or "epoch 3 'dev' eval"
         self.expected_seqs = expected_seqs
         self.start = time.perf_counter()
+        self.finished_after: float | None = None  # the wall time, once finished
+        self._phases_at_start = phases.totals()
+        self.collective_seconds = 0.0  # set by finish()
+        self.data_wait_seconds = 0.0
         self.compute_seconds = 0.0
         self.steps = 0
         self.seqs = 0
@@ -69,11 +74,18 @@ class EpochReport:
 
     @property
     def elapsed(self) -> float:
+        """Seconds since the start; after ``finish``, the pass's wall time."""
+        if self.finished_after is not None:
+            return self.finished_after
         return time.perf_counter() - self.start
+
+    def percent(self, seconds: float) -> float:
+        """``seconds`` as a share of the elapsed time, in percent."""
+        return 100.0 * seconds / max(self.elapsed, 1e-9)
 
     @property
     def computing_percent(self) -> float:
-        return 100.0 * self.compute_seconds / max(self.elapsed, 1e-9)
+        return self.percent(self.compute_seconds)
 
     def step_done(self, num_seqs: int, step_scores: np.ndarray, step_seconds: float) -> None:
         self.steps += 1
@@ -92,9 +104,13 @@ class EpochReport:
         log.trace(", ".join(parts))
 
     def finish(self) -> None:
-        """The epoch line of distributed-protocol.md, then the throughput."""
-        elapsed = self.elapsed
+        """The epoch line of distributed-protocol.md, then the throughput and where the time went."""
+        self.finished_after = elapsed = self.elapsed
+        self.collective_seconds, self.data_wait_seconds = phases.collective_and_wait_seconds(
+            self._phases_at_start, phases.totals())
         log.info(f"{self.name}, finished after {self.steps} steps, {hms(elapsed)} elapsed "
                  f"({self.computing_percent:.1f}% computing time)")
         log.info(f"{self.name}: {self.scores.frames / max(elapsed, 1e-9):.1f} frames/sec "
-                 f"({self.scores.frames:.0f} frames, {self.compute_seconds:.2f}s computing)")
+                 f"({self.scores.frames:.0f} frames, {self.compute_seconds:.2f}s computing); "
+                 f"{self.percent(self.collective_seconds):.1f}% in collectives, "
+                 f"{self.percent(self.data_wait_seconds):.1f}% waiting for data")

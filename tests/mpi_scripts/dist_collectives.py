@@ -12,7 +12,7 @@ import socket
 import numpy as np
 
 from engine import process
-from engine.distributed import (ParamAverage, ParamSyncSchedule, auto_backend, broadcast_initial,
+from engine.distributed import (ParamAverage, ParamSyncSchedule, StallLimits, auto_backend, broadcast_initial,
                                 check_config_consistency, create_communicator, helpers,
                                 install_failure_handler, reduce_scores, step_signal)
 from engine.errors import ConfigError, DistributedError
@@ -120,6 +120,11 @@ def check_objects(comm) -> None:
     obj = comm.broadcast_object({"from": comm.rank, "data": list(range(comm.rank + 3))}, root=comm.size - 1)
     assert obj == {"from": comm.size - 1, "data": list(range(comm.size + 2))}
     assert comm.allgather_object(("rank", comm.rank)) == [("rank", r) for r in range(comm.size)]
+    root = comm.size - 1
+    gathered = comm.gather_object({"rank": comm.rank}, root=root)
+    assert gathered == ([{"rank": r} for r in range(comm.size)] if comm.rank == root else None), gathered
+    parts = [f"part {r}" for r in range(comm.size)] if comm.rank == root else None
+    assert comm.scatter_object(parts, root=root) == f"part {comm.rank}"
     comm.barrier()
 
 
@@ -132,9 +137,13 @@ def check_step_signal(comm) -> None:
     sig = step_signal(comm, have_more_data=True, had_error=comm.rank in (0, last),
                       want_param_sync=comm.rank == last)
     assert sig.any_error and sig.failed_ranks == tuple(sorted({0, last}))
-    assert sig.param_sync and sig.all_have_data
+    assert sig.param_sync and sig.all_have_data and not sig.checkpoint and sig.stop_requests == ()
     sig = step_signal(comm, have_more_data=True, had_error=3 if comm.rank == last else 0)
     assert sig.failed_ranks == (last,) and sig.exit_code == 3, "the failing rank's exit code reaches all"
+    # one rank's clock says a checkpoint is due, another got SIGUSR2 (12): every rank learns both
+    sig = step_signal(comm, have_more_data=True, had_error=False, want_checkpoint=comm.rank == 0,
+                      stop_signal=12 if comm.rank == last else 0)
+    assert sig.checkpoint and sig.stop_requests == ((last, 12),) and not sig.any_error
     batches, steps = iter(range(5 + 2 * comm.rank)), 0  # rank 0 runs out first, after 5 batches
     while step_signal(comm, have_more_data=next(batches, None) is not None, had_error=False).all_have_data:
         steps += 1
@@ -263,7 +272,7 @@ def main() -> None:
     parser.add_argument("--no-tf", action="store_true", help="skip the checks that need TensorFlow")
     parser.add_argument("--compare-with", help="also check bit-identical results against this backend")
     args = parser.parse_args()
-    comm = create_communicator(args.backend, stall_timeout=120)
+    comm = create_communicator(args.backend, StallLimits(timeout=120))
     assert comm.name == args.backend, f"asked for {args.backend}, got {comm.name}"
     process.set_communicator(comm)
     install_failure_handler()

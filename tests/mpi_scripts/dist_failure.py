@@ -1,7 +1,8 @@
-"""Run under ``mpirun -np N``: rank 1 fails in the way MODE names while the other ranks wait in the step
-signal (forever, unless the failure handling ends the job).
+"""Run under ``mpirun -np N``: rank 1 (or ``--failing-rank``) fails in the way MODE names while the other
+ranks wait in the step signal (forever, unless the failure handling ends the job).
 
-    python dist_failure.py exception|engine_error|thread|sigkill|stall|stall_in_graph [--backend mpi]
+    python dist_failure.py exception|engine_error|thread|sigkill|stall|stall_in_graph|freeze [--backend mpi]
+        [--failing-rank R] [--stall-warning S] [--stall-timeout S]
 """
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import threading
 import time
 
 from engine import process
-from engine.distributed import create_communicator, install_failure_handler, step_signal
+from engine.distributed import StallLimits, create_communicator, install_failure_handler, step_signal
 from engine.errors import DataError
 
 
-def fail_on_rank_1(mode: str) -> None:
+def fail(mode: str) -> None:
     if mode == "exception":
         raise RuntimeError("boom: the original error of rank 1")
     if mode == "engine_error":
@@ -31,6 +32,8 @@ def fail_on_rank_1(mode: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode in ("stall", "stall_in_graph"):
         time.sleep(600)  # alive, but never joins the next collective
+    if mode == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)  # every thread stops, the stall watchdog's too
     raise ValueError(f"unknown mode {mode!r}")
 
 
@@ -38,14 +41,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode")
     parser.add_argument("--backend", default="mpi")
+    parser.add_argument("--failing-rank", type=int, default=1)
+    parser.add_argument("--stall-warning", type=float, default=None)
     parser.add_argument("--stall-timeout", type=float, default=None)
     args = parser.parse_args()
-    comm = create_communicator(args.backend, stall_timeout=args.stall_timeout)
+    comm = create_communicator(args.backend, StallLimits(args.stall_warning, args.stall_timeout))
     process.set_communicator(comm)
     install_failure_handler()
     step_signal(comm, True, False)  # everyone is up
-    if comm.rank == 1:
-        fail_on_rank_1(args.mode)
+    if comm.rank == args.failing_rank:
+        fail(args.mode)
     if args.mode == "stall_in_graph":  # wait inside a tf.function's reduction, where no Python code runs
         import tensorflow as tf
 

@@ -1,20 +1,27 @@
 """Train through the engine's own API and record what each rank saw, for the engine tests.
 
-    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill] [fail_rank=R] [fail_step=S]
+    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill|stall|SIGUSR1|SIGUSR2|SIGTERM]
+        [fail_rank=R] [fail_step=S] [fail_once=MARKER_FILE]
 
 Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
-step and (where a sync followed) after the sync, so tests can compare ranks and runs.
+step and (where a sync followed) after the sync, so tests can compare ranks and runs. A signal name as
+``fail`` makes rank R send itself that signal in its step S (counted from 0 in this process); with
+``fail_once`` only if MARKER_FILE does not exist yet (it is created then), so a restarted job runs through.
+A run stopped on request exits with 99 and writes nothing; other engine errors end it as in rnn.py.
 """
 import ast
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
 from engine import log, process
 from engine.config import Config
+from engine.distributed import fail as fail_job
 from engine.distributed.strategy import ParamAverage
+from engine.errors import EngineError
 from engine.tasks.train import run_train
 from engine.training import step as step_module
 
@@ -42,11 +49,18 @@ def main() -> None:
 
         def train(self, batch):
             rank = process.rank()
-            if rank == fail_rank and self.count == fail_step:
+            once = opts.get("fail_once")
+            if rank == fail_rank and self.count == fail_step and not (once and os.path.exists(once)):
+                if once:
+                    open(once, "w").close()
+                if fail in ("SIGUSR1", "SIGUSR2", "SIGTERM"):
+                    os.kill(os.getpid(), signal.Signals[fail])
                 if fail == "step":
                     raise RuntimeError(f"injected failure in train step {self.count} on rank {rank}")
                 if fail == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if fail == "stall":
+                    time.sleep(600)  # alive, but never joins the step's gradient reduction
             scores = super().train(batch)
             trace["after_step"].append(self.checksum())
             self.count += 1
@@ -65,7 +79,10 @@ def main() -> None:
     train_module.Steps = RecordingSteps
     if fail == "loader":
         _break_loader(fail_rank, fail_step)
-    run_train(config)
+    try:
+        run_train(config)
+    except EngineError as exc:  # as rnn.py ends: one message (none for a stop), the error's exit code
+        fail_job(exc)
     steps = recorded["steps"]
     np.savez(os.path.join(out_dir, f"rank{process.rank()}.npz"), params=steps.checksum(),
              after_step=np.array(trace["after_step"]), after_sync=np.array(trace["after_sync"]),

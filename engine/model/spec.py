@@ -1,0 +1,153 @@
+"""The ``network`` layer dict as data: its layers' classes, sources and options, checked without building
+anything (so ``rnn.py --check`` needs no TensorFlow).
+
+``parse_network`` checks the dict's shape, the layer classes, ``from`` references and cycles;
+``layer_findings`` classifies every layer option (``engine/key_check.py``): implemented, without effect
+here, ignored on request, or refused; ``build_order`` lists the layers an output or loss depends on.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Collection, NamedTuple
+
+from engine import log, returnn_keys
+from engine.errors import ConfigError
+from engine.key_check import Finding, Scope, classify
+from engine.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
+
+_CLASS_OPTIONS = {
+    "linear": {"n_out", "activation", "with_bias"},
+    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias"},
+    "rec": {"n_out", "unit", "direction"},
+    "copy": set(),
+    "dropout": set(),
+    "time_chunking": {"chunk_size", "chunk_step"},
+    "time_unchunking": {"chunking_layer"},
+}
+_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2"}
+# layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
+RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking"}
+# RETURNN's unit names of a plain LSTM (no peepholes, no projection), lower case. In RETURNN (TF) "lstm"
+# and "lstmp" both mean its default NativeLSTM2, and "CudnnLSTM" without a GPU means LSTMBlockFused.
+LSTM_UNITS = ("lstm", "lstmp", "basiclstm", "standardlstm", "lstmblock", "lstmblockfused", "nativelstm",
+              "nativelstm2", "nativelstmlowmem", "cudnnlstm", "vanillalstm")
+_UNIT_NAMES = ("LSTM, lstmp, BasicLSTM, StandardLSTM, LSTMBlock, LSTMBlockFused, NativeLstm, NativeLstm2, "
+               "NativeLstmLowMem, CudnnLSTM, VanillaLSTM")
+
+
+class LayerSpec(NamedTuple):
+    cls: str
+    sources: tuple[str, ...]
+    opts: dict[str, Any]
+
+
+def parse_network(network: Any) -> dict[str, LayerSpec]:
+    """Check the dict's shape, layer classes, ``from`` references and cycles; ConfigError names the layer."""
+    if not isinstance(network, dict) or not network:
+        raise ConfigError(
+            f"Config key 'network' must be a non-empty dict of layers, got {type(network).__name__}."
+        )
+    specs: dict[str, LayerSpec] = {}
+    for name, opts in network.items():
+        if not isinstance(name, str) or name == "data" or name.startswith("data:"):
+            raise ConfigError(f"Network layer name {name!r} is not allowed ('data' is the input stream).")
+        if not isinstance(opts, dict):
+            raise ConfigError(
+                f"Network layer '{name}' must be a dict like {{'class': 'linear', ...}}, got {opts!r}."
+            )
+        cls = opts.get("class")
+        if cls not in _CLASS_OPTIONS:
+            raise ConfigError(f"Network layer '{name}': {_class_problem(cls)}; this engine implements the "
+                              f"classes {', '.join(_CLASS_OPTIONS)}.")
+        unit = opts.get("unit", "lstm")
+        if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS):
+            raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported (all a "
+                              f"plain LSTM): {_UNIT_NAMES}.")
+        rate = opts.get("dropout", 0.0)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+            raise ConfigError(f"Network layer '{name}': dropout must be a float in [0, 1), got {rate!r}.")
+        specs[name] = LayerSpec(cls, _sources(name, opts.get("from", "data")), opts)
+    for name, spec in specs.items():
+        for src in spec.sources:
+            if src != "data" and src not in specs:
+                raise ConfigError(
+                    f"Network layer '{name}': 'from' names {src!r}, which is not a layer of the "
+                    f"network; layers: {', '.join(specs)} (and 'data')."
+                )
+    if "output" not in specs:
+        raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
+    _check_cycles(specs)
+    return specs
+
+
+def _class_problem(cls: Any) -> str:
+    if cls in returnn_keys.LAYER_OPTIONS:
+        return f"class {cls!r} is a RETURNN layer class this engine does not implement"
+    close = difflib.get_close_matches(str(cls), list(_CLASS_OPTIONS), n=1, cutoff=0.75)
+    return f"unknown class {cls!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def layer_findings(specs: dict[str, LayerSpec], ignored: Collection[str]) -> list[Finding]:
+    """A verdict for every option of every layer; RETURNN refuses options its layers do not take, so an
+    unknown option is an error here too."""
+    findings = []
+    for name, spec in specs.items():
+        scope = Scope("layer", name, spec.cls, _COMMON_OPTIONS | _CLASS_OPTIONS[spec.cls],
+                      returnn_keys.LAYER_COMMON_OPTIONS | returnn_keys.LAYER_OPTIONS.get(spec.cls, set()),
+                      NO_EFFECT_OPTIONS, unknown_fatal=True)
+        findings += classify(scope, spec.opts, ignored)
+    return findings
+
+
+def _sources(name: str, value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) for s in items):
+        raise ConfigError(
+            f"Network layer '{name}': 'from' must be a layer name or a non-empty list of names, "
+            f"got {value!r}."
+        )
+    return tuple("data" if s == "data:data" else s for s in items)
+
+
+def _check_cycles(specs: dict[str, LayerSpec]) -> None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2 or name == "data":
+            return
+        if state.get(name) == 1:
+            cycle = path[path.index(name) :] + [name]
+            raise ConfigError(
+                f"The network has a cycle: {' -> '.join(cycle)} (each layer takes 'from' the next)."
+            )
+        state[name] = 1
+        for src in specs[name].sources:
+            visit(src, path + [name])
+        state[name] = 2
+
+    for name in specs:
+        visit(name, [])
+
+
+def build_order(specs: dict[str, LayerSpec]) -> list[str]:
+    """Layers needed by ``output``, loss and ``is_output_layer`` layers, each after its sources."""
+    roots = [
+        n
+        for n, s in specs.items()
+        if n == "output" or s.opts.get("is_output_layer") or (s.cls == "softmax" and s.opts.get("loss"))
+    ]
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name == "data" or name in order:
+            return
+        for src in specs[name].sources:
+            visit(src)
+        order.append(name)
+
+    for name in roots:
+        visit(name)
+    unused = [n for n in specs if n not in order]
+    if unused:
+        log.info(f"Network layers {unused} feed no output or loss layer and are not built.")
+    return order

@@ -1,0 +1,85 @@
+"""Names RETURNN defines that change nothing in this engine, by design, and why (``key_check.py`` gives
+each one info line instead of an error).
+
+A name is listed only where it makes no difference to what is trained: hardware and process layout of
+RETURNN's Theano era, RETURNN-only logging, options for components this engine does not have. Some are
+harmless only at one value (``truncation = -1`` is full backpropagation through time, which is what runs
+here; ``truncation = 50`` would train differently and is refused); ``when`` says which values, given the
+value and its context (the config's values for a key, the layer dict for a layer option, the dataset
+dict for a dataset option).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from engine.config import parse_bool
+
+
+@dataclass(frozen=True)
+class NoEffect:
+    why: str
+    when: Callable[[Any, dict], bool] = lambda value, context: True
+    only: str = ""  # the values ``when`` accepts, for messages ("-1"); empty: any value
+
+
+def _is(expected: Any) -> Callable[[Any, dict], bool]:
+    """The value is ``expected``: a bool as RETURNN's ``config.bool`` reads it, a number as itself, a str
+    (a ``++key value`` override of a key the files do not set) as it would parse."""
+    def check(value: Any, context: dict) -> bool:
+        if isinstance(expected, bool):
+            value = parse_bool(value) if isinstance(value, str) else value
+            return value in (0, 1) and not isinstance(value, float) and bool(value) == expected
+        if isinstance(value, str):
+            return value.strip() == str(expected)
+        return not isinstance(value, bool) and value == expected
+    return check
+
+
+CONFIG_KEYS: dict[str, NoEffect] = {
+    "use_tensorflow": NoEffect("selects RETURNN's TensorFlow backend over Theano; this engine is TensorFlow",
+                               _is(True), "True"),
+    "backend": NoEffect("selects RETURNN's backend; this engine is TensorFlow",
+                        lambda value, context: value == "tensorflow", '"tensorflow"'),
+    "multiprocessing": NoEffect("Theano era: ran the device in a subprocess; a process layout, not a "
+                                "computation"),
+    "update_on_device": NoEffect("Theano era: applied the updates on the GPU (RETURNN stopped reading it in "
+                                 "2015); TensorFlow places the update itself"),
+    "truncation": NoEffect("Theano-era truncated backpropagation; -1 is the full gradient through time, "
+                           "which is what is computed here", _is(-1), "-1"),
+    "window": NoEffect("a sliding window of neighbouring input frames; 1 is each frame alone, as here",
+                       _is(1), "1"),
+    "tf_log_memory_usage": NoEffect("RETURNN logs GPU memory after building the graph; not logged here"),
+    "log_batch_size": NoEffect("RETURNN logs each batch's size at verbosity 5; not logged here"),
+    "tf_session_opts": NoEffect("TensorFlow 1 session options (thread pools, GPU memory share); TensorFlow 2 "
+                                "has no session: threads come from TF_NUM_INTRAOP_THREADS, GPU memory grows "
+                                "as needed"),
+    "sprint_trainer_exec_path": NoEffect("the RASR (Sprint) trainer binary for Sprint datasets; there are "
+                                         "none here (such a dataset is refused by itself)"),
+    "sprint_interface_dataset_opts": NoEffect("options for RASR (Sprint) calling RETURNN through its Python "
+                                              "interface; rnn.py is never called that way"),
+    "loss": NoEffect("RETURNN's default loss for a network built from hidden_size/hidden_type; with a "
+                     "'network' dict each layer's own 'loss' decides",
+                     lambda value, context: context.get("network") is not None, "with a 'network'"),
+    "description": NoEffect("a free-text description of the experiment"),
+}
+
+LAYER_OPTIONS: dict[str, NoEffect] = {
+    "unroll": NoEffect("RETURNN unrolls the loop statically, an implementation detail: the same LSTM "
+                       "computation"),
+    "max_seq_len": NoEffect("with 'unroll', RETURNN's static loop length: the same computation (RETURNN "
+                            "also stops on a longer sequence, this engine trains it)",
+                            lambda value, context: bool(context.get("unroll")), "with 'unroll'"),
+    "param_device": NoEffect("where RETURNN places the layer's parameters; a placement, not a computation"),
+    "optimize_move_layers_out": NoEffect("RETURNN's graph optimisation of rec subnetworks; a rec layer here "
+                                         "is a unit, not a subnetwork"),
+    "trainable": NoEffect("True is the default", _is(True), "True"),
+}
+
+DATASET_OPTIONS: dict[str, NoEffect] = {
+    "use_cache_manager": NoEffect("copies the files to a node-local cache first (RWTH's cluster tool); the "
+                                  "same data is read from where the files are"),
+    "estimated_num_seqs": NoEffect("a hint for progress output before an epoch's size is known"),
+    "window": NoEffect("a sliding window of neighbouring input frames; 1 is each frame alone, as here",
+                       _is(1), "1"),
+}

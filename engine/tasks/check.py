@@ -1,0 +1,84 @@
+"""What every name of a config means here, before anything runs (``engine/key_check.py`` has the rules).
+
+``check_at_start(config)`` runs before every task: it logs the notes and raises one ConfigError for
+everything that would stop the run or change it silently. ``run_check(config)`` is ``rnn.py CONFIG
+--check``: it prints every verdict and says whether training would start, without importing TensorFlow
+or starting MPI. A network from ``get_network`` is checked when it is built.
+"""
+from __future__ import annotations
+
+from engine.config import Config
+from engine.datasets.factory import dataset_findings
+from engine.errors import ConfigError, EngineError
+from engine.key_check import (EXEMPT, IGNORED, IMPLEMENTED, NO_EFFECT, NOT_IMPLEMENTED, UNKNOWN,
+                              UNKNOWN_KEY_NOTE, Finding, config_findings, error_text, ignored_names,
+                              log_notes, merged)
+from engine.model.spec import layer_findings, parse_network
+
+DATASET_KEYS = ("train", "dev", "eval")
+_ORDER = (NOT_IMPLEMENTED, UNKNOWN, IGNORED, NO_EFFECT, IMPLEMENTED, EXEMPT)
+_SECTIONS = (("config", "config keys"), ("layer", "network layer options"), ("dataset", "dataset options"))
+
+
+def collect(config: Config) -> tuple[list[Finding], list[str]]:
+    """Every verdict (config keys, the options of each layer of a ``network`` dict and of each dataset),
+    and the problems that are not about one name (a layer dict that does not parse, an unknown dataset
+    class), as messages."""
+    findings = config_findings(config)
+    ignored = ignored_names(config)
+    problems = []
+    network = config.value("network")
+    if isinstance(network, dict):
+        try:
+            findings += layer_findings(parse_network(network), ignored)
+        except EngineError as exc:
+            problems.append(str(exc))
+    for key in DATASET_KEYS:
+        spec = config.typed(key)
+        if spec and not callable(spec):
+            try:
+                findings += dataset_findings(spec, key, ignored)
+            except EngineError as exc:
+                problems.append(f"Dataset {key!r}: {exc}")
+    return findings, problems
+
+
+def check_at_start(config: Config) -> None:
+    findings, problems = collect(config)
+    log_notes(findings)
+    reason = _stop_reason(findings, problems)
+    if reason:
+        raise ConfigError(reason)
+
+
+def run_check(config: Config) -> int:
+    """Print the verdicts; 0 when training would start, the ConfigError exit code otherwise."""
+    findings, problems = collect(config)
+    print(f"Check of {', '.join(config.files) or 'the command line'}:")
+    for kind, title in _SECTIONS:
+        rows = sorted((f for f in merged(findings) if f.kind == kind),
+                      key=lambda f: (_ORDER.index(f.verdict), f.cls, f.name))
+        if rows:
+            print(f"{title}:")
+            width = max(len(_label(f)) for f in rows)
+            for f in rows:
+                verdict = f.verdict.upper() if f.fatal else f.verdict
+                note = UNKNOWN_KEY_NOTE if f.verdict == UNKNOWN and not f.fatal and not f.note else f.note
+                where = f"[{f.owners_text}]" if f.owners else ""
+                print("  " + "  ".join((f"{_label(f):<{width}}", f"{verdict:<15}", note, where)).rstrip())
+    reason = _stop_reason(findings, problems)
+    if reason:
+        print(f"Training would not start. {reason}")
+        return ConfigError.exit_code
+    warned = any(f.verdict in (UNKNOWN, IGNORED) for f in findings)
+    print("Training would start" + (" (see the warnings above)." if warned else "."))
+    return 0
+
+
+def _stop_reason(findings: list[Finding], problems: list[str]) -> str:
+    fatal = [f for f in merged(findings) if f.fatal]
+    return " ".join(([error_text(fatal)] if fatal else []) + problems)
+
+
+def _label(finding: Finding) -> str:
+    return finding.name if finding.kind == "config" else f"{finding.cls}: {finding.name}"

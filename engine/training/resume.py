@@ -1,0 +1,125 @@
+"""Exact resume: where a run continues, what a training checkpoint holds for that, and how its parts
+are dealt out to the ranks. ``checkpointer.py`` writes these checkpoints and acts at step boundaries.
+
+Besides the parameters and the optimizer state (whose update count keys dropout's random numbers, so
+those need no saved state), a checkpoint written here holds (attribute / group names in quotes):
+- "kind" (``epoch`` or ``mid-epoch``), "ranks", "scores_global", the learning-rate history
+  ("learning_rate_history", JSON, used when there is no ``learning_rate_file``);
+- mid-epoch: "learning_rate" (the one in use) and group "resume" with per rank the train steps done in
+  the epoch ("steps"), the batches of the epoch's plan trained by then ("batches_done"), the score sums
+  so far ("scores") and a fingerprint of the epoch's batch plan ("fingerprints": data order, lengths and
+  batching, so a resume into a changed corpus or config is refused instead of silently training other
+  data); the order's seed is part of the order;
+- in param mode (``Strategy.keeps_rank_state``), the optimizer state of ranks 1.. ("ranks/<r>/optimizer")
+  and, mid-epoch, their parameters ("ranks/<r>/params"); rank 0's are the file's main groups.
+
+Rank 0 reads and writes the files; the per-rank parts travel by ``gather_object``/``scatter_object``.
+A checkpoint saved by another number of ranks continues with rank 0's parameters and optimizer state;
+mid-epoch, at the same position when all ranks train one batch plan and report global scores (grad
+mode, one process), else (param mode) at the start of that epoch.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine import log
+from engine.config import Config
+from engine.datasets import BatchOptions, Dataset
+from engine.distributed.strategy import Strategy
+from engine.errors import ConfigError
+from engine.training.checkpoint import checkpoint_path, find_mid_epoch_checkpoints, find_newest_epoch
+
+RANK_GROUPS = ("params", "optimizer")  # what each rank keeps of its own in param mode
+
+
+@dataclass
+class EpochStart:
+    """Where this rank continues an epoch."""
+
+    step: int = 0  # train steps this rank has done in the epoch
+    skip_batches: int = 0  # batches of the epoch's plan trained already (by all ranks)
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(3))  # [loss, error, frames] sums so far
+    fingerprint: int | None = None  # of the plan the steps were taken from; None: nothing to check
+    learning_rate: float | None = None  # the one the steps were taken with
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    start_epoch: int
+    path: str | None = None  # the checkpoint to continue from (None: start afresh, or from `load`)
+    mid_epoch: bool = False
+
+
+def find_resume_point(config: Config, comm: Any) -> ResumePoint:
+    """``start_epoch`` "auto": after the newest checkpoint, where a mid-epoch one of a later epoch than the
+    newest epoch checkpoint continues that epoch; an explicit ``start_epoch`` N loads ``<model>.<N-1>``.
+    Rank 0 looks; every rank gets its answer."""
+    start = config.typed("start_epoch")
+    prefix = config.str("model")
+    if start not in ("auto", None):
+        epoch = config.int("start_epoch")
+        if epoch < 1:
+            raise ConfigError(f"Config key 'start_epoch' must be 'auto' or >= 1, got {epoch}.")
+        if epoch > 1 and not prefix:
+            raise ConfigError(f"start_epoch is {epoch}, but no 'model' prefix is set to load the previous "
+                              "epoch's checkpoint from.")
+        return ResumePoint(epoch, checkpoint_path(prefix, epoch - 1) if epoch > 1 else None)
+    point = ResumePoint(1)
+    if comm.rank == 0 and prefix:
+        newest = find_newest_epoch(prefix) or 0
+        mid = [(epoch, path) for epoch, _, path in find_mid_epoch_checkpoints(prefix) if epoch > newest]
+        if mid:
+            point = ResumePoint(mid[-1][0], mid[-1][1], mid_epoch=True)
+        elif newest:
+            point = ResumePoint(newest + 1, checkpoint_path(prefix, newest))
+    return comm.broadcast_object(point, root=0)
+
+
+def plan_fingerprint(dataset: Dataset, batching: BatchOptions) -> int:
+    """crc32 of the epoch's data order, sequence lengths, chunking and batching options (the batch plan's
+    inputs)."""
+    crc = zlib.crc32(np.ascontiguousarray(dataset.order, np.int64).tobytes())
+    crc = zlib.crc32(np.ascontiguousarray(dataset.epoch_seq_lengths(), np.int64).tobytes(), crc)
+    return zlib.crc32(repr((batching, getattr(dataset, "chunking", None))).encode(), crc)
+
+
+def rank_parts(attrs: dict, groups: dict, point: ResumePoint, strategy: Strategy) -> list[dict]:
+    """Rank 0: what each rank takes from a loaded checkpoint (``read_extras``): its own parameters and
+    optimizer state ("params", "optimizer"), "global_step" at the start of the epoch it continues, and
+    mid-epoch its "start" in that epoch."""
+    size = strategy.comm.size
+    saved_by = int(attrs.get("ranks", 1))
+    global_step = int(attrs.get("global_step", 0))
+    parts = [{"global_step": global_step} for _ in range(size)]
+    if saved_by == size and strategy.keeps_rank_state:
+        for rank in range(1, size):
+            parts[rank].update({group: groups.get(f"ranks/{rank}/{group}", {}) for group in RANK_GROUPS})
+    elif saved_by != size and (strategy.keeps_rank_state or "ranks/1/optimizer" in groups):
+        log.warning(f"{point.path} was saved by {saved_by} ranks, this job has {size}: every rank continues "
+                    "with rank 0's parameters and optimizer state.")
+    if point.mid_epoch:
+        resume = groups["resume"]
+        for part, start in zip(parts, _epoch_starts(attrs, resume, point, strategy)):
+            part["global_step"], part["start"] = global_step - int(resume["steps"][0]), start
+    return parts
+
+
+def _epoch_starts(attrs: dict, resume: dict, point: ResumePoint, strategy: Strategy) -> list[EpochStart]:
+    size, saved_by = strategy.comm.size, int(attrs.get("ranks", 1))
+    steps, done, scores, prints = (resume[k] for k in ("steps", "batches_done", "scores", "fingerprints"))
+    rate = float(attrs["learning_rate"])
+    if saved_by == size:
+        return [EpochStart(int(steps[r]), int(done[r]), scores[r].copy(), int(prints[r]), rate)
+                for r in range(size)]
+    if attrs.get("scores_global") and strategy.scores_are_global:  # one batch plan for all ranks
+        shard_size = strategy.train_shard[1]
+        return [EpochStart(int(done[0]) // shard_size, int(done[0]), scores[0].copy(), int(prints[0]), rate)
+                for _ in range(size)]
+    log.warning(f"{point.path} was saved in epoch {point.start_epoch} by {saved_by} ranks that did not "
+                f"train one batch plan together; with {size} ranks the epoch starts again at its first "
+                "batch.")
+    return [EpochStart() for _ in range(size)]

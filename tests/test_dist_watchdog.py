@@ -1,0 +1,150 @@
+"""The stall watchdog's decisions, with a fake clock and a fake wait channel (no threads, no MPI): what is
+reported, who is named, when the warning and the end come, and that each comes once. test_dist_failure.py
+runs it for real."""
+from __future__ import annotations
+
+import pytest
+
+from engine import log
+from engine.distributed.watchdog import StallLimits, Watchdog
+
+pytestmark = pytest.mark.tf_latest
+
+
+class Channel:
+    def __init__(self) -> None:
+        self.inbox: list[tuple[int, int, float, str]] = []
+        self.sent: list[tuple[int, float, str]] = []
+
+    def report_wait(self, count: int, waited: float, what: str) -> None:
+        self.sent.append((count, waited, what))
+
+    def collect_waits(self) -> list[tuple[int, int, float, str]]:
+        received, self.inbox = self.inbox, []
+        return received
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Ended(Exception):
+    pass
+
+
+def watchdog(rank: int = 0, size: int = 3, warning: float | None = 60, timeout: float | None = 300):
+    clock, channel, ended = Clock(), Channel(), []
+
+    def abort(message: str, code: int) -> None:
+        ended.append((message, code))
+        raise Ended
+
+    dog = Watchdog(StallLimits(warning, timeout), abort, rank=rank, size=size, channel=channel, clock=clock,
+                   start=False)
+    return dog, clock, channel, ended
+
+
+def test_a_rank_reports_only_waits_longer_than_one_look_with_the_collectives_number_and_name():
+    dog, clock, channel, ended = watchdog(rank=2)
+    assert dog.poll == 1.0
+    for _ in range(3):
+        with dog.guard("step signal"), dog.collective("allreduce"):
+            clock.now += 0.5
+            dog.check()  # a quick collective: nothing sent
+    clock.now += 10
+    dog.check()  # computing, not waiting: nothing sent
+    with dog.collective("broadcast_object"):
+        clock.now += 1.5
+        dog.check()
+        clock.now += 1
+        dog.check()
+    outer = dog.enter("allreduce in a tf.function")  # how Horovod's in-graph reduction is announced
+    clock.now += 2
+    dog.check()
+    dog.leave(outer)
+    dog.check()
+    assert channel.sent == [(4, 1.5, "broadcast_object"), (4, 2.5, "broadcast_object"),
+                            (5, 2.0, "allreduce in a tf.function")]
+
+
+def test_rank_0_warns_once_then_ends_the_job_naming_the_missing_ranks(capsys):
+    log.init()  # warnings on stderr, whatever earlier tests configured
+    dog, clock, channel, ended = watchdog()
+    with dog.guard("step signal"), dog.collective("allreduce"):  # collective #1: rank 0 waits
+        for second in range(1, 62):
+            clock.now += 1
+            channel.inbox = [(1, 1, second - 0.5, "step signal (allreduce)")]  # rank 1 too; rank 2 is missing
+            dog.check()
+            if second == 59:
+                assert capsys.readouterr().err == ""
+        warned = capsys.readouterr().err
+        assert warned.count("stall: rank 2 has not reached collective #1 'step signal (allreduce)' after "
+                            "60 s; ranks 0, 1 wait there (distributed_stall_warning). The job ends after "
+                            "distributed_stall_timeout = 300 s.") == 1, warned
+        clock.now += 240
+        channel.inbox = [(1, 1, 300.0, "step signal (allreduce)")]
+        with pytest.raises(Ended):
+            dog.check()
+    assert ended == [("error: rank 2 did not reach collective #1 'step signal (allreduce)' within 300 s "
+                      "(distributed_stall_timeout), where ranks 0, 1 wait: it stopped answering or is far "
+                      "behind. Ending the MPI job.", 1)]
+
+
+def test_rank_0_names_itself_when_the_others_wait_for_it():
+    dog, clock, channel, ended = watchdog(size=2, warning=None, timeout=10)
+    with dog.collective("barrier"):
+        pass
+    channel.inbox = [(1, 2, 9.0, "step signal (allreduce)")]  # rank 0 is still computing
+    clock.now += 1
+    dog.check()
+    clock.now += 1
+    with pytest.raises(Ended):
+        dog.check()  # the report was 9 s old one second ago
+    assert ended[0][0].startswith("error: rank 0 did not reach collective #2 'step signal (allreduce)' "
+                                  "within 10 s (distributed_stall_timeout), where rank 1 waits")
+
+
+def test_reports_that_stopped_coming_are_forgotten():
+    dog, clock, channel, ended = watchdog(size=2, warning=None, timeout=10)
+    channel.inbox = [(1, 1, 8.0, "allreduce")]
+    dog.check()
+    clock.now += 3.5  # three looks without a report: rank 1 is no longer waiting
+    dog.check()
+    assert ended == []
+
+
+def test_a_wait_where_every_rank_arrived_ends_at_the_timeout_with_its_own_message():
+    dog, clock, channel, ended = watchdog(size=2, timeout=10)
+    with dog.collective("allreduce"):
+        clock.now += 10.5
+        channel.inbox = [(1, 1, 10.0, "allreduce")]  # both wait in #1, yet it does not complete
+        with pytest.raises(Ended):
+            dog.check()
+    assert "'allreduce' did not complete within 10 s (distributed_stall_timeout) although every rank " \
+           "entered it" in ended[0][0]
+
+
+def test_other_ranks_end_the_job_only_after_rank_0_had_its_grace_period():
+    dog, clock, channel, ended = watchdog(rank=1, size=2, timeout=100)
+    assert dog.limits.grace == 20
+    with dog.guard("step signal"), dog.collective("allreduce"):
+        clock.now += 119
+        dog.check()
+        assert ended == []
+        clock.now += 2
+        with pytest.raises(Ended):
+            dog.check()
+    assert "did not complete within 120 s (distributed_stall_timeout + 20 s), and rank 0" in ended[0][0]
+
+
+def test_no_limits_never_end_anything(capsys):
+    dog, clock, channel, ended = watchdog(warning=None, timeout=None)
+    with dog.collective("allreduce"):
+        channel.inbox = [(1, 1, 10.0 ** 6, "allreduce")]
+        clock.now += 10 ** 6
+        dog.check()
+    assert ended == [] and capsys.readouterr().err == ""
