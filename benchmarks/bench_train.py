@@ -3,7 +3,7 @@
 backends, in grad mode and in param mode with syncs inside the epoch; and each rank's peak memory.
 
     .venv/bin/python benchmarks/bench_train.py [--seqs 1000] [--epochs 3] [--runs 3] [--ranks N]
-        [--backends auto,horovod]
+        [--backends auto,horovod] [--rows all|monitoring]
 
 The RETURNN-style workload of ``workload.py`` (2x LSTM-128, batch_size 5000, max_seqs 40, random order,
 ``cache_size = "0"``), ``--epochs`` epochs per run through ``rnn.py``; frames/s over epochs 2..E, timed
@@ -226,6 +226,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--backends", default="auto,horovod",
                         help="comma-separated; the first is the default backend the verdicts use")
+    parser.add_argument("--rows", choices=["all", "monitoring"], default="all",
+                        help="monitoring: only the three monitoring rows")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,8 +251,9 @@ def main() -> None:
                                            what.endswith(" on"), tmp)
                      for what in ("monitoring on", "monitoring off", "monitoring off, again")]
         rows = [*single, ceiling, under_mpirun, *[r for rs in parallel.values() for r in rs.values()]]
-        interleaved(rows + monitored, args.runs)
-        report(single, ceiling, under_mpirun, parallel, trainer, args.ranks)
+        interleaved(rows + monitored if args.rows == "all" else monitored, args.runs)
+        if args.rows == "all":
+            report(single, ceiling, under_mpirun, parallel, trainer, args.ranks)
         monitoring_report(*monitored, trainer, default_backend, tmp)
 
 
