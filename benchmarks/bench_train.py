@@ -177,12 +177,16 @@ def memory_report(alone: Row, under_mpirun: Row, parallel: dict[str, dict[str, R
     for row in [alone, under_mpirun] + [r for rows in parallel.values() for r in rows.values()]:
         print(f"  {row.name:<56} {median(row, 0):>7.1f} {median(row, 1):>10.1f} {median(row, 2):>7.1f}")
     base = median(under_mpirun, 1)
+    # identical runs differ too (allocator and page-cache state at the end): the widest range of one
+    # row's runs is the noise the verdict allows
+    noise = max(max(run[1] for run in runs) - min(run[1] for run in runs) for runs in trainer.memory.values())
     for backend, rows in parallel.items():
         worst = max(rows.values(), key=lambda row: median(row, 1))
         held = median(worst, 1)
-        print(verdict(held <= base + fused + 2.0,
+        print(verdict(held <= base + fused + max(noise, 2.0),
                       f"{backend}: a rank of several holds {held:.1f} MiB ({worst.name}); one rank under "
-                      f"mpirun {base:.1f} MiB + fused buffers {fused:.1f} MiB (+2 MiB for allocator noise)"))
+                      f"mpirun {base:.1f} MiB + fused buffers {fused:.1f} MiB + the noise of identical runs "
+                      f"{noise:.1f} MiB"))
 
 
 def monitoring_report(on: Row, off: Row, off_again: Row, trainer: Trainer, backend: str, tmp: str) -> None:
