@@ -9,13 +9,15 @@ A checkpoint of the model is trained first (one step on two sequences), then ``r
 corpus (``--seqs`` sequences of 200-600 frames) into ``output_file``: every rank its shard, and the
 result is one HDF file in corpus order. A run's time is from rank 0's ``loaded model from`` line to its
 ``forward: wrote`` line: the forward passes and putting the output file together, not TensorFlow's
-start. Also shown per run: the forward pass alone (rank 0's report line) and what came after it.
+start. Also shown per run: what came after the forward pass (rank 0's report line), and how many cores
+the run kept busy on average (CPU time of its processes over its wall time).
 Median of ``--runs`` runs taking turns, with the range. Target (issue 13): N = 2 ranks >= 1.9x 1 rank.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -71,17 +73,27 @@ class Forwarder:
     def __init__(self, config: str) -> None:
         self.config = config
         self.after: dict[str, list[float]] = {}  # row -> seconds from the end of the forward pass to the end
+        self.busy: dict[str, list[float]] = {}  # row -> CPU seconds of all its processes / wall seconds
 
     def row(self, name: str, ranks: int) -> Row:
         def measure() -> float:
             env = child_env()
             overrides = ["++task", "forward"] + (["++use_horovod", "1"] if ranks > 1 else [])
+            before = _children_cpu_seconds()
             output = run_stamped(rnn_command(self.config, ranks, overrides, env), env)
+            cpu = _children_cpu_seconds() - before
             total = output.seconds_between(r"^loaded model from", r"^forward: wrote")
             self.after.setdefault(name, []).append(_after_forward_pass(output))
+            self.busy.setdefault(name, []).append(cpu / output.stamps[-1][0])
             return total
 
         return Row(name, measure)
+
+
+def _children_cpu_seconds() -> float:
+    """User and system CPU of the finished child processes (mpirun waits for its ranks: theirs too)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _after_forward_pass(output: Output) -> float:
@@ -114,11 +126,14 @@ def main() -> int:
         rows = [forwarder.row("1 rank", 1), forwarder.row(f"{args.ranks} ranks", args.ranks)]
         interleaved(rows, args.runs)
     print(f"\n{'run':<10} {'seconds':>8} {'range':>12} {'frames/s':>9} {'speed-up':>9} "
-          f"{'after the forward pass':>23}")
+          f"{'after the forward pass':>23} {'cores busy':>11}")
     for row in rows:
         after = statistics.median(forwarder.after[row.name])
+        busy = statistics.median(forwarder.busy[row.name])
         print(f"{row.name:<10} {row.median:>8.2f} {row.spread('{:.2f}'):>12} {frames / row.median:>9.0f} "
-              f"{rows[0].median / row.median:>8.2f}x {after:>22.2f}s")
+              f"{rows[0].median / row.median:>8.2f}x {after:>22.2f}s {busy:>11.2f}")
+    print(f"(cores busy: CPU seconds of all the run's processes over its wall time, start-up included; "
+          f"{len(os.sched_getaffinity(0))} cores here)")
     speedup = rows[0].median / rows[1].median
     print(verdict(speedup >= TARGET,
                   f"forward on {args.ranks} ranks is {speedup:.2f}x 1 rank (target >= {TARGET}x)"))

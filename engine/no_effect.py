@@ -51,9 +51,6 @@ CONFIG_KEYS: dict[str, NoEffect] = {
                        _is(1), "1"),
     "tf_log_memory_usage": NoEffect("RETURNN logs GPU memory after building the graph; not logged here"),
     "log_batch_size": NoEffect("RETURNN logs each batch's size at verbosity 5; not logged here"),
-    "tf_session_opts": NoEffect("TensorFlow 1 session options (thread pools, GPU memory share); TensorFlow 2 "
-                                "has no session: threads come from TF_NUM_INTRAOP_THREADS, GPU memory grows "
-                                "as needed"),
     "sprint_trainer_exec_path": NoEffect("the RASR (Sprint) trainer binary for Sprint datasets; there are "
                                          "none here (such a dataset is refused by itself)"),
     "sprint_interface_dataset_opts": NoEffect("options for RASR (Sprint) calling RETURNN through its Python "

@@ -33,6 +33,9 @@ def _dense(grads, params) -> list:
     return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, params)]
 
 
+# the two ways TensorFlow says that an op (here: one inside a gradient) has no gradient of its own
+_NO_SECOND_GRADIENT = re.compile(r"gradient registry has no entry for: (\w+)|No gradient defined for "
+                                 r"operation\s*'[^']*' \(op type: (\w+)\)")
 _NUMERICS_FOUND = re.compile(r"!!! (Detected Infinity or NaN in output \d+ of graph op \"[^\"]*\")")
 
 
@@ -174,12 +177,13 @@ class Steps:
         try:
             return self._train(*self._inputs(batch)).numpy()
         except Exception as exc:  # tracing fails when an op's gradient has no gradient of its own
-            missing = re.search(r"gradient registry has no entry for: (\w+)", str(exc))
+            missing = _NO_SECOND_GRADIENT.search(str(exc))
             if not (missing and self.updater.gradient_options.maximize_norm):
                 raise
+            op = missing.group(1) or missing.group(2)
             raise ConfigError("maximize_grad_norm differentiates the gradient, but the model has an op "
-                              f"whose gradient ({missing.group(1)}) cannot be differentiated; set "
-                              "maximize_grad_norm = 0.") from None
+                              f"whose gradient ({op}) cannot be differentiated; set maximize_grad_norm = 0."
+                              ) from None
 
     def eval(self, batch) -> np.ndarray:
         return self._eval(*self._inputs(batch)).numpy()
