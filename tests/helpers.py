@@ -42,8 +42,20 @@ def mpirun_cmd(num_ranks: int, args: list[str]) -> list[str]:
 
 def run(cmd: list[str], timeout: float = 120, env: dict | None = None,
         cwd=None) -> subprocess.CompletedProcess:
-    """Run a command, capture text output, never hang past ``timeout``."""
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(env), cwd=cwd)
+    """Run a command, capture text output, never hang past ``timeout``.
+
+    An ``mpirun`` whose launcher could not start (``LAUNCHER_FLAKE``: no rank ran) is run once more."""
+    launcher = "mpirun" in os.path.basename(cmd[0])
+    for _ in range(2):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(env), cwd=cwd)
+        if not (launcher and r.returncode != 0 and LAUNCHER_FLAKE in r.stdout + r.stderr):
+            break
+    return r
+
+
+# Open MPI's launcher (prterun) failing before it starts any process, seen once in a few hundred launches
+# on a shared machine; a launch that fails for a reason of ours never prints it.
+LAUNCHER_FLAKE = "The PMIx server's listener thread failed to start"
 
 
 def run_mpi(num_ranks: int, args: list[str], timeout: float = 180, env: dict | None = None, cwd=None):

@@ -136,6 +136,32 @@ def test_shards_are_disjoint_and_complete(corpus, num_ranks):
 
 
 @pytest.mark.tf_latest
+@pytest.mark.parametrize("num_ranks", [2, 3, 100])
+def test_inference_shards_split_the_frames_evenly(corpus, num_ranks):
+    """shard_by="frames": contiguous parts of the epoch order, equal frames to within one sequence,
+    each batched under the same limits; more ranks than sequences leaves some ranks empty."""
+    ds = HDFDataset(corpus, seq_ordering="random")
+    ds.init_seq_order(5)
+    order = [ds.get_seq_tag(i) for i in range(80)]
+    longest = ds.epoch_seq_lengths().max(axis=1)
+    planned = [generate_batches(ds, BatchOptions(60, max_seqs=5), shard_rank=r, shard_size=num_ranks,
+                                shard_by="frames") for r in range(num_ranks)]
+    shards = [[b.seq_tags for b in shard] for shard in planned]
+    assert [t for shard in shards for b in shard for t in b] == order  # contiguous, in order, each once
+    frames, start = [], 0
+    for shard in shards:
+        count = sum(map(len, shard))
+        frames.append(int(longest[start:start + count].sum()))
+        start += count
+        for tags in shard:
+            assert len(tags) <= 5
+    assert max(frames) - min(frames) <= 2 * longest.max()
+    assert all(p.all_shards == sum(map(len, shards)) for p in planned)
+    if num_ranks <= 3:
+        assert min(frames) > 0
+
+
+@pytest.mark.tf_latest
 def test_kept_batches_are_never_overwritten(corpus):
     """Buffers are recycled only when no batch uses them: hold every batch, then compare."""
     ds = HDFDataset(corpus, seq_ordering="random")

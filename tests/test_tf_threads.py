@@ -58,6 +58,16 @@ def test_automatic_rule():
     assert automatic_threads(3) == (2, 2) and automatic_threads(16) == (15, 2)
 
 
+@pytest.mark.parametrize("task", ["forward", "eval"])
+def test_inference_takes_every_core_for_one_op(task):
+    assert automatic_threads(1, task) == (1, 1) and automatic_threads(2, task) == (2, 1)
+    assert automatic_threads(16, task) == (16, 1)
+    choice = choose_threads(Config({"task": task}), CoreGrant(2, "test"), {})
+    assert (choice.intra, choice.inter) == (2, 1) and f"task '{task}'" in choice.why
+    assert (choose_threads(Config({"task": "train"}), CoreGrant(2, "test"), {}).intra,
+            choose_threads(Config({}), CoreGrant(2, "test"), {}).inter) == (1, 2)
+
+
 def test_environment_over_config_over_automatic():
     grant = CoreGrant(16, "test")
     config = Config({"intra_op_threads": 4, "tf_session_opts": {"inter_op_parallelism_threads": 3}})

@@ -4,7 +4,10 @@
 its sequence count; sequences longer than ``max_seq_length`` are skipped (counted in the log), and a
 sequence longer than ``batch_size`` on its own gets a batch of its own (with a warning), as in RETURNN.
 The batch list depends only on the epoch order and the lengths, so every rank computes the same list;
-with ``shard_size`` N, rank r materialises batches r, r+N, ... and reads only their sequences. With a
+with ``shard_size`` N, rank r materialises batches r, r+N, ... and reads only their sequences (training:
+the ranks step together, so each gets whole batches of the one plan). Inference (``shard_by="frames"``)
+has no step in common: rank r takes the r-th of N contiguous parts of the epoch with about equal frames
+and batches it with the same options, so no rank waits for another with a batch more. With a
 dataset's ``chunking`` the chunks take the place of the sequences in all of this (``max_seqs`` counts
 chunks), as in RETURNN.
 """
@@ -134,10 +137,12 @@ class PlannedBatches:
 
 
 def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int = 0, shard_size: int = 1,
-                     keys: Sequence[str] | None = None, recurrent: bool = True,
+                     shard_by: str = "batches", keys: Sequence[str] | None = None, recurrent: bool = True,
                      skip: int = 0) -> PlannedBatches:
     """Batches of the current epoch (call ``dataset.init_seq_order`` first); this rank's shard only.
 
+    ``shard_by``: ``"batches"`` (every N-th batch of the one plan) or ``"frames"`` (a contiguous part of
+    the epoch with about 1/N of its frames, batched on its own; see the module's text).
     ``keys``: the data keys to batch (default: all of the dataset's); with ``dataset.chunking`` the
     batches hold chunks of the sequences (see ``chunking.py``), cut over these keys, unless the network
     is not ``recurrent`` (RETURNN ignores the chunking then). ``skip``: the first batches of the epoch's
@@ -145,6 +150,9 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     Planning happens now (lengths only, bad options raise here); data is read as the iterator advances."""
     if not 0 <= shard_rank < shard_size:
         raise ValueError(f"shard_rank {shard_rank} outside 0..{shard_size - 1}")
+    if shard_by not in ("batches", "frames") or (shard_by == "frames" and skip):
+        raise ValueError(f"shard_by must be 'batches' or 'frames' (skip, for a resumed training epoch, only "
+                         f"with 'batches'), got {shard_by!r} with skip {skip}")
     keys = list(dataset.data_keys if keys is None else keys)
     for key in keys:
         dataset.key_info(key)  # a DataError naming the dataset's keys
@@ -156,9 +164,16 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
         log.debug(f"{where}: non-recurrent network, chunking ignored.")
     pieces = (whole_sequences(lengths) if chunking is None
               else cut_into_chunks(lengths, keys, chunking, owner=dataset.name))
-    batches, skipped, oversized = plan_batches(pieces.lengths, batch_size=options.batch_size,
-                                               max_seqs=options.max_seqs,
-                                               limits=_length_limits(dataset, keys, options.max_seq_length))
+    limits = _length_limits(dataset, keys, options.max_seq_length)
+    parts = (_frame_balanced_parts(pieces.lengths, shard_size) if shard_by == "frames"
+             else [np.arange(len(pieces.lengths))])
+    batches, skipped, oversized = [], 0, 0
+    for part in parts:  # one part for "batches"; the plan of every rank's part for "frames" (lengths only)
+        planned, part_skipped, part_oversized = plan_batches(
+            pieces.lengths[part], batch_size=options.batch_size, max_seqs=options.max_seqs, limits=limits)
+        batches.append([part[b] for b in planned])
+        skipped += part_skipped
+        oversized += part_oversized
     what = "sequences" if chunking is None else "chunks"
     if skipped:
         log.info(f"{where}: skipped {skipped} of {len(pieces.positions)} {what} longer than max_seq_length "
@@ -166,10 +181,22 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     if oversized:
         log.warning(f"{where}: {oversized} {what} longer than batch_size {options.batch_size}; each got a "
                     f"batch of its own.")
-    remaining = batches[skip:]
-    mine = remaining[shard_rank::shard_size]
+    if shard_by == "frames":
+        mine, all_shards = batches[shard_rank], sum(map(len, batches))
+    else:
+        remaining = batches[0][skip:]
+        mine, all_shards = remaining[shard_rank::shard_size], len(remaining)
     return PlannedBatches(_materialise(dataset, keys, pieces, mine), num_seqs=sum(len(b) for b in mine),
-                          all_shards=len(remaining))
+                          all_shards=all_shards)
+
+
+def _frame_balanced_parts(lengths: np.ndarray, parts: int) -> list[np.ndarray]:
+    """``parts`` contiguous runs of the positions ``0..N-1`` with about equal frames (a position goes to
+    the part its middle frame falls in; ``lengths``: ``(N, num_keys)``, the longest key counts)."""
+    longest = lengths.max(axis=1) if len(lengths) else np.zeros(0, np.int64)
+    middles = np.cumsum(longest) - longest / 2
+    cuts = np.searchsorted(middles, longest.sum() * np.arange(1, parts) / parts)
+    return np.split(np.arange(len(lengths)), cuts)
 
 
 def _materialise(dataset: Dataset, keys: list[str], pieces: EpochPieces,

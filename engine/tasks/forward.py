@@ -55,7 +55,7 @@ def forward_shard(steps: Steps, dataset: Dataset, writer: RowWriter, layout: Out
     """Forward this rank's share of ``dataset`` into its rows; returns the number of sequences."""
     report = EpochReport(f"forward '{os.path.basename(writer.path)}'")
     done = 0
-    for batch in generate_batches(dataset, batching, shard_rank=rank, shard_size=size):
+    for batch in generate_batches(dataset, batching, shard_rank=rank, shard_size=size, shard_by="frames"):
         with report.computing():
             outputs = steps.forward(batch)
         lengths = batch.lengths["data"]
@@ -117,6 +117,8 @@ def run_forward(config: Config) -> None:
     out_dim = steps.output_dim()
     layout = OutputLayout.of(dataset)
     tmp, offset = _create_output(comm, output_file, layout, out_dim)
+    log.info(f"forward: {len(layout.lengths)} sequences, {int(layout.lengths.sum())} frames, on {comm.size} "
+             f"rank(s), into {output_file}")
     written, error = 0, None
     try:
         writer = RowWriter(tmp, offset, out_dim)

@@ -83,7 +83,7 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     local_scores, error = np.zeros(3), None
     try:
         planned = generate_batches(dataset, batching, shard_rank=comm.rank, shard_size=comm.size,
-                                   keys=steps.batch_keys, recurrent=steps.model.recurrent)
+                                   shard_by="frames", keys=steps.batch_keys, recurrent=steps.model.recurrent)
         with BatchPrefetcher(planned) as prefetcher:
             for batch in prefetcher:
                 t0 = time.perf_counter()
