@@ -179,11 +179,34 @@ def test_forward_with_2_ranks_writes_one_file_in_corpus_order(tmp_path):
     with h5py.File(out) as f:  # RETURNN's layout: inputs + seqLengths with 2 columns
         assert f["seqLengths"].shape == (37, 2) and f["inputs"].shape[1] == 2
         two_ranks = f["inputs"][:]
-    one = tmp_path / "one.hdf"  # one rank writes the same file: the same batches, in corpus order too
+    one = tmp_path / "one.hdf"  # one rank: other batches (2 ranks split by frames), the same outputs
     r = run_rnn([cfg, "++task", "forward", "++output_file", str(one)])
     assert r.returncode == 0, r.stdout + r.stderr
     with h5py.File(one) as f:
         assert np.array_equal(f["inputs"][:], two_ranks)
+
+
+@pytest.mark.mpi
+def test_forward_with_a_failing_rank_ends_every_rank_and_leaves_no_output(tmp_path):
+    """Only rank 1 builds a bad network (the same config on every rank, a get_network that looks at the
+    rank): both ranks exit non-zero with its message, no hang, and neither output_file nor its
+    temporary file is left."""
+    cfg = tiny_config(tmp_path, extra=(
+        "eval = {'class': 'DummyDataset', 'input_dim': 4, 'output_dim': 3, 'num_seqs': 20, 'seq_len': 12}\n"
+        "dev = None\n"))
+    assert run_rnn([cfg, "++num_epochs", "1"]).returncode == 0
+    with open(cfg, "a") as f:
+        f.write("import os\n_layers = network\ndel network\n\n"
+                "def get_network(epoch, **_):\n"
+                "    if os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n"
+                "        return {**_layers, 'output': {**_layers['output'], 'n_ouut': 3}}\n"
+                "    return _layers\n")
+    out = tmp_path / "forward.hdf"
+    r = run_mpi(2, [RNN, cfg, "++use_horovod", "1", "++task", "forward", "++output_file", str(out)],
+                timeout=120)
+    assert r.returncode != 0
+    assert "n_ouut" in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not [name for name in os.listdir(tmp_path) if "forward" in name]
 
 
 @pytest.mark.mpi
