@@ -15,6 +15,7 @@ from engine.cli import help_text, parse_command_line, version_text
 from engine.config import Config
 from engine.errors import QUIET_RANK_EXIT_DELAY, ConfigError, EngineError
 from engine.tasks.check import check_at_start, run_check
+from engine.training import preemption
 
 
 def setup_logging(config: Config) -> None:
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         log.debug(f"{version_text()} starting: config files {cmd.config_files}, "
                   f"task {config.str('task')!r}, pid {os.getpid()}")
         check_at_start(config)
+        if config.str("task") == "train":
+            # A scheduler's stop warning can come while TensorFlow still loads (seconds): recorded from
+            # here on, it stops the training at its first step boundary instead of killing the rank.
+            preemption.install()
         from engine.tasks import run_task  # after logging: tasks import TensorFlow
 
         run_task(config)

@@ -30,3 +30,24 @@ def test_a_stalled_rank_is_named_then_ends_the_training_job(tmp_path, backend):
     assert error, output
     assert output.count(f"stall: rank 1 has not reached collective #{error.group(1)} 'allreduce in a "
                         "tf.function' after 1 s; rank 0 waits there") == 1, output
+
+
+def test_a_rank_that_never_joins_ends_the_job_instead_of_a_hang(tmp_path):
+    """MPI's start waits for every rank, before the stall watchdog exists: rank 1 stuck before it (here in
+    its config file, as on a hanging network file system) must still end the job, after the stall timeout
+    plus the watchdog's grace (2 + 10.2 s), with one message naming the cause."""
+    config = tmp_path / "stuck.py"
+    config.write_text(
+        "import os, time\n"
+        "if os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n"
+        "    time.sleep(600)\n"
+        "train = {'class': 'DummyDataset', 'input_dim': 3, 'output_dim': 2, 'num_seqs': 4, 'seq_len': 5}\n"
+        "network = {'output': {'class': 'softmax', 'loss': 'ce'}}\n"
+        "num_epochs = 1\nuse_horovod = True\ndistributed_backend = 'mpi'\n"
+        "distributed_stall_warning = 1\ndistributed_stall_timeout = 2\n")
+    start = time.monotonic()
+    result = run_mpi(2, [str(ROOT / "rnn.py"), str(config)], timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert time.monotonic() - start < 60, output
+    assert "[rank 0] rnn.py: error: the 2 ranks did not all join the job within 12 s" in output, output

@@ -104,3 +104,56 @@ def test_a_later_sigterm_kills_with_the_default_action(first):
     r = run_self_signalling(f"os.kill(os.getpid(), signal.{first}); time.sleep(0.5); term(); time.sleep(5)")
     assert r.returncode == -signal.SIGTERM, r.stdout + r.stderr
     assert "still running" not in r.stdout
+
+
+def _rank_pids(marker: str) -> list[int]:
+    """The pids of the python processes whose command line names ``marker`` (the ranks of one job)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if cmdline[0].endswith(b"python") and marker.encode() in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (the SigCgt mask of /proc/PID/status)."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    caught = int(status.split("SigCgt:")[1].split()[0], 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.mpi
+def test_a_stop_signal_while_tensorflow_loads_stops_at_the_first_step_with_99(tmp_path):
+    """SIGUSR1 a second after the ranks start (TensorFlow takes seconds to import): recorded, not fatal;
+    the job saves at its first step boundary, exits 99, and the same command then finishes."""
+    from helpers import ROOT, mpirun_cmd
+
+    config = tmp_path / "stop_early.py"
+    config.write_text(
+        "train = {'class': 'DummyDataset', 'input_dim': 3, 'output_dim': 2, 'num_seqs': 8, 'seq_len': 5}\n"
+        "network = {'output': {'class': 'softmax', 'loss': 'ce'}}\n"
+        f"num_epochs = 2\nbatch_size = 10\nmodel = {str(tmp_path / 'net')!r}\n"
+        "use_horovod = True\ndistributed_backend = 'mpi'\n")
+    command = mpirun_cmd(2, [sys.executable, str(ROOT / "rnn.py"), str(config)])
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=child_env())
+    deadline = time.monotonic() + 60
+    while not (ranks := _rank_pids(str(config))) or not _catches(max(ranks), signal.SIGUSR1):
+        assert time.monotonic() < deadline and job.poll() is None, "the ranks never caught SIGUSR1"
+        time.sleep(0.01)
+    rank = max(ranks)
+    assert "tensorflow" not in open(f"/proc/{rank}/maps").read()  # caught already while TF still loads
+    os.kill(rank, signal.SIGUSR1)
+    output = job.communicate(timeout=120)[0]
+    assert job.returncode == 99, output
+    assert "SIGUSR1 received by rank" in output and "stopping on request" in output, output
+    resumed = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert os.path.exists(tmp_path / "net.002")

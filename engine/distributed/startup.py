@@ -9,7 +9,12 @@ config and logs where each rank runs.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import subprocess
+import sys
+from typing import Iterator
 
 from engine import log, process
 from engine.cluster import format_host_map
@@ -19,8 +24,9 @@ from engine.distributed.failure import install_failure_handler
 from engine.distributed.select import create_communicator
 from engine.distributed.settings import DataParallelSettings
 from engine.distributed.strategy import Strategy, build_strategy
+from engine.distributed.watchdog import StallLimits
 from engine.errors import ConfigError
-from engine.launch import env_size
+from engine.launch import env_rank, env_size
 
 
 def start(config: Config) -> Strategy:
@@ -30,8 +36,9 @@ def start(config: Config) -> Strategy:
                           "'use_horovod' is off, so every rank would train its own model and overwrite the "
                           "others' files. Add '++use_horovod 1' for data-parallel training, or start a "
                           "single process.")
-    comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall,
-                               config.str("device"))
+    with joining_deadline(settings.stall if settings.enabled else StallLimits(), env_size()):
+        comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall,
+                                   config.str("device"))
     process.set_communicator(comm)
     install_failure_handler()
     strategy = build_strategy(settings, comm)
@@ -42,3 +49,38 @@ def start(config: Config) -> Strategy:
         # Which rank runs where: the first thing to check when ranks are slow or unreachable.
         log.info(f"hosts: {format_host_map(comm.allgather_object(socket.gethostname()))}")
     return strategy
+
+
+@contextlib.contextmanager
+def joining_deadline(limits: StallLimits, size: int) -> Iterator[None]:
+    """Ends this rank when the communicator is not up after the stall timeout (plus the watchdog's grace).
+
+    MPI's start waits until every rank has joined, and the stall watchdog exists only once it has: a
+    rank stopped or stuck before it (a frozen node, an import hanging on a network file system) would
+    otherwise leave the others waiting for ever. MPI_Init holds Python's lock while it waits, so no thread
+    of this process could act: a small watcher process does, and killing this rank lets the launcher end
+    the whole job. The watcher ends when its pipe closes: at the end of this block, or with this rank."""
+    if size <= 1 or not limits.timeout:
+        yield
+        return
+    seconds = limits.timeout + limits.grace
+    message = (f"[rank {env_rank()}] rnn.py: error: the {size} ranks did not all join the job within "
+               f"{seconds:.0f} s (distributed_stall_timeout = {limits.timeout:g} s, plus {limits.grace:g} s "
+               "of grace): some rank is stopped, or stuck before it starts MPI (an import hanging on a "
+               "network file system, a frozen node). Ending this rank so that the launcher ends the job.\n")
+    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, str(os.getpid()), str(seconds), message],
+                               stdin=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        watcher.stdin.close()
+        watcher.wait()
+
+
+_WATCHER = """
+import os, select, signal, sys
+pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if not select.select([0], [], [], seconds)[0]:
+    os.write(2, message.encode())
+    os.kill(pid, signal.SIGKILL)
+"""

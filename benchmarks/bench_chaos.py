@@ -1,0 +1,243 @@
+"""Chaos: a 2-rank training under ``supervise`` takes a seeded series of faults and must end with the
+parameters of an uninterrupted run, bit for bit (mpi backend, grad mode).
+
+    python benchmarks/bench_chaos.py [--seed N] [--faults 6] [--epochs 4]
+
+The faults, cycled in a seeded random order, each at a seeded random moment once training runs:
+  kill       SIGKILL of one rank: mpirun ends the job, ``supervise`` restarts it;
+  preempt    SIGUSR1 to one rank: every rank saves and exits 99, ``supervise`` exits 99 and this script
+             requeues the job, as a scheduler would;
+  stall      SIGSTOP of one rank: the other's stall watchdog ends the job (``distributed_stall_timeout``),
+             ``supervise`` restarts it;
+  truncate   as soon as a new checkpoint appears, SIGKILL of one rank and the newest checkpoint cut to
+             half its bytes before the restart: the resume falls back to the previous good checkpoint.
+Prints each fault, then the faults survived, restarts and requeues, the time against the clean run, and
+a verdict: PASS only when every fault was injected, the job finished, and every parameter is bitwise
+equal to the clean run's.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+FAULTS = ("kill", "preempt", "stall", "truncate")
+STALL_TIMEOUT = 8.0
+
+CONFIG = """
+train = {{"class": "Task12AXDataset", "num_seqs": 600, "fixed_random_seed": 1, "seq_ordering": "random"}}
+dev = {{"class": "Task12AXDataset", "num_seqs": 40, "fixed_random_seed": 2}}
+batch_size = 400
+max_seqs = 20
+network = {{"lstm": {{"class": "rec", "unit": "lstm", "n_out": 32, "dropout": 0.1}},
+           "output": {{"class": "softmax", "loss": "ce", "from": "lstm"}}}}
+optimizer = {{"class": "adam"}}
+learning_rate = 0.01
+learning_rate_control = "newbob"
+num_epochs = {epochs}
+model = {model!r}
+checkpoint_interval = 5
+random_seed = 3
+use_horovod = True
+distributed_backend = "mpi"
+distributed_stall_warning = 2
+distributed_stall_timeout = {stall}
+log_verbosity = 3
+"""
+
+
+def env() -> dict:
+    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def write_config(folder: Path, epochs: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "chaos.py"
+    path.write_text(CONFIG.format(epochs=epochs, model=str(folder / "net"), stall=STALL_TIMEOUT))
+    return path
+
+
+def job_command(config: Path) -> list[str]:
+    return [str(BIN / "supervise"), "--backoff", "0.5", "--max-restarts", "20", "--",
+            str(BIN / "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot", "-np", "2",
+            sys.executable, str(ROOT / "rnn.py"), str(config)]
+
+
+def rank_pids(config: Path) -> dict[int, int]:
+    """Rank -> pid of the ranks that train ``config`` now."""
+    ranks = {}
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            cmdline = open(f"{proc}/cmdline", "rb").read().split(b"\0")
+            if not cmdline[0].endswith(b"python") or str(config).encode() not in cmdline:
+                continue
+            environ = dict(item.split(b"=", 1) for item in open(f"{proc}/environ", "rb").read().split(b"\0")
+                           if b"=" in item)
+            ranks[int(environ[b"OMPI_COMM_WORLD_RANK"])] = int(proc.rsplit("/", 1)[1])
+        except (OSError, KeyError, ValueError, IndexError):
+            continue  # gone meanwhile, or not a rank
+    return ranks
+
+
+def checkpoints(folder: Path) -> dict[str, float]:
+    return {path: os.path.getmtime(path) for path in glob.glob(str(folder / "net.*"))
+            if not path.endswith(".tmp")}
+
+
+def newest_checkpoint(folder: Path) -> str | None:
+    found = checkpoints(folder)
+    return max(found, key=found.get) if found else None
+
+
+def params_of(folder: Path, epochs: int) -> dict[str, np.ndarray]:
+    arrays = {}
+    with h5py.File(folder / f"net.{epochs:03d}", "r") as f:
+        f["params"].visititems(lambda name, obj: arrays.__setitem__(name, obj[()])
+                               if isinstance(obj, h5py.Dataset) else None)
+    return arrays
+
+
+def clean_run(folder: Path, epochs: int) -> float:
+    config = write_config(folder, epochs)
+    started = time.monotonic()
+    result = subprocess.run(job_command(config), capture_output=True, text=True, env=env(), timeout=1800)
+    if result.returncode != 0:
+        sys.exit(f"bench_chaos: the clean run failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    return time.monotonic() - started
+
+
+def wait_for_training(config: Path, job: subprocess.Popen, timeout: float = 120) -> dict[int, int] | None:
+    """The ranks' pids once both run and a first step is likely taken; None when the job ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.poll() is None:
+        pids = rank_pids(config)
+        if len(pids) == 2:
+            return pids
+        time.sleep(0.2)
+    return None
+
+
+def wait_gone(pids: dict[int, int], timeout: float = 120) -> None:
+    """Until the faulted ranks have ended, so that the next fault hits the restarted job."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids.values()):
+        time.sleep(0.1)
+
+
+def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subprocess.Popen) -> str | None:
+    """One fault into the running job, then waits until its ranks are gone; a description, or None when
+    the job ended before the fault could be injected."""
+    pids = wait_for_training(config, job)
+    if pids is None:
+        return None
+    time.sleep(rng.uniform(4.0, 12.0))  # start-up (TensorFlow, tracing) takes a few seconds of these
+    rank = rng.randrange(2)
+    pids = rank_pids(config)
+    if len(pids) < 2 or job.poll() is not None:
+        return None
+    what = _inject(fault, rank, pids, folder, job)
+    if what is not None:
+        wait_gone(pids)
+    return what
+
+
+def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path, job: subprocess.Popen) -> str | None:
+    if fault in ("kill", "preempt", "stall"):
+        signum = {"kill": signal.SIGKILL, "preempt": signal.SIGUSR1, "stall": signal.SIGSTOP}[fault]
+        os.kill(pids[rank], signum)
+        return f"{signum.name} to rank {rank}"
+    before = newest_checkpoint(folder)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job.poll() is None:
+        newest = newest_checkpoint(folder)
+        if newest != before:
+            os.kill(pids[rank], signal.SIGKILL)
+            size = os.path.getsize(newest)
+            with open(newest, "r+b") as f:
+                f.truncate(size // 2)
+            return f"SIGKILL to rank {rank}, {os.path.basename(newest)} cut from {size} to {size // 2} bytes"
+        time.sleep(0.05)
+    return None
+
+
+def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) -> tuple[float, dict]:
+    config = write_config(folder, epochs)
+    log = open(folder / "chaos.log", "w")
+    counts = {"injected": 0, "restarts": 0, "requeues": 0}
+    started = time.monotonic()
+    pending = list(faults)
+    while True:
+        job = subprocess.Popen(job_command(config), stdout=log, stderr=subprocess.STDOUT, env=env(),
+                               start_new_session=True)
+        while pending and job.poll() is None:
+            what = inject(pending[0], rng, folder, config, job)
+            if what is not None:
+                counts["injected"] += 1
+                print(f"  fault {counts['injected']}: {pending[0]:8s} {what} "
+                      f"(at {time.monotonic() - started:.0f} s)", flush=True)
+                pending.pop(0)
+        code = job.wait(timeout=1800)
+        if code == 99:
+            counts["requeues"] += 1
+            continue
+        if code != 0 or not pending:
+            break
+    log.close()
+    text = (folder / "chaos.log").read_text()
+    counts["restarts"] = text.count("; restart ")
+    counts["exit"] = code
+    counts["not_injected"] = len(pending)
+    return time.monotonic() - started, counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=None, help="fault schedule seed (default: random)")
+    parser.add_argument("--kinds", default=",".join(FAULTS), help="the fault kinds to cycle through")
+    parser.add_argument("--faults", type=int, default=6, help="number of faults (at least 5 for the verdict)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--keep", help="keep the run folders here instead of a temporary folder")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    rng = random.Random(seed)
+    kinds = args.kinds.split(",")
+    if set(kinds) - set(FAULTS):
+        parser.error(f"--kinds: unknown {sorted(set(kinds) - set(FAULTS))}; known: {', '.join(FAULTS)}")
+    faults = [kinds[i % len(kinds)] for i in range(args.faults)]
+    rng.shuffle(faults)
+    print(f"bench_chaos: seed {seed}, {args.faults} faults ({', '.join(faults)}), {args.epochs} epochs, "
+          f"2 ranks, mpi backend, stall timeout {STALL_TIMEOUT:.0f} s", flush=True)
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_chaos."))
+    clean_time = clean_run(base / "clean", args.epochs)
+    print(f"clean run: {clean_time:.1f} s", flush=True)
+    chaos_time, counts = chaos_run(base / "chaos", args.epochs, faults, rng)
+    print(f"chaos run: {chaos_time:.1f} s, exit {counts['exit']}", flush=True)
+    equal = False
+    if counts["exit"] == 0:
+        clean, chaos = params_of(base / "clean", args.epochs), params_of(base / "chaos", args.epochs)
+        equal = clean.keys() == chaos.keys() and all(np.array_equal(clean[k], chaos[k]) for k in clean)
+    print(f"faults survived: {counts['injected']} of {args.faults}; restarts by supervise: "
+          f"{counts['restarts']}; requeues: {counts['requeues']}; "
+          f"time {chaos_time / clean_time:.2f}x the clean run (+{chaos_time - clean_time:.0f} s)")
+    passed = equal and counts["injected"] == args.faults >= 5
+    print(f"verdict: {'PASS' if passed else 'FAIL'} (target: >= 5 faults survived, parameters bitwise "
+          f"equal to the clean run: {'yes' if equal else 'no'}); logs in {base}")
+    sys.exit(0 if passed else 1)
+
+
+if __name__ == "__main__":
+    main()
