@@ -59,6 +59,9 @@ CONFIG_KEYS: dict[str, NoEffect] = {
                      "'network' dict each layer's own 'loss' decides",
                      lambda value, context: context.get("network") is not None, "with a 'network'"),
     "description": NoEffect("a free-text description of the experiment"),
+    "decouple_constraints_factor": NoEffect(
+        "RETURNN's TensorFlow updater still computes a factor from it, but since 2022-11 no update uses "
+        "it: the decoupled decay is 2 * L2 * w per step at any value, as here (decouple_constraints)"),
 }
 
 LAYER_OPTIONS: dict[str, NoEffect] = {

@@ -1,7 +1,8 @@
 """L2, maximize_grad_norm, gradient noise and clipping with real mpirun and 2 ranks: every rank applies the
-same update, the L2 term counts as in RETURNN (on every rank for 'sum'/'average', once for 'global_frames'),
-and the norm term and the noise are those of the reduced gradient (the effect of each is checked on one
-process in test_training_gradients.py and test_model_recipe_layers.py)."""
+same update, the L2 term counts as in RETURNN (on every rank for 'sum'/'average', once for 'global_frames';
+as decoupled weight decay once per update), and the norm term and the noise are those of the reduced
+gradient (the effect of each is checked on one process in test_training_gradients.py,
+test_training_clip_norm_decoupled_l2.py and test_model_recipe_layers.py)."""
 import numpy as np
 import pytest
 
@@ -45,3 +46,16 @@ def test_global_frames_counts_l2_once_and_equals_the_union_batch(tmp_path):
     assert exact[0]["num_steps"] == single[0]["num_steps"] == 2
     np.testing.assert_array_equal(exact[0]["params"], exact[1]["params"])
     np.testing.assert_allclose(exact[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)
+
+
+def test_decoupled_l2_decays_once_per_update_whatever_the_ranks(tmp_path):
+    # decouple_constraints: L2 leaves the loss, so the ranks' mean gradient is the union batch's, and the
+    # decay 2 L2 w is applied once per update; as a loss term, the same L2 would count once per rank (see
+    # the first test), so the single process would need twice the L2 to agree
+    training = {**TRAINING, "gradient_clip_norm": 0.3, "decouple_constraints": True}
+    parallel = base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend="mpi", **training)
+    ranks, _ = train(tmp_path, 2, parallel)
+    single, _ = train(tmp_path, 1, base_config(batch_size=80, **training))
+    assert ranks[0]["num_steps"] == single[0]["num_steps"] == 2
+    np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
+    np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)

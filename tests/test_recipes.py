@@ -20,10 +20,12 @@ from helpers import ROOT, run_mpi, run_rnn
 RECIPES = ROOT / "tests" / "recipes"
 DEMOS = ["chunking-blstm", "contribrnn-lstm", "maxgradnorm-lstm", "native-lstm-lowmem", "native-lstm",
          "native-lstm2", "vanilla-lstm"]
+TUNED = "demo-tf-native-lstm2.12ax.tuned.config"  # gradient_clip_norm, gradient_noise, decouple_constraints
 SWB = "swb.dropout01.l2_1e_2.6l.n500.inpstddev3.fl2.config"
 QUAERO = "quaero.dropout01.l2_1e_2.6l.n500.max_seqs40.adam.lr1e_3.config"
 # recipe file -> (its config-code variables, which are no keys; the HDF corpus it reads: dim, train seqs)
 CASES = {**{f"demo-tf-{demo}.12ax.config": ({"demo_name"}, None) for demo in DEMOS},
+         TUNED: ({"demo_name"}, None),
          SWB: ({"EpochSplit"}, (40, 600)),  # partitionEpoch 6: 100 sequences an epoch
          QUAERO: (set(), (50, 150))}
 NUM_CLASSES = 12

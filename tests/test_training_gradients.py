@@ -52,7 +52,7 @@ def test_noise_is_truncated_gaussian_of_the_given_stddev_keyed_by_seed_step_and_
 
 
 def test_bad_values_are_errors():
-    with pytest.raises(ConfigError, match="'gradient_noise' must be >= 0"):
+    with pytest.raises(ConfigError, match="'gradient_noise' must be a number >= 0"):
         GradientOptions.from_config(Config({"gradient_noise": -0.1}))
 
 

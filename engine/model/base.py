@@ -107,6 +107,12 @@ class SeqModel(tf.Module):
         """The trainable ones, in the order of ``trainable_variables`` (build an ``Updater`` from this)."""
         return {name: v for name, v in self.named_variables().items() if v.trainable}
 
+    def l2_factors(self) -> dict[str, float]:
+        """Trainable variable name (as in ``named_trainable_variables``) -> the ``L2`` of the layer it
+        belongs to, for those with an L2; with ``decouple_constraints`` the updater decays these instead
+        of ``LossResult.regularizer`` carrying them. A model without layer L2 options has none."""
+        return {}
+
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
         return tuple(self.named_variables().values())

@@ -101,6 +101,10 @@ class NetworkModel(SeqModel):
             f"{name}/{key}": var for name, layer in self.layers.items() for key, var in layer.params.items()
         }
 
+    def l2_factors(self) -> dict[str, float]:
+        return {f"{name}/{key}": self.l2[name] for name, layer in self.layers.items() if self.l2[name]
+                for key, var in layer.params.items() if var.trainable}
+
     def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
                  seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         lengths = tf.cast(lengths, tf.int32)

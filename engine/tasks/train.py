@@ -38,7 +38,8 @@ class Trainer:
         dims = data_dims(config, self.train_data)
         self.model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                                  target_dims=dims.target_dims)
-        self.updater = Updater.from_config(config, self.model.named_trainable_variables())
+        self.updater = Updater.from_config(config, self.model.named_trainable_variables(),
+                                           l2=self.model.l2_factors())
         self.lr_control = LearningRateControl.from_config(config)
         self.monitor = RunMonitor(config, self.comm, self.lr_control)
         self.steps = Steps(self.model, self.updater, strategy,

@@ -6,6 +6,8 @@ Keys (0 = off):
 - ``gradient_noise`` s: Gaussian noise with standard deviation s, truncated at 2 s (drawn again
   beyond), is added to every gradient; the same s at every step.
 - ``gradient_clip`` c: every gradient value is clipped to [-c, c].
+- ``gradient_clip_norm`` n: each gradient tensor on its own is scaled by n / max(||t||, n), ||t|| being
+  that tensor's L2 norm after the steps above (``tf.clip_by_norm``, as RETURNN calls it).
 - ``gradient_clip_global_norm`` n: all gradients are scaled by n / max(||g||, n), where ||g|| is the
   norm of the gradients as they came (before the steps above), as RETURNN computes it.
 
@@ -27,8 +29,8 @@ NOISE_STREAM = 0x6E6F6973  # keeps the noise's random numbers apart from other u
 
 def _non_negative(config, key: str) -> float:
     value = config.float(key) or 0.0
-    if value < 0:
-        raise ConfigError(f"Config key '{key}' must be >= 0 (0: off), got {value}.")
+    if not value >= 0:  # also NaN, which would turn every gradient into NaN
+        raise ConfigError(f"Config key '{key}' must be a number >= 0 (0: off), got {value}.")
     return value
 
 
@@ -36,6 +38,7 @@ def _non_negative(config, key: str) -> float:
 class GradientOptions:
     noise: float = 0.0
     clip_value: float = 0.0
+    clip_norm: float = 0.0
     clip_global_norm: float = 0.0
     maximize_norm: float = 0.0
 
@@ -43,6 +46,7 @@ class GradientOptions:
     def from_config(cls, config) -> "GradientOptions":
         return cls(noise=_non_negative(config, "gradient_noise"),
                    clip_value=_non_negative(config, "gradient_clip"),
+                   clip_norm=_non_negative(config, "gradient_clip_norm"),
                    clip_global_norm=_non_negative(config, "gradient_clip_global_norm"),
                    maximize_norm=_non_negative(config, "maximize_grad_norm"))
 
@@ -70,6 +74,8 @@ def process_gradients(grads: Sequence[tf.Tensor | None], options: GradientOption
                                                                stddev=options.noise, dtype=grad.dtype)
         if options.clip_value:
             grad = tf.clip_by_value(grad, -options.clip_value, options.clip_value)
+        if options.clip_norm:
+            grad = tf.clip_by_norm(grad, options.clip_norm)
         if norm is not None:
             grad = grad * (options.clip_global_norm / tf.maximum(norm, options.clip_global_norm))
         out.append(grad)

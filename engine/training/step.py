@@ -95,6 +95,14 @@ class Steps:
         if check_numerics:
             tf.debugging.enable_check_numerics()  # instruments what is traced from now on
         self.params = list(model.trainable_variables)
+        # decouple_constraints: the updater decays the L2 parameters, so L2 leaves the differentiated loss
+        self.decoupled_l2 = updater is not None and updater.decouples_l2
+        if self.decoupled_l2:
+            l2 = model.l2_factors()
+            wanted = [2.0 * l2.get(name, 0.0) for name in model.named_trainable_variables()]
+            if updater.decay != wanted:
+                raise ValueError("Steps: the updater's decoupled L2 differs from the model's layer L2 (build "
+                                 "it with Updater.from_config(config, variables, l2=model.l2_factors())).")
         self.target_keys = sorted(model.loss_targets)
         # what the steps read; other streams of the dataset are not loaded
         self.batch_keys = ["data"] + [k for k in self.target_keys if k != "data"]
@@ -140,7 +148,10 @@ class Steps:
     def _differentiated(self, losses):
         """The loss whose gradient is reduced: the frame average (the loss sum in global_frames mode, where
         the strategy divides by all ranks' frames) plus the L2 terms at RETURNN's weight relative to the
-        summed loss; in global_frames mode the L2 terms enter once for all ranks, not once per rank."""
+        summed loss; in global_frames mode the L2 terms enter once for all ranks, not once per rank. With
+        decouple_constraints the L2 terms are left out: the updater applies them as weight decay."""
+        if self.decoupled_l2:
+            return losses.loss if self.strategy.differentiates_loss_sum else losses.objective
         if self.strategy.differentiates_loss_sum:
             return losses.loss + losses.regularizer * self.strategy.regularizer_share
         return losses.objective + losses.regularizer / tf.maximum(losses.num_frames, 1.0)

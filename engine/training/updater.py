@@ -1,12 +1,22 @@
 """Parameter updates: the optimizer (``optimizers.py``, chosen by ``optimizer_config.py``), a settable
-learning rate, and the gradients' post-processing (``gradients.py``) before each update.
+learning rate, the gradients' post-processing (``gradients.py``) before each update, and the layers'
+``L2`` as decoupled weight decay (``decouple_constraints``).
+
+``decouple_constraints`` (RETURNN's TensorFlow updater since 2022-11): a layer's ``L2`` is no loss term;
+instead, at every update, after the gradients are computed (at the undecayed parameters) and
+post-processed, and before the optimizer's update, each of the layer's parameters that has a gradient
+is multiplied by (1 - 2 * L2): w -= 2 * L2 * w, the SGD step of L2 * sum(w^2) at rate 1. The learning
+rate does not scale it, and the optimizer never sees it (adam's moments hold the loss gradients only).
+With data-parallel training the decay acts on each rank's parameters like the update itself: in grad
+mode every rank decays the same parameters, in param mode each its own before the averaging (which
+the decay, being linear, commutes with).
 
 Every slot exists at construction (so a checkpoint can be loaded, or rank 0's state broadcast, before
 step 1), and the learning rate is a variable (changing it per epoch never retraces a ``tf.function``).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -23,6 +33,8 @@ class Updater:
 
     ``variables`` is a sequence, or a dict name -> variable (e.g. ``model.named_variables()``) whose
     names then label the slots in ``named_variables()``. ``random_seed`` keys the gradient noise.
+    ``decoupled_l2``: None, the layers' ``L2`` is a loss term (``Steps`` adds it); or a dict variable name
+    -> L2 (names as in ``named_variables``, each listed variable decays by 2 * L2 per update, see above).
     """
 
     def __init__(
@@ -33,12 +45,20 @@ class Updater:
         learning_rate: float = 1.0,
         gradient_options: GradientOptions = GradientOptions(),
         random_seed: int = 0,
+        decoupled_l2: Mapping[str, float] | None = None,
     ) -> None:
         if isinstance(variables, dict):
             names, self.vars = list(variables), list(variables.values())
         else:
             self.vars = list(variables)
             names = [f"{i:03d}:{v.name.split(':')[0]}" for i, v in enumerate(self.vars)]
+        # per variable: the factor of the decoupled decay w -= factor * w (None: L2 is a loss term)
+        self.decay: list[float] | None = None
+        if decoupled_l2 is not None:
+            unknown = sorted(set(decoupled_l2) - set(names))
+            if unknown:
+                raise ValueError(f"Updater: decoupled_l2 names variables it does not update: {unknown}.")
+            self.decay = [2.0 * float(decoupled_l2.get(name, 0.0)) for name in names]
         self.optimizer = optimizer
         self.gradient_options = gradient_options
         self.random_seed = int(random_seed)
@@ -55,16 +75,25 @@ class Updater:
             self.slots.append(per_var)
 
     @classmethod
-    def from_config(cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable]) -> "Updater":
+    def from_config(cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable],
+                    l2: Mapping[str, float] | None = None) -> "Updater":
         """The optimizer (``optimizer_config``), ``learning_rate`` (the loop sets each epoch's rate with
-        ``set_learning_rate``), the gradient keys of ``gradients.py`` and ``random_seed``."""
+        ``set_learning_rate``), the gradient keys of ``gradients.py``, ``random_seed`` and
+        ``decouple_constraints``; ``l2``: the model's ``l2_factors()`` (variable name -> its layer's L2),
+        decayed here when ``decouple_constraints`` is set."""
         return cls(
             variables,
             optimizer_for_config(config),
             learning_rate=config.float("learning_rate"),
             gradient_options=GradientOptions.from_config(config),
             random_seed=config.int("random_seed"),
+            decoupled_l2=dict(l2 or {}) if config.bool("decouple_constraints") else None,
         )
+
+    @property
+    def decouples_l2(self) -> bool:
+        """Whether the layers' L2 acts as decoupled weight decay here (not as a loss term)."""
+        return self.decay is not None
 
     @property
     def learning_rate(self) -> float:
@@ -102,6 +131,11 @@ class Updater:
             )
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         grads = process_gradients(grads, self.gradient_options, self.step_seed(), extra)
+        if self.decay is not None:
+            # after the gradients (taken at the undecayed parameters), before the optimizer's update
+            for var, grad, factor in zip(self.vars, grads, self.decay):
+                if grad is not None and factor:
+                    var.assign_sub(var * tf.constant(factor, var.dtype))
         step = tf.cast(self.iterations.assign_add(1), tf.float32)
         lr = tf.convert_to_tensor(self._lr)
         for var, grad, slots in zip(self.vars, grads, self.slots):
