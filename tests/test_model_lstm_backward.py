@@ -4,7 +4,8 @@ differentiated by ``tf.GradientTape``.
 
 The engine's path is called directly and pinned to the CPU, so the test checks it whatever device the
 machine has: on a GPU ``fused_lstm`` itself runs TensorFlow's ``BlockLSTMGrad`` instead (checked against
-the same reference below, and which op runs where is checked too)."""
+the same reference below, and which op runs where is checked too). The engine's backward is also
+compared with ``BlockLSTMGrad`` on the CPU (the same math, summed in another order)."""
 
 import contextlib
 
@@ -94,6 +95,25 @@ def test_the_engines_backward_matches_a_plain_unrolled_lstm(time, lengths):
     assert_match(ours, reference_gradients(x, lengths, weights.numpy(), bias.numpy(), upstream))
     if max(lengths, default=0) > 0:
         assert np.abs(ours[2]).sum() > 0  # the test compares real gradients, not zeros
+
+
+def block_lstm_grad_lstm(x, lengths, weights, bias, n_out):
+    """TensorFlow's BlockLSTM differentiated by its registered gradient (BlockLSTMGrad)."""
+    zeros = tf.zeros([tf.shape(x)[1], n_out])
+    peephole = tf.zeros([n_out])
+    return tf.raw_ops.BlockLSTM(seq_len_max=tf.cast(lstm._steps(x, lengths), tf.int64), x=x, cs_prev=zeros,
+                                h_prev=zeros, w=weights, wci=peephole, wcf=peephole, wco=peephole, b=bias,
+                                forget_bias=0.0, cell_clip=-1.0, use_peephole=False)[6]
+
+
+@pytest.mark.parametrize("time, lengths", CASES)
+def test_the_engines_backward_matches_block_lstm_grad(time, lengths):
+    """The same sums in another order: agreement to float32 rounding."""
+    x, weights, bias, upstream = example(time, lengths, seed=time)
+    ours = gradients(engine_backward_lstm, x, lengths, weights, bias, upstream, device=CPU)
+    theirs = gradients(block_lstm_grad_lstm, x, lengths, weights, bias, upstream, device=CPU)
+    for name, a, b in zip(("h", "dx", "dW", "db"), ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("time, lengths", CASES[:2])
