@@ -5,6 +5,10 @@ print unbuffered): for training, from the end of epoch 1 (graph building and tra
 the last epoch, so start-up and the first epoch are left out alike for every program. Rows are run in
 turns (``interleaved``): a machine whose load drifts slows every row alike, and each row reports the
 median of its runs with the range.
+
+A run that fails ends the benchmark (``run_stamped``), except where a row measures several programs at
+once in threads (where an exit would end only its thread): there a failed program makes the whole row
+FAIL (``RowFailed``), never a number over fewer programs, and a verdict that needs the row says FAIL.
 """
 from __future__ import annotations
 
@@ -50,10 +54,15 @@ def rnn_command(config: str, ranks: int, overrides: Sequence[str] = (), env: dic
             "-np", str(ranks), *forwarded, *cmd]
 
 
+class RowFailed(Exception):
+    """A row's measurement failed (a program it ran exited non-zero or printed no timing line)."""
+
+
 @dataclass
 class Output:
     text: str
     stamps: list[tuple[float, str]]  # (seconds since start, line)
+    returncode: int = 0
 
     def seconds_between(self, start: str, end: str) -> float:
         """From the first line matching ``start`` to the last line matching ``end``."""
@@ -64,8 +73,9 @@ class Output:
         return ends[-1] - starts[0]
 
 
-def run_stamped(cmd: list[str], env: dict, timeout: float = 1800) -> Output:
-    """Run ``cmd`` (stderr into stdout), stamping each line; exits the benchmark when it fails."""
+def run_stamped(cmd: list[str], env: dict, timeout: float = 1800, check: bool = True) -> Output:
+    """Run ``cmd`` (stderr into stdout), stamping each line; exits the benchmark when it fails, unless
+    ``check`` is False (then the caller looks at ``Output.returncode``; a killed run's is non-zero)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=ROOT)
@@ -78,9 +88,9 @@ def run_stamped(cmd: list[str], env: dict, timeout: float = 1800) -> Output:
             break
     proc.wait()
     text = "\n".join(line for _, line in stamps)
-    if proc.returncode != 0:
+    if check and proc.returncode != 0:
         sys.exit(f"benchmark run failed (exit {proc.returncode}): {' '.join(cmd)}\n{text[-4000:]}")
-    return Output(text, stamps)
+    return Output(text, stamps, proc.returncode)
 
 
 @dataclass
@@ -91,25 +101,44 @@ class Row:
     measure: Callable[[], float]
     values: list[float] = field(default_factory=list)
     note: str = ""
+    failure: str = ""  # why a measurement failed (``RowFailed``); the row then has no figure
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failure)
 
     @property
     def median(self) -> float:
-        return statistics.median(self.values)
+        """The median of the runs; NaN for a failed row (which compares as neither above nor below)."""
+        return float("nan") if self.failed else statistics.median(self.values)
 
     def spread(self, fmt: str = "{:.0f}") -> str:
+        if self.failed:
+            return "FAIL"
         return f"{fmt.format(min(self.values))}-{fmt.format(max(self.values))}"
 
 
 def interleaved(rows: Sequence[Row], runs: int, progress: bool = True) -> None:
-    """``runs`` rounds; in each, every row measures once (the order reversed every other round)."""
+    """``runs`` rounds; in each, every row measures once (the order reversed every other round). A row
+    whose measurement fails (``RowFailed``) keeps the reason and measures no more."""
     for i in range(runs):
         order = list(rows) if i % 2 == 0 else list(reversed(rows))
         for row in order:
-            row.values.append(row.measure())
+            if row.failed:
+                continue
+            try:
+                row.values.append(row.measure())
+            except RowFailed as exc:
+                row.failure = str(exc)
             if progress:
-                print(f"  round {i + 1}/{runs}: {row.name}: {row.values[-1]:.0f}", file=sys.stderr,
-                      flush=True)
+                result = f"FAIL: {row.failure}" if row.failed else f"{row.values[-1]:.0f}"
+                print(f"  round {i + 1}/{runs}: {row.name}: {result}", file=sys.stderr, flush=True)
 
 
-def verdict(ok: bool, text: str) -> str:
+def verdict(ok: bool, text: str, failed: Sequence[Row] = ()) -> str:
+    """``PASS`` or ``MISS``; ``FAIL`` when any of the rows the verdict needs failed (its figures are not
+    measurements then, whatever ``ok`` says)."""
+    failures = [row for row in failed if row.failed]
+    if failures:
+        return f"FAIL: {text} [failed: {'; '.join(f'{r.name}: {r.failure}' for r in failures)}]"
     return f"{'PASS' if ok else 'MISS'}: {text}"

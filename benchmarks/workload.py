@@ -69,7 +69,7 @@ def write_engine_config(folder: str, corpus: str, epochs: int, unit: str = "Nati
 
 
 def write_returnn_config(folder: str, corpus: str, epochs: int, unit: str, threads: int) -> str:
-    path = os.path.join(folder, f"returnn-{unit}.config")
+    path = os.path.join(folder, f"returnn-{unit}-{threads}threads.config")  # one file per row
     with open(path, "w") as f:
         f.write(RETURNN_CONFIG.format(corpus=corpus, epochs=epochs, unit=unit, threads=threads))
     return path

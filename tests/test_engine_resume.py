@@ -2,11 +2,19 @@
 rank (exit 99, one line saying why, a checkpoint) and started again, or restarted by ``supervise`` after a
 rank was SIGKILLed, ends with parameters bitwise equal to an uninterrupted run, in grad and in param mode
 (also with ``random_seed_offset``, where the ranks do not meet every step); dropout, Adam's state, newbob's
-learning-rate history and the data position all survive. Each uninterrupted reference runs once."""
+learning-rate history and the data position all survive. Each uninterrupted reference runs once.
+
+A resumed run must show that it continued: a run that ignored the checkpoint and trained from the start
+would end with the same parameters, so every resume test also checks rank 0's resume lines (the
+checkpoint the stop saved, its step) and that each rank trained only the steps that were left.
+
+The step at which ``supervise``'s test kills a rank is random: set ``TEST_SEED`` to repeat a failed run
+(the seed is printed, and named in the failure message)."""
 from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 
 import numpy as np
@@ -62,6 +70,8 @@ def reference(tmp_path_factory):
             folder = tmp_path_factory.mktemp(f"reference-{mode}")
             runs[mode], _ = train(folder, config(folder, mode))
             assert not np.array_equal(runs[mode][0]["params"], runs[mode][0]["after_step"][0])  # it trained
+            steps = 2 * STEPS_PER_EPOCH * (2 if MODES[mode].get("horovod_dataset_distribution") else 1)
+            assert [int(r["num_steps"]) for r in runs[mode]] == [steps, steps]
         return runs[mode]
 
     return get
@@ -76,7 +86,19 @@ def assert_equal_runs(resumed, reference, exact: bool = True) -> None:
                                        atol=1e-7)
 
 
-def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[list, str, str]:
+def assert_resumed(output: str, saved: str, resumed: list, reference: list, epoch_step: int,
+                   done: list[int]) -> None:
+    """The run continued from ``saved`` (the checkpoint the stop wrote): rank 0 names it with its epoch and
+    global step and continues after ``epoch_step`` steps of that epoch, and rank r trains ``done[r]``
+    steps fewer than the uninterrupted run (a run that started afresh would train all of them)."""
+    epoch, global_step = (int(n) for n in re.search(r"\.(\d{3})\.step(\d+)$", saved).groups())
+    assert f"resuming in epoch {epoch} at global step {global_step} from {saved}\n" in output, output
+    assert f"train epoch {epoch}: continuing after step {epoch_step} (" in output, output
+    left = [int(r["num_steps"]) - d for r, d in zip(reference, done)]
+    assert [int(r["num_steps"]) for r in resumed] == left, output
+
+
+def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[list, str, str, str]:
     values = config(folder, mode)
     _, stopped = train(folder, values, f"fail={signal_name}", "fail_rank=1", f"fail_step={step}", expect=99)
     lines = [line for line in stopped.splitlines() if "stopping on request" in line]
@@ -87,28 +109,38 @@ def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[lis
     assert lines[0].endswith("exiting with code 99: run the same command to resume."), stopped
     mid_epoch = sorted(name for name in os.listdir(folder) if ".step" in name)
     assert mid_epoch == ([os.path.basename(saved)] if ".step" in saved else []), mid_epoch  # older: removed
+    assert "resuming" not in stopped and "continuing after" not in stopped, stopped  # the first run: afresh
     resumed, output = train(folder, values)
-    return resumed, stopped, output
+    return resumed, stopped, output, saved
 
 
 @pytest.mark.parametrize("mode", ["grad", "param"])
 def test_a_run_stopped_by_sigusr1_on_one_rank_resumes_at_the_next_batch_bitwise(tmp_path, reference, mode):
     # rank 1 gets SIGUSR1 in its 10th step: all ranks save the state after it and exit 99
-    resumed, stopped, output = stop_and_resume(tmp_path, mode, "SIGUSR1", step=9)
+    resumed, stopped, output, saved = stop_and_resume(tmp_path, mode, "SIGUSR1", step=9)
     assert "(epoch 2, step 4 of the epoch)" in stopped, stopped
+    assert saved == f"{tmp_path}/net.002.step10", stopped
     assert "train epoch 2: continuing after step 4 (8 batches of the epoch's plan done)" in output, output
+    assert_resumed(output, saved, resumed, reference(mode), epoch_step=4, done=[10, 10])
     assert_equal_runs(resumed, reference(mode))
     if mode == "param":  # the ranks' Adam states differ: the epoch checkpoint holds each rank's
         from_epoch_1, output = train(tmp_path, dict(config(tmp_path, mode), start_epoch=2))
-        assert "resuming after epoch 1" in output, output
+        assert f"resuming after epoch 1 from {tmp_path}/net.001\n" in output, output
+        assert [int(r["num_steps"]) for r in from_epoch_1] == [STEPS_PER_EPOCH] * 2  # epoch 2 only
         assert_equal_runs(from_epoch_1, reference(mode))
 
 
 def test_without_a_step_signal_a_stop_reaches_every_rank_and_resumes_bitwise_equal(tmp_path, reference):
     """param + random_seed_offset: rank 1 tells rank 0 over the side channel; both stop within a step,
     each at its own position, also when rank 0 is already out of data."""
-    resumed, stopped, output = stop_and_resume(tmp_path, "param-rso", "SIGTERM", step=9)
-    assert "(epoch 1, step " in stopped, stopped
+    resumed, stopped, output, saved = stop_and_resume(tmp_path, "param-rso", "SIGTERM", step=9)
+    at = re.search(r"\(epoch 1, step (\d+) of the epoch\)", stopped)
+    assert at, stopped
+    rank0_steps = int(at.group(1))  # where rank 0 heard of the stop (its own pace), or out of data
+    assert 1 <= rank0_steps <= 2 * STEPS_PER_EPOCH, stopped
+    # rank 1 stops after the step in which it got the signal (its 10th), rank 0 at the position it saved
+    assert_resumed(output, saved, resumed, reference("param-rso"), epoch_step=rank0_steps,
+                   done=[rank0_steps, 10])
     assert_equal_runs(resumed, reference("param-rso"))
 
 
@@ -116,23 +148,28 @@ def test_horovod_run_stopped_by_sigusr2_resumes_equal(tmp_path, reference):
     """Compared with the uninterrupted run on the mpi backend: with 2 ranks the backends agree bit for bit,
     and a sum of 2 does not depend on Horovod's fusion order, so this is exact too (see
     docs/long-jobs.md for 3 and more ranks)."""
-    resumed, stopped, output = stop_and_resume(tmp_path, "horovod", "SIGUSR2", step=3)
+    resumed, stopped, output, saved = stop_and_resume(tmp_path, "horovod", "SIGUSR2", step=3)
     assert "(epoch 1, step 4 of the epoch)" in stopped, stopped
+    assert "using the horovod backend" in stopped and "using the horovod backend" in output, output
+    assert "train epoch 1: continuing after step 4 (8 batches of the epoch's plan done)" in output, output
+    assert_resumed(output, saved, resumed, reference("grad"), epoch_step=4, done=[4, 4])
     assert_equal_runs(resumed, reference("grad"), exact=False)
     assert_equal_runs(resumed, reference("grad"))
 
 
 def test_supervise_restarts_a_job_whose_rank_was_sigkilled_and_it_ends_bitwise_equal(tmp_path, reference):
-    step = random.Random().randrange(1, 2 * STEPS_PER_EPOCH)  # any step of the run but the first
+    seed = int(os.environ.get("TEST_SEED") or random.randrange(2**32))
+    print(f"TEST_SEED={seed}")  # pytest shows it with a failure; the assertions name it too
+    step = random.Random(seed).randrange(1, 2 * STEPS_PER_EPOCH)  # any step of the run but the first
     values = config(tmp_path, "grad")
     command = mpirun_cmd(2, [sys.executable, SCRIPT, str(tmp_path), repr(values), "fail=kill", "fail_rank=1",
                              f"fail_step={step}", f"fail_once={tmp_path / 'killed'}"])
     result = run([str(BIN / "supervise"), "--backoff", "0.1", "--", *command], timeout=400)
     output = result.stdout + result.stderr
-    assert result.returncode == 0, f"killed in step {step}:\n{output}"
+    assert result.returncode == 0, f"killed in step {step} (TEST_SEED={seed}):\n{output}"
     assert os.path.exists(tmp_path / "killed")
-    assert "(128 + SIGKILL) (attempt 1 of 4); restart 1 of 3" in output, output
+    assert "(128 + SIGKILL) (attempt 1 of 4); restart 1 of 3" in output, f"TEST_SEED={seed}\n{output}"
     resumes = output.count("resuming in epoch") + output.count("resuming after epoch")
-    assert resumes == (1 if step >= 4 else 0), output  # the first checkpoint comes after step 4
+    assert resumes == (1 if step >= 4 else 0), f"TEST_SEED={seed}\n{output}"  # first checkpoint: step 4
     resumed = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
     assert_equal_runs(resumed, reference("grad"))

@@ -3,11 +3,15 @@
 The fixtures in tests/recipes/ name their origin (repository, path, commit) at the top: the same keys
 with the same values, sizes trimmed, the Sprint datasets of the hybrid recipes replaced by HDF corpora
 written here. Each recipe: ``--check`` gives every key a verdict and none stops the run, and one epoch
-trains on 1 and on 2 ranks (real mpirun) with no key ignored.
+trains on 1 and on 2 ranks (real mpirun) with no key ignored. What the runs computed is checked too:
+1 and 2 ranks (grad mode) agree on the loss of the first step over the same sequences, and a recipe's
+chunking gives the steps and frames that RETURNN's chunk arithmetic says.
 """
+import math
 import re
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -16,11 +20,13 @@ from engine.datasets import DataKeyInfo, HDFWriter
 from engine.key_check import _Logged
 from engine.main import main
 from helpers import ROOT, run_mpi, run_rnn
+from test_report_tensorboard import read_curves
 
 RECIPES = ROOT / "tests" / "recipes"
 DEMOS = ["chunking-blstm", "contribrnn-lstm", "maxgradnorm-lstm", "native-lstm-lowmem", "native-lstm",
          "native-lstm2", "vanilla-lstm"]
 TUNED = "demo-tf-native-lstm2.12ax.tuned.config"  # gradient_clip_norm, gradient_noise, decouple_constraints
+VANILLA = "demo-tf-vanilla-lstm.12ax.config"
 SWB = "swb.dropout01.l2_1e_2.6l.n500.inpstddev3.fl2.config"
 QUAERO = "quaero.dropout01.l2_1e_2.6l.n500.max_seqs40.adam.lr1e_3.config"
 # recipe file -> (its config-code variables, which are no keys; the HDF corpus it reads: dim, train seqs)
@@ -62,18 +68,60 @@ def workdir(tmp_path: Path, corpora: Path, recipe: str) -> Path:
     return tmp_path
 
 
-# A recipe asks for a GPU (device = "gpu"); the test machines may have none.
-TRAIN_ARGS = ["++num_epochs", "1", "++device", "cpu"]
+# A recipe asks for a GPU (device = "gpu"); the test machines may have none. TensorBoard gets every
+# step's score (float32), which the checks below compare.
+TRAIN_ARGS = ["++num_epochs", "1", "++device", "cpu", "++tensorboard_step_interval", "1"]
+STEPS_LINE = re.compile(r"^train epoch 1, finished after (\d+) steps", re.M)
+FRAMES_LINE = re.compile(r"^train epoch 1: [\d.]+ frames/sec \((\d+) frames", re.M)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpora):
+    """``get(recipe, ranks, *overrides)``: one epoch of the recipe on 1 rank (rnn.py) or more (real
+    mpirun, grad mode), run once per module; returns (the finished process, its working directory, where
+    ``tensorboard/`` holds its curves)."""
+    runs = {}
+
+    def get(recipe: str, ranks: int, *overrides: str):
+        key = (recipe, ranks, overrides)
+        if key not in runs:
+            folder = workdir(tmp_path_factory.mktemp("run"), corpora, recipe)
+            args = [str(RECIPES / recipe), *TRAIN_ARGS, "++tensorboard_dir", str(folder / "tensorboard"),
+                    *overrides]
+            if ranks == 1:
+                r = run_rnn(args, cwd=folder, timeout=300)
+            else:
+                r = run_mpi(ranks, [str(ROOT / "rnn.py"), *args, "++use_horovod", "1"], cwd=folder,
+                            timeout=300)
+            runs[key] = r, folder
+        return runs[key]
+
+    return get
 
 
 def assert_trained(r, recipe):
     output = r.stdout + r.stderr
     assert r.returncode == 0, output
-    steps = re.search(r"train epoch 1, finished after (\d+) steps", output)
+    steps = STEPS_LINE.search(output)
     assert steps and int(steps.group(1)) > 0, output
     assert "finished training after epoch 1" in output and "Ignored as ignore_keys" not in output
     unknown = set(re.findall(r"config key '(\w+)'[^\n]*: not a key of this engine", output))
     assert unknown == CASES[recipe][0], output  # the only warnings: the recipe's own variables
+
+
+def epoch_steps_and_frames(r) -> tuple[int, int]:
+    """From the epoch's lines: its train steps and the frames it trained on."""
+    output = r.stdout + r.stderr
+    assert r.returncode == 0, output
+    steps, frames = STEPS_LINE.search(output), FRAMES_LINE.search(output)
+    assert steps and frames, output
+    return int(steps.group(1)), int(frames.group(1))
+
+
+def first_step_score(folder: Path) -> float:
+    (step, score), *_ = read_curves(folder / "tensorboard")["train/score"]
+    assert step == 1
+    return score
 
 
 @pytest.mark.tf_latest
@@ -97,18 +145,56 @@ def test_check_gives_every_key_a_verdict_and_none_stops_training(recipe, tmp_pat
 @pytest.mark.slow
 @pytest.mark.tf_latest
 @pytest.mark.parametrize("recipe", CASES)
-def test_one_epoch_on_one_rank(recipe, tmp_path, corpora):
-    r = run_rnn([str(RECIPES / recipe), *TRAIN_ARGS], cwd=workdir(tmp_path, corpora, recipe), timeout=300)
-    assert_trained(r, recipe)
+def test_one_epoch_on_one_rank(recipe, trained):
+    assert_trained(trained(recipe, 1)[0], recipe)
 
 
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("recipe", CASES)
-def test_one_epoch_on_two_ranks(recipe, tmp_path, corpora):
-    r = run_mpi(2, [str(ROOT / "rnn.py"), str(RECIPES / recipe), *TRAIN_ARGS, "++use_horovod", "1"],
-                cwd=workdir(tmp_path, corpora, recipe), timeout=300)
-    assert_trained(r, recipe)
+def test_one_epoch_on_two_ranks(recipe, trained):
+    assert_trained(trained(recipe, 2)[0], recipe)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_one_and_two_ranks_agree_on_the_first_steps_loss(trained):
+    """The 12AX LSTM demo (no dropout, whose masks differ per rank). 2 ranks in grad mode train batches 0
+    and 1 of the epoch's plan in their first step (max_seqs 10: 1000 sequences of at most 200 frames
+    after chunking, so batch_size 5000 never binds: 100 batches of 10); 1 rank with max_seqs 20 trains
+    the same 20 sequences as its batch 0, from the same initial parameters. The first step's score (the
+    ranks' loss sums added over their frames) must be the one process's to float32 rounding."""
+    two, two_dir = trained(VANILLA, 2)
+    one, one_dir = trained(VANILLA, 1, "++max_seqs", "20")
+    np.testing.assert_allclose(first_step_score(two_dir), first_step_score(one_dir), rtol=1e-5)
+    # every sequence once, in as many steps: 50 batches of 20, or 100 of 10 taken two at a time
+    steps, frames = epoch_steps_and_frames(two)
+    assert (steps, frames) == epoch_steps_and_frames(one) and steps == 50
+    # the comparison can tell batches apart: batch 0 alone (the recipe on 1 rank) scores otherwise
+    alone, alone_dir = trained(VANILLA, 1)
+    assert epoch_steps_and_frames(alone)[0] == 100
+    assert abs(first_step_score(alone_dir) - first_step_score(one_dir)) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_chunking_gives_the_steps_and_frames_of_the_chunk_arithmetic(trained, corpora):
+    """The Quaero recipe's ``chunking = "50:25"``: a sequence of L frames gives the chunks [25 j,
+    min(25 j + 50, L)) for 25 j < L; ``max_seqs`` 40 counts chunks (40 x 50 frames: batch_size 5000
+    never binds), so the epoch has ceil(chunks / 40) batches; 2 ranks take them two at a time and drop
+    an odd last one. Without chunking, 150 sequences would train in 4 steps on their plain frames."""
+    config = Config.from_sources([str(RECIPES / QUAERO)], [])
+    size, step = (int(n) for n in config.value("chunking").split(":"))
+    max_seqs = config.int("max_seqs")
+    with h5py.File(corpora / "50x150" / "data" / "train.hdf", "r") as f:
+        lengths = [int(n) for n in f["seqLengths"][:, 0]]
+    chunks = [min(size, length - start) for length in lengths for start in range(0, length, step)]
+    batches = math.ceil(len(chunks) / max_seqs)
+    assert (size, step, max_seqs) == (50, 25, 40) and len(chunks) > 2 * len(lengths)
+    assert epoch_steps_and_frames(trained(QUAERO, 1)[0]) == (batches, sum(chunks))
+    steps, frames = epoch_steps_and_frames(trained(QUAERO, 2)[0])
+    assert steps == batches // 2
+    assert frames == sum(chunks) if batches % 2 == 0 else frames < sum(chunks)
 
 
 @pytest.mark.tf_latest
