@@ -3,7 +3,8 @@ parameters of an uninterrupted run, bit for bit (mpi backend, grad mode).
 
     python benchmarks/bench_chaos.py [--seed N] [--faults 6] [--epochs 4]
 
-The faults, cycled in a seeded random order, each at a seeded random moment once training runs:
+The faults, cycled in a seeded random order, each at a seeded random moment once the restarted job
+trains (it has written a checkpoint; faults during start-up have tests of their own):
   kill       SIGKILL of one rank: mpirun ends the job, ``supervise`` restarts it;
   preempt    SIGUSR1 to one rank: every rank saves and exits 99, ``supervise`` exits 99 and this script
              requeues the job, as a scheduler would;
@@ -120,14 +121,17 @@ def clean_run(folder: Path, epochs: int) -> float:
     return time.monotonic() - started
 
 
-def wait_for_training(config: Path, job: subprocess.Popen, timeout: float = 120) -> dict[int, int] | None:
-    """The ranks' pids once both run and a first step is likely taken; None when the job ended first."""
+def wait_for_training(folder: Path, config: Path, job: subprocess.Popen,
+                      timeout: float = 300) -> dict[int, int] | None:
+    """The ranks' pids once this attempt has written a checkpoint (so it trains, past its start-up);
+    None when the job ended first."""
+    since = time.time()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and job.poll() is None:
         pids = rank_pids(config)
-        if len(pids) == 2:
+        if len(pids) == 2 and max(checkpoints(folder).values(), default=0.0) > since:
             return pids
-        time.sleep(0.2)
+        time.sleep(0.1)
     return None
 
 
@@ -141,10 +145,9 @@ def wait_gone(pids: dict[int, int], timeout: float = 120) -> None:
 def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subprocess.Popen) -> str | None:
     """One fault into the running job, then waits until its ranks are gone; a description, or None when
     the job ended before the fault could be injected."""
-    pids = wait_for_training(config, job)
-    if pids is None:
+    if wait_for_training(folder, config, job) is None:
         return None
-    time.sleep(rng.uniform(4.0, 12.0))  # start-up (TensorFlow, tracing) takes a few seconds of these
+    time.sleep(rng.uniform(0.0, 3.0))  # a random step (10-20 steps a second on 2 busy cores)
     rank = rng.randrange(2)
     pids = rank_pids(config)
     if len(pids) < 2 or job.poll() is not None:
