@@ -23,8 +23,7 @@ network = {
 optimizer = {"class": "adam"}
 learning_rate = 0.01
 num_epochs = 5
-model = "out/12ax/model"
-learning_rate_file = "out/12ax/learning_rates"
+model = "out/12ax/model"  # the learning-rate history goes beside it: out/12ax/model.learning_rates
 log_verbosity = 3
 
 # data-parallel (with ++use_horovod 1)

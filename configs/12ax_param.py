@@ -13,4 +13,3 @@ horovod_param_sync_step = 20
 horovod_dataset_distribution = "random_seed_offset"
 train = {"class": "Task12AXDataset", "num_seqs": 1500, "seq_ordering": "random"}
 model = "out/12ax_param/model"
-learning_rate_file = "out/12ax_param/learning_rates"

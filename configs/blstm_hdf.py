@@ -21,6 +21,5 @@ network = {
 optimizer = {"class": "adam"}
 learning_rate = 0.005
 learning_rate_control = "newbob_rel"
-learning_rate_file = "out/blstm/learning_rates"
 num_epochs = 4
 model = "out/blstm/model"

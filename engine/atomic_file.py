@@ -66,13 +66,20 @@ def write_text_atomically(path: str, text: str) -> None:
         f.write(text)
 
 
-def describe_io_error(exc: Exception) -> str:
-    """The cause of a failed write in words: ``No space left on device (ENOSPC)``. h5py's errors may
-    carry the errno only inside their message; anything else is given as it is."""
+def io_errno(exc: BaseException) -> int | None:
+    """The errno of a failed file operation: the exception's own, or (h5py's errors may carry it only
+    inside their message) the ``errno = N`` in its text; None when there is none."""
     code = getattr(exc, "errno", None)
     if code is None:
         match = re.search(r"errno = (\d+)", str(exc))
         code = int(match.group(1)) if match else None
+    return code
+
+
+def describe_io_error(exc: Exception) -> str:
+    """The cause of a failed write in words: ``No space left on device (ENOSPC)``; anything without a
+    known errno is given as it is."""
+    code = io_errno(exc)
     if code is None or code not in errno.errorcode:
         return str(exc)
     return f"{os.strerror(code)} ({errno.errorcode[code]})"

@@ -14,6 +14,7 @@ Exit codes, a contract for job scripts, supervisors and schedulers (docs/long-jo
     99  stopped on request (preemption signal or time limit) after saving a checkpoint: run the same
         command again to resume; SGE reschedules a job that exits 99
 """
+import errno
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -24,6 +25,10 @@ RESUMABLE_EXIT_CODE = 99
 # A restart runs into the same error again: a supervisor gives up at once on these.
 NOT_RESTARTABLE_EXIT_CODES = frozenset({CONFIG_ERROR_EXIT_CODE, DATA_ERROR_EXIT_CODE})
 
+
+# errno values of reads that may succeed when tried again: EIO (a disk or network file system hiccup),
+# ESTALE (an NFS handle gone stale, e.g. after a server restart), ETIMEDOUT (a network file system timeout).
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT})
 
 # A rank that stays quiet about an error another rank reports waits this long before it exits: mpirun
 # ends the whole job at the first non-zero exit, which could otherwise cut the reporting rank off before
@@ -54,6 +59,13 @@ class DataError(EngineError):
     """A corpus file or dataset definition is wrong."""
 
     exit_code = DATA_ERROR_EXIT_CODE
+
+
+class TransientIOError(EngineError):
+    """Reading a file failed with an I/O error that may pass (``TRANSIENT_ERRNOS``: a flaky disk or network
+    file system): not the config's fault, so the exit code is 1, on which ``supervise`` restarts."""
+
+    exit_code = EXIT_FAILURE
 
 
 class DistributedError(EngineError):

@@ -122,7 +122,8 @@ _section(
     ("min_learning_rate", "float", 0.0, "newbob never goes below this"),
     ("learning_rate_control_error_measure", "any", None, "the score newbob compares (a key or list of keys)",
      "dev_score"),
-    ("learning_rate_file", "str", None, "per-epoch history of learning rates and scores"),
+    ("learning_rate_file", "str", None, "per-epoch history of learning rates and scores",
+     "<model>.learning_rates"),
 )
 _section(
     "checkpoints",
@@ -132,6 +133,8 @@ _section(
      "checkpoints within an epoch: N or 'N steps', 'M min', 'H h'; 0: none (resume: next batch)"),
     ("cleanup_old_models", "any", False, "delete old checkpoints: True, or {keep_last_n, keep_best_n, keep}"),
     ("start_epoch", "any", "auto", "auto: resume after the newest checkpoint; or an epoch >= 1"),
+    ("move_old_checkpoints", "bool", False,
+     "a start that does not continue the newest files moves an earlier run's later ones aside, not refuses"),
     ("load", "str", None, "checkpoint to load (initialisation for train; the model for eval/forward)"),
     ("load_epoch", "int", None, "eval/forward: load <model>.<load_epoch>", "the newest"),
 )

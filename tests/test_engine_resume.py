@@ -124,8 +124,11 @@ def test_a_run_stopped_by_sigusr1_on_one_rank_resumes_at_the_next_batch_bitwise(
     assert_resumed(output, saved, resumed, reference(mode), epoch_step=4, done=[10, 10])
     assert_equal_runs(resumed, reference(mode))
     if mode == "param":  # the ranks' Adam states differ: the epoch checkpoint holds each rank's
-        from_epoch_1, output = train(tmp_path, dict(config(tmp_path, mode), start_epoch=2))
+        # epoch 2's checkpoint and learning-rate history move aside: a restart at 2 does not mix with them
+        again = dict(config(tmp_path, mode), start_epoch=2, move_old_checkpoints=True)
+        from_epoch_1, output = train(tmp_path, again)
         assert f"resuming after epoch 1 from {tmp_path}/net.001\n" in output, output
+        assert "move_old_checkpoints: moved" in output, output
         assert [int(r["num_steps"]) for r in from_epoch_1] == [STEPS_PER_EPOCH] * 2  # epoch 2 only
         assert_equal_runs(from_epoch_1, reference(mode))
 

@@ -163,7 +163,8 @@ def test_forward_with_2_ranks_writes_one_file_in_corpus_order(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "wrote 37 sequences" in r.stdout
     # parts removed (the curves are the training run's)
-    assert sorted(os.listdir(tmp_path)) == sorted(["tiny.py", "net.001", "tensorboard", "forward.hdf"])
+    assert sorted(os.listdir(tmp_path)) == sorted(["tiny.py", "net.001", "net.learning_rates", "tensorboard",
+                                                   "forward.hdf"])
     from engine.datasets import Task12AXDataset, create_dataset
 
     reference = Task12AXDataset(num_seqs=37, fixed_random_seed=5)

@@ -1,12 +1,13 @@
 """Learning-rate control: constant and newbob decisions on known scores, the history file, resume."""
 
+import errno
 import math
 import os
 
 import pytest
 
 from engine.config import Config
-from engine.errors import ConfigError
+from engine.errors import ConfigError, TransientIOError
 from engine.training.lr_control import EpochData, LearningRateControl
 
 pytestmark = pytest.mark.tf_latest
@@ -155,6 +156,32 @@ def test_bad_history_files_name_the_file(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(ConfigError, match=f"'{path}'.*{message}"):
         LearningRateControl(filename=str(path)).load()
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ESTALE, errno.ETIMEDOUT])
+def test_an_io_error_that_may_pass_is_restartable_not_a_config_error(tmp_path, monkeypatch, code):
+    path = tmp_path / "lr"
+    path.write_text("{1: EpochData(learningRate=0.1, error={'dev_score': 1.0})}")
+    real_open = open
+
+    def failing_open(name, *args, **kwargs):
+        if str(name) == str(path):
+            raise OSError(code, os.strerror(code), str(name))
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", failing_open)
+    with pytest.raises(TransientIOError, match=f"'{path}' could not be read: .*supervise") as error:
+        LearningRateControl(filename=str(path)).load()
+    assert error.value.exit_code == 1 and not isinstance(error.value, ConfigError)
+
+
+def test_the_file_defaults_beside_the_model():
+    def filename(**values):
+        return LearningRateControl.from_config(Config(values)).filename
+
+    assert filename(model="out/net") == "out/net.learning_rates"
+    assert filename(model="out/net", learning_rate_file="lr") == "lr"
+    assert filename() is None
 
 
 def test_config_errors():

@@ -56,3 +56,12 @@ def test_without_dev_data_or_epochs():
         "  best dev_score: none (no epoch has one)"]
     by_error = summary_text([record(1, 1.0)], total_seconds=1.0, best_key="dev_error")
     assert "  best dev_error: 0.1000 in epoch 1" in by_error.splitlines()
+
+
+def test_epochs_after_the_runs_last_one_are_not_its_own():
+    """A learning-rate file that another run took to epoch 50 (seen: a 2-epoch run reporting `best
+    dev_score: 0.0000 in epoch 50`): only the history up to this run's last epoch counts."""
+    records = [record(1, 1.8), record(2, 1.5)]
+    history = {r.epoch: r.scores for r in records} | {50: {"dev_score": 0.0, "dev_error": 0.0}}
+    lines = summary_text(records, total_seconds=200.0, history=history).splitlines()
+    assert "  best dev_score: 1.5000 in epoch 2 (dev_error 0.1500)" in lines

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 from engine.config import Config
-from engine.distributed.local_backend import LocalCommunicator
 from engine.errors import ConfigError
 from engine.training.checkpoint import find_mid_epoch_checkpoints, mid_epoch_path, remove_superseded
 from engine.training.checkpoint_interval import CheckpointInterval, CheckpointSchedule
-from engine.training.resume import ResumePoint, find_resume_point
+from engine.training.resume import ResumePoint, choose_resume_point, resume_candidates
 from helpers import ROOT, child_env, run
 
 pytestmark = pytest.mark.tf_latest
@@ -57,22 +56,21 @@ def test_a_step_interval_counts_global_steps_and_a_time_interval_the_clock():
     assert not by_time.due(3, 3)
 
 
-def test_resume_point_prefers_a_mid_epoch_checkpoint_newer_than_the_newest_epoch(tmp_path):
+def test_resume_prefers_a_mid_epoch_checkpoint_newer_than_the_newest_epoch_and_orders_the_fallbacks(tmp_path):
     prefix = str(tmp_path / "net")
-    comm = LocalCommunicator()
-
-    def point(**values) -> ResumePoint:
-        return find_resume_point(Config({"model": prefix, **values}), comm)
-
-    assert point() == ResumePoint(1)
+    assert resume_candidates(prefix) == []
+    assert choose_resume_point(Config({"model": prefix}), None)[0].start_epoch == 1
     for name in ("net.001", "net.002", "net.002.step20", "net.003.step25", "net.003.step31"):
         (tmp_path / name).write_bytes(b"")
-    assert point() == ResumePoint(3, prefix + ".003.step31", mid_epoch=True)
-    assert point(start_epoch=2) == ResumePoint(2, prefix + ".001")
-    (tmp_path / "net.003").write_bytes(b"")  # epoch 3 finished: its mid-epoch ones are stale
-    assert point() == ResumePoint(4, prefix + ".003")
+    assert resume_candidates(prefix) == [
+        ResumePoint(3, prefix + ".003.step31", mid_epoch=True),
+        ResumePoint(3, prefix + ".003.step25", mid_epoch=True), ResumePoint(3, prefix + ".002"),
+        ResumePoint(2, prefix + ".002.step20", mid_epoch=True), ResumePoint(2, prefix + ".001")]
+    (tmp_path / "net.003").write_bytes(b"")  # epoch 3 finished: its mid-epoch ones come after it
+    assert resume_candidates(prefix)[:2] == [ResumePoint(4, prefix + ".003"),
+                                             ResumePoint(3, prefix + ".003.step31", mid_epoch=True)]
     with pytest.raises(ConfigError, match="start_epoch"):
-        point(start_epoch=0)
+        choose_resume_point(Config({"model": prefix, "start_epoch": 0}), None)
 
 
 def test_a_save_removes_older_mid_epoch_checkpoints_and_killed_saves_temp_files(tmp_path):
@@ -113,7 +111,7 @@ def train_one(folder, values: dict, *options: str, expect: int = 0):
 
 
 def test_one_process_stop_and_exact_resume_without_a_learning_rate_file(tmp_path):
-    """newbob without learning_rate_file: its history comes back from the checkpoint. A resume into
+    """newbob whose learning-rate file is gone: its history comes back from the checkpoint. A resume into
     another batch plan is refused first, and changes nothing."""
     reference, _ = train_one(tmp_path / "reference", one_process_config(tmp_path / "reference"))
     values = one_process_config(tmp_path / "stopped")
@@ -125,6 +123,7 @@ def test_one_process_stop_and_exact_resume_without_a_learning_rate_file(tmp_path
     assert "taken 4 steps into a different batch plan than this run makes" in output, output
     assert "Traceback" not in output
 
+    os.remove(tmp_path / "stopped" / "net.learning_rates")  # written by default beside the checkpoints
     resumed, output = train_one(tmp_path / "stopped", values)
     assert "resuming in epoch 2 at global step 14" in output, output
     np.testing.assert_array_equal(resumed["params"], reference["params"])

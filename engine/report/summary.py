@@ -12,8 +12,9 @@
       timeline: out/timeline.json (open it in https://ui.perfetto.dev or chrome://tracing)
 
 The ``all`` row: total time, frames/s as the mean of the epochs' frames/s, and the time shares of all
-epochs together. The best score is the lowest ``best_key`` over the whole history when one is given
-(a resumed run's earlier epochs included), else over this run's epochs.
+epochs together. The best score is the lowest ``best_key`` over the history up to this run's last
+epoch when one is given (a resumed run's earlier epochs included; later ones are not this run's: a
+learning-rate file that another run took further), else over this run's epochs.
 """
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ def summary_text(records: Sequence[EpochRecord], *, total_seconds: float,
                      f"{_percent(sum(r.collective_seconds for r in records), seconds):>11}  "
                      f"{_percent(sum(r.data_wait_seconds for r in records), seconds):>9}")
     scores = history if history is not None else {r.epoch: r.scores for r in records}
+    if records:
+        scores = {epoch: values for epoch, values in scores.items() if epoch <= records[-1].epoch}
     best = _best(scores, best_key)
     if best is None:
         lines.append(f"  best {best_key}: none (no epoch has one)")

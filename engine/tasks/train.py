@@ -17,9 +17,10 @@ from engine.training.checkpointer import Checkpointer
 from engine.training.cleanup import CleanupPolicy, cleanup_old_models
 from engine.training.loop import evaluate, train_epoch
 from engine.training.lr_control import LearningRateControl
+from engine.training.lr_history import learning_rate_file
 from engine.training.monitor import RunMonitor
 from engine.training.report import hms
-from engine.training.resume import find_resume_point
+from engine.training.resume import ResumePoint, choose_resume_point
 from engine.training.step import Steps
 from engine.training.updater import Updater
 
@@ -52,16 +53,21 @@ class Trainer:
             raise ConfigError("Config key 'save_interval' must be >= 1 (save every N epochs), "
                               f"got {self.save_interval}.")
         self.cleanup = CleanupPolicy.from_config(config)
-        self.lr_file = config.str("learning_rate_file")
-        self.resume = find_resume_point(config, self.comm)
-        self.start_epoch = self.resume.start_epoch
+        self.lr_file = learning_rate_file(config)
+        self.resume: ResumePoint | None = None  # rank 0 decides in load_on_main, broadcast_state tells all
+        self.start_epoch = 0
         self.global_step = 0
 
     def load_on_main(self) -> None:
-        """Rank 0 loads the checkpoint to resume from (or ``load``) and the learning-rate history."""
-        if self.comm.rank == 0 and self.start_epoch <= self.num_epochs:
-            if self.resume.path:
-                self.checkpoints.load(self.resume)
+        """Rank 0 decides where training starts (``choose_resume_point``: it may refuse, or fall back past
+        a damaged checkpoint) and loads that checkpoint (or ``load``) and the learning-rate history."""
+        if self.comm.rank != 0:
+            return
+        self.resume, stored = choose_resume_point(self.config, self.lr_file)
+        self.start_epoch = self.resume.start_epoch
+        if self.start_epoch <= self.num_epochs:
+            if stored is not None:
+                self.checkpoints.load(self.resume, stored)
             elif self.config.str("load"):
                 load_checkpoint(self.config.str("load"), self.model.named_variables())
                 log.info(f"initialised the parameters from {self.config.str('load')}")
@@ -69,8 +75,11 @@ class Trainer:
                 self.lr_control.load(self.lr_file)
 
     def broadcast_state(self) -> None:
-        """Rank 0's parameters and optimizer state (initial or loaded) to every rank, before step 1; then
-        each rank's own part of a checkpoint (param mode, mid-epoch position)."""
+        """Rank 0's decision where to start, and its parameters and optimizer state (initial or loaded), to
+        every rank before step 1; then each rank's own part of a checkpoint (param mode, mid-epoch
+        position)."""
+        self.resume = self.comm.broadcast_object(self.resume, root=0)
+        self.start_epoch = self.resume.start_epoch
         broadcast_initial(self.comm, list(self.model.variables) + self.updater.variables)
         self.global_step = self.checkpoints.restore_rank_states(self.resume)
 

@@ -5,7 +5,8 @@ A checkpoint holds the model's variables and the optimizer's state by name, plus
 global step, and whatever attributes and extra groups of arrays its writer adds. It is written through
 ``atomic_file``, so a crash, kill or full disk during a save leaves the previous checkpoint intact and
 never a partial file under a checkpoint's name. One file (rather than TensorFlow's index + data shards)
-keeps the rename atomic.
+keeps the rename atomic. Reading, and telling a damaged file from a foreign one or a passing I/O error:
+``checkpoint_read.py``.
 """
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ from engine.config import Config
 from engine.distributed.backend import Communicator
 from engine.errors import ConfigError, EngineError
 from engine.timeline import CHECKPOINT
-
-_GROUPS = ("params", "optimizer")
+from engine.training.checkpoint_read import MAIN_GROUPS, StoredCheckpoint, read_checkpoint
 
 
 def checkpoint_path(model_prefix: str, epoch: int) -> str:
@@ -69,12 +69,17 @@ def remove_superseded(model_prefix: str, keep: str) -> list[str]:
     return removed
 
 
-def find_newest_epoch(model_prefix: str) -> int | None:
-    """The highest epoch N with a file ``<model>.<NNN>``, ignoring temp files of interrupted saves."""
+def find_epochs(model_prefix: str) -> list[int]:
+    """The epochs N with a file ``<model>.<NNN>``, in order, ignoring temp files of interrupted saves."""
     pattern = re.compile(re.escape(os.path.basename(model_prefix)) + r"\.(\d{3,})$")
-    epochs = [int(m.group(1)) for path in glob.glob(glob.escape(model_prefix) + ".*")
-              if (m := pattern.match(os.path.basename(path)))]
-    return max(epochs) if epochs else None
+    return sorted(int(m.group(1)) for path in glob.glob(glob.escape(model_prefix) + ".*")
+                  if (m := pattern.match(os.path.basename(path))))
+
+
+def find_newest_epoch(model_prefix: str) -> int | None:
+    """The highest epoch N with a file ``<model>.<NNN>``."""
+    epochs = find_epochs(model_prefix)
+    return epochs[-1] if epochs else None
 
 
 def checkpoint_to_load(config: Config, comm: Communicator) -> tuple[str, int]:
@@ -128,7 +133,7 @@ def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables, epo
     arrays by name); a failed write (full disk, file size limit, permissions) is an EngineError naming the
     path and the cause, and leaves an existing file of that name as it was."""
     arrays = {group: {name: var.numpy() for name, var in named(variables).items()}
-              for group, variables in zip(_GROUPS, (params, optimizer_vars))}
+              for group, variables in zip(MAIN_GROUPS, (params, optimizer_vars))}
     arrays.update(groups or {})
     try:
         with phases.span("checkpoint", CHECKPOINT, path=path, epoch=epoch, global_step=global_step), \
@@ -148,38 +153,6 @@ def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables, epo
         raise EngineError(f"Cannot write checkpoint '{path}': {describe_io_error(exc)}. Earlier checkpoints "
                           "are unchanged; free disk space or fix the permissions of that directory (or "
                           "choose another `model` path), then run again to resume.") from None
-
-
-def _read_group(f: h5py.File, group_name: str) -> dict[str, np.ndarray]:
-    if group_name not in f:
-        return {}
-    return {key.replace("|", "/"): ds[()] for key, ds in f[group_name].items()
-            if isinstance(ds, h5py.Dataset)}
-
-
-def read_extras(path: str) -> tuple[dict[str, object], dict[str, dict[str, np.ndarray]]]:
-    """The attributes and the extra groups (path -> arrays by name) ``save_checkpoint`` wrote."""
-    groups: dict[str, dict[str, np.ndarray]] = {}
-    try:
-        with h5py.File(path, "r") as f:
-            attrs = {key: _plain(value) for key, value in f.attrs.items()}
-
-            def visit(name: str, obj: object) -> None:  # returning a value would end the visit
-                if isinstance(obj, h5py.Group) and name not in _GROUPS:
-                    groups[name] = _read_group(f, name)
-
-            f.visititems(visit)
-    except OSError as exc:
-        raise ConfigError(f"Checkpoint '{path}' cannot be read (not an engine checkpoint, or truncated): "
-                          f"{exc}.") from None
-    return attrs, {name: arrays for name, arrays in groups.items() if arrays}
-
-
-def _plain(value: object) -> object:
-    """HDF5 attribute values as Python values: numpy scalars as numbers, bytes as text."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _assign(path: str, what: str, variables: Variables, stored: dict[str, np.ndarray]) -> None:
@@ -204,19 +177,19 @@ def _assign(path: str, what: str, variables: Variables, stored: dict[str, np.nda
         var.assign(stored[name])
 
 
+def assign_checkpoint(stored: StoredCheckpoint, params: Variables,
+                      optimizer_vars: Variables | None = None) -> CheckpointInfo:
+    """Assign the stored values; optimizer state only when ``optimizer_vars`` is given (resume). A network
+    that does not match is a ConfigError naming the file."""
+    _assign(stored.path, "parameters", params, stored.groups.get("params", {}))
+    if optimizer_vars is not None and stored.groups.get("optimizer"):
+        _assign(stored.path, "optimizer state", optimizer_vars, stored.groups["optimizer"])
+    return CheckpointInfo(stored.epoch, stored.global_step)
+
+
 def load_checkpoint(path: str, params: Variables, optimizer_vars: Variables | None = None) -> CheckpointInfo:
-    """Assign the stored values; optimizer state only when ``optimizer_vars`` is given (resume)."""
+    """Read ``path`` (``read_checkpoint``: damaged, transient and foreign files each get their error) and
+    assign it."""
     if not os.path.isfile(path):
         raise ConfigError(f"Checkpoint '{path}' does not exist.")
-    try:
-        with h5py.File(path, "r") as f:
-            info = CheckpointInfo(int(f.attrs.get("epoch", 0)), int(f.attrs.get("global_step", 0)))
-            stored_params = _read_group(f, "params")
-            stored_opt = _read_group(f, "optimizer") if optimizer_vars is not None else {}
-    except OSError as exc:
-        raise ConfigError(f"Checkpoint '{path}' cannot be read (not an engine checkpoint, or truncated): "
-                          f"{exc}.") from None
-    _assign(path, "parameters", params, stored_params)
-    if optimizer_vars is not None and stored_opt:
-        _assign(path, "optimizer state", optimizer_vars, stored_opt)
-    return info
+    return assign_checkpoint(read_checkpoint(path), params, optimizer_vars)

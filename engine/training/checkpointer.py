@@ -21,9 +21,10 @@ from engine.distributed.protocol import agree_on_failure, agree_on_stop
 from engine.distributed.strategy import StepPlan, StepRequests, Strategy
 from engine.errors import ConfigError, TrainingStopped
 from engine.training import preemption
-from engine.training.checkpoint import (CheckpointInfo, checkpoint_path, load_checkpoint, mid_epoch_path,
-                                        read_extras, remove_superseded, save_checkpoint)
+from engine.training.checkpoint import (CheckpointInfo, assign_checkpoint, checkpoint_path, mid_epoch_path,
+                                        remove_superseded, save_checkpoint)
 from engine.training.checkpoint_interval import CheckpointInterval, CheckpointSchedule
+from engine.training.checkpoint_read import StoredCheckpoint
 from engine.training.lr_control import EpochData, LearningRateControl
 from engine.training.resume import RANK_GROUPS, EpochStart, ResumePoint, plan_fingerprint, rank_parts
 
@@ -48,13 +49,14 @@ class Checkpointer:
         self._resumed_epoch = 0
         self._plan: tuple[Dataset, BatchOptions] | None = None  # of the current epoch, for its fingerprint
         self._loaded_step: int | None = None  # the step of the current epoch whose state was loaded
+        self.run_id = ""  # stored in every checkpoint (checkpoint_runs.py); set with the resume point
 
     # ----- continuing a run -----
-    def load(self, point: ResumePoint) -> CheckpointInfo:
+    def load(self, point: ResumePoint, stored: StoredCheckpoint) -> CheckpointInfo:
         """Rank 0: the checkpoint's parameters, optimizer state and learning-rate history (the trained
-        epochs'; a ``learning_rate_file``, loaded afterwards, wins)."""
-        info = load_checkpoint(point.path, self.model.named_variables(), self.updater.named_variables())
-        self._loaded = read_extras(point.path)
+        epochs'; the learning-rate file, loaded afterwards where it exists, wins)."""
+        info = assign_checkpoint(stored, self.model.named_variables(), self.updater.named_variables())
+        self._loaded = stored.extras()
         history = json.loads(self._loaded[0].get("learning_rate_history", "{}"))
         self.lr_control.epoch_data.update({int(epoch): EpochData(rate, scores)
                                            for epoch, (rate, scores) in history.items() if scores})
@@ -78,6 +80,7 @@ class Checkpointer:
             for name, value in part.get(group, {}).items():
                 variables[name].assign(value)
         self._resumed, self._resumed_epoch = part.get("start"), point.start_epoch
+        self.run_id = point.run_id
         return part["global_step"]
 
     # ----- within an epoch -----
@@ -164,6 +167,7 @@ class Checkpointer:
         history = {str(epoch): [float(data.learning_rate), data.scores]
                    for epoch, data in self.lr_control.epoch_data.items()}
         attrs = {"kind": kind, "ranks": self.comm.size, "scores_global": self.strategy.scores_are_global,
+                 "run_id": self.run_id,
                  "learning_rate_history": json.dumps(history), "learning_rate": self.updater.learning_rate}
         groups = {f"ranks/{rank}/{group}": part[group] for rank, part in enumerate(parts)
                   for group in RANK_GROUPS if rank > 0 and group in part}

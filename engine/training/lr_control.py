@@ -22,8 +22,8 @@ with ``_output``), else ``dev_score``, other ``dev_*`` scores, ``train_score``, 
 ``learning_rates`` (a list for epochs 1, 2, ... or a dict epoch -> rate) fixes the rates of those
 epochs, overriding the control.
 
-The history lives in ``learning_rate_file`` (``lr_history.py``); ``save`` writes it atomically, and who
-saves (rank 0) is the caller's decision.
+The history lives in ``learning_rate_file`` [``<model>.learning_rates``] (``lr_history.py``); ``save``
+writes it atomically, and who saves (rank 0) is the caller's decision.
 """
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ from typing import Any
 from engine import log
 from engine.atomic_file import write_text_atomically
 from engine.errors import ConfigError
-from engine.training.lr_history import EpochData, format_history, parse_history
+from engine.training.lr_history import (EpochData, format_history, learning_rate_file, parse_history,
+                                        read_history_file)
 
-__all__ = ["LearningRateControl", "EpochData", "KINDS"]
+__all__ = ["LearningRateControl", "EpochData", "KINDS", "parse_history"]  # the file format: lr_history.py
 
 KINDS = {
     "constant": "constant",
@@ -130,7 +131,7 @@ class LearningRateControl:
             multi_update_interval=config.int("newbob_multi_update_interval"),
             min_learning_rate=config.float("min_learning_rate"),
             error_measure=config.typed("learning_rate_control_error_measure"),
-            filename=config.str("learning_rate_file"),
+            filename=learning_rate_file(config),
         )
 
     def _apply_fixed(self) -> None:
@@ -247,12 +248,7 @@ class LearningRateControl:
             raise ConfigError(
                 "Learning-rate control: no 'learning_rate_file' is set, so there is nothing to load."
             )
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"Learning-rate file '{path}' cannot be read: {exc}.") from None
-        self.epoch_data = parse_history(text, path)
+        self.epoch_data = read_history_file(path)
         self._apply_fixed()
 
 

@@ -8,7 +8,9 @@
     }
 
 RETURNN's ``LearningRateControl`` reads what ``format_history`` writes, and ``parse_history`` reads
-RETURNN's files (also its older forms) without ``eval``.
+RETURNN's files (also its older forms) without ``eval``. ``read_history_file`` reads one: an I/O error
+that may pass (EIO, ESTALE, ETIMEDOUT) is a ``TransientIOError`` (exit code 1: ``supervise`` restarts),
+anything else a ConfigError naming the file.
 """
 from __future__ import annotations
 
@@ -16,13 +18,45 @@ import ast
 import math
 from dataclasses import dataclass, field
 
-from engine.errors import ConfigError
+from engine.atomic_file import describe_io_error, io_errno
+from engine.config import Config
+from engine.errors import TRANSIENT_ERRNOS, ConfigError, TransientIOError
 
 
 @dataclass
 class EpochData:
     learning_rate: float
     scores: dict[str, float] = field(default_factory=dict)
+
+
+def learning_rate_file(config: Config) -> str | None:
+    """``learning_rate_file``, by default ``<model>.learning_rates``: beside the checkpoints and named by
+    their prefix, so that a run with another ``model`` never reads or extends another run's history
+    (RETURNN has no default file: a config that fixes one shares it between all its model paths)."""
+    path = config.str("learning_rate_file")
+    if path is None and config.str("model"):
+        path = config.str("model") + ".learning_rates"
+    return path or None
+
+
+def read_history_file(path: str) -> dict[int, EpochData]:
+    """The history in the file ``path`` (which must exist)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        if io_errno(exc) in TRANSIENT_ERRNOS:
+            raise TransientIOError(
+                f"Learning-rate file '{path}' could not be read: {describe_io_error(exc)}, an I/O error of "
+                "the disk or network file system that may pass. Ending with exit code 1, on which "
+                "`supervise` restarts the job.") from None
+        raise ConfigError(f"Learning-rate file '{path}' cannot be read: {exc}.") from None
+    return parse_history(text, path)
+
+
+def trained_epochs(history: dict[int, EpochData]) -> list[int]:
+    """The epochs the history shows as trained (with scores; rates alone may come from ``learning_rates``)."""
+    return sorted(epoch for epoch, data in history.items() if data.scores)
 
 
 def format_history(epoch_data: dict[int, EpochData]) -> str:

@@ -158,7 +158,9 @@ class RunMonitor:
         log.debug(f"timeline: {merged.events} spans of {len(merged.ranks)} rank(s) in {self.timeline_file}")
 
     def _summary(self, total_seconds: float) -> str:
-        history = {epoch: data.scores for epoch, data in self.lr_control.epoch_data.items() if data.scores}
+        last = max((record.epoch for record in self.records), default=None)
+        history = {epoch: data.scores for epoch, data in self.lr_control.epoch_data.items()
+                   if data.scores and (last is None or epoch <= last)}  # later ones are another run's
         best_key = self.lr_control.score(max(history))[0] if history else None
         newest = find_newest_epoch(self.model_prefix) if self.model_prefix else None
         return summary_text(

@@ -3,8 +3,8 @@ are dealt out to the ranks. ``checkpointer.py`` writes these checkpoints and act
 
 Besides the parameters and the optimizer state (whose update count keys dropout's random numbers, so
 those need no saved state), a checkpoint written here holds (attribute / group names in quotes):
-- "kind" (``epoch`` or ``mid-epoch``), "ranks", "scores_global", the learning-rate history
-  ("learning_rate_history", JSON, used when there is no ``learning_rate_file``);
+- "kind" (``epoch`` or ``mid-epoch``), "ranks", "scores_global", "run_id" (``checkpoint_runs.py``), the
+  learning-rate history ("learning_rate_history", JSON, used when the learning-rate file does not exist);
 - mid-epoch: "learning_rate" (the one in use) and group "resume" with per rank the train steps done in
   the epoch ("steps"), the batches of the epoch's plan trained by then ("batches_done"), the score sums
   so far ("scores") and a fingerprint of the epoch's batch plan ("fingerprints": data order, lengths and
@@ -13,16 +13,19 @@ those need no saved state), a checkpoint written here holds (attribute / group n
 - in param mode (``Strategy.keeps_rank_state``), the optimizer state of ranks 1.. ("ranks/<r>/optimizer")
   and, mid-epoch, their parameters ("ranks/<r>/params"); rank 0's are the file's main groups.
 
-Rank 0 reads and writes the files; the per-rank parts travel by ``gather_object``/``scatter_object``.
+Where a run continues (``choose_resume_point``): the newest checkpoint that can be used; a damaged one
+(``checkpoint_read.py``) is named in a warning and the one before it taken. Rank 0 decides, reads and
+writes the files; the decision is broadcast, the per-rank parts travel by ``gather_object``/
+``scatter_object``.
 A checkpoint saved by another number of ranks continues with rank 0's parameters and optimizer state;
 mid-epoch, at the same position when all ranks train one batch plan and report global scores (grad
 mode, one process), else (param mode) at the start of that epoch.
 """
 from __future__ import annotations
 
+import os
 import zlib
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,7 +34,9 @@ from engine.config import Config
 from engine.datasets import BatchOptions, Dataset
 from engine.distributed.strategy import Strategy
 from engine.errors import ConfigError
-from engine.training.checkpoint import checkpoint_path, find_mid_epoch_checkpoints, find_newest_epoch
+from engine.training.checkpoint import checkpoint_path, find_epochs, find_mid_epoch_checkpoints
+from engine.training.checkpoint_read import CheckpointDamaged, StoredCheckpoint, missing_part, read_checkpoint
+from engine.training.checkpoint_runs import MOVE_KEY, later_files, new_run_id, refuse_or_move
 
 RANK_GROUPS = ("params", "optimizer")  # what each rank keeps of its own in param mode
 
@@ -52,14 +57,29 @@ class ResumePoint:
     start_epoch: int
     path: str | None = None  # the checkpoint to continue from (None: start afresh, or from `load`)
     mid_epoch: bool = False
+    run_id: str = ""  # of the run this start continues or begins (checkpoint_runs.py)
 
 
-def find_resume_point(config: Config, comm: Any) -> ResumePoint:
-    """``start_epoch`` "auto": after the newest checkpoint, where a mid-epoch one of a later epoch than the
-    newest epoch checkpoint continues that epoch; an explicit ``start_epoch`` N loads ``<model>.<N-1>``.
-    Rank 0 looks; every rank gets its answer."""
+def resume_candidates(prefix: str) -> list[ResumePoint]:
+    """Every checkpoint of ``prefix`` as a point to continue from, the newest position first: the end of
+    epoch N (``<model>.<NNN>``) comes after the steps of epoch N (``<model>.<NNN>.step<S>``), which come
+    after the end of epoch N - 1. The first is where "auto" continues; the others are its fallbacks."""
+    epochs = [((e, 0, 0), ResumePoint(e + 1, checkpoint_path(prefix, e))) for e in find_epochs(prefix)]
+    mids = [((e - 1, 1, step), ResumePoint(e, path, mid_epoch=True))
+            for e, step, path in find_mid_epoch_checkpoints(prefix)]
+    return [point for _, point in sorted(epochs + mids, key=lambda item: item[0], reverse=True)]
+
+
+def choose_resume_point(config: Config,
+                        lr_file: str | None) -> tuple[ResumePoint, StoredCheckpoint | None]:
+    """Rank 0: where training starts, with the checkpoint it continues from, read whole. ``start_epoch``
+    "auto": the newest usable checkpoint (a damaged one is named in a warning and the one before it
+    taken, within the run of the newest one); an explicit N: ``<model>.<N-1>``. A start that does not
+    continue from the newest files deals with later ones as ``checkpoint_runs.py`` says."""
     start = config.typed("start_epoch")
     prefix = config.str("model")
+    move = config.bool(MOVE_KEY)
+    stored = None
     if start not in ("auto", None):
         epoch = config.int("start_epoch")
         if epoch < 1:
@@ -67,16 +87,50 @@ def find_resume_point(config: Config, comm: Any) -> ResumePoint:
         if epoch > 1 and not prefix:
             raise ConfigError(f"start_epoch is {epoch}, but no 'model' prefix is set to load the previous "
                               "epoch's checkpoint from.")
-        return ResumePoint(epoch, checkpoint_path(prefix, epoch - 1) if epoch > 1 else None)
-    point = ResumePoint(1)
-    if comm.rank == 0 and prefix:
-        newest = find_newest_epoch(prefix) or 0
-        mid = [(epoch, path) for epoch, _, path in find_mid_epoch_checkpoints(prefix) if epoch > newest]
-        if mid:
-            point = ResumePoint(mid[-1][0], mid[-1][1], mid_epoch=True)
-        elif newest:
-            point = ResumePoint(newest + 1, checkpoint_path(prefix, newest))
-    return comm.broadcast_object(point, root=0)
+        point = ResumePoint(epoch, checkpoint_path(prefix, epoch - 1) if epoch > 1 else None)
+        if point.path:
+            stored = _read_to_continue(point)
+    else:
+        point, stored = _newest_usable(prefix, move) if prefix else (ResumePoint(1), None)
+    if stored is None or start not in ("auto", None):
+        refuse_or_move(later_files(prefix, lr_file, point.start_epoch), prefix, move, point.path)
+    return replace(point, run_id=(stored.run_id if stored else None) or new_run_id()), stored
+
+
+def _read_to_continue(point: ResumePoint) -> StoredCheckpoint:
+    if not os.path.isfile(point.path):
+        raise ConfigError(f"Checkpoint '{point.path}' does not exist (start_epoch = {point.start_epoch}).")
+    stored = read_checkpoint(point.path)
+    if problem := missing_part(stored, point.mid_epoch):
+        raise CheckpointDamaged(point.path, problem)
+    return stored
+
+
+def _newest_usable(prefix: str, move: bool) -> tuple[ResumePoint, StoredCheckpoint | None]:
+    damaged: list[CheckpointDamaged] = []
+    seen, run_id = False, None  # the run id of the newest checkpoint whose attributes could be read
+    for point in resume_candidates(prefix):
+        try:
+            stored = read_checkpoint(point.path)  # a transient error or a foreign file ends the start
+            if not seen:
+                seen, run_id = True, stored.run_id
+            elif stored.run_id and run_id and stored.run_id != run_id:  # no id: from before run ids
+                log.warning(f"Checkpoint '{point.path}' belongs to another run (run id {stored.run_id}) than "
+                            f"the newest one (run id {run_id}): not falling back to it.")
+                continue
+            if problem := missing_part(stored, point.mid_epoch):
+                raise CheckpointDamaged(point.path, problem)
+        except CheckpointDamaged as exc:
+            damaged.append(exc)
+            log.warning(f"{exc} Falling back to the checkpoint before it.")
+            continue
+        return point, stored
+    if damaged and not move:
+        raise ConfigError(f"No usable checkpoint under the model prefix '{prefix}': "
+                          + "; ".join(f"'{d.path}': {d.reason}" for d in damaged)
+                          + f". Delete or move these files to start afresh, or set {MOVE_KEY} = True to have "
+                            "them moved aside.")
+    return ResumePoint(1), None
 
 
 def plan_fingerprint(dataset: Dataset, batching: BatchOptions) -> int:
@@ -88,9 +142,9 @@ def plan_fingerprint(dataset: Dataset, batching: BatchOptions) -> int:
 
 
 def rank_parts(attrs: dict, groups: dict, point: ResumePoint, strategy: Strategy) -> list[dict]:
-    """Rank 0: what each rank takes from a loaded checkpoint (``read_extras``): its own parameters and
-    optimizer state ("params", "optimizer"), "global_step" at the start of the epoch it continues, and
-    mid-epoch its "start" in that epoch."""
+    """Rank 0: what each rank takes from a loaded checkpoint (``StoredCheckpoint.extras``): its own
+    parameters and optimizer state ("params", "optimizer"), "global_step" at the start of the epoch it
+    continues, and mid-epoch its "start" in that epoch."""
     size = strategy.comm.size
     saved_by = int(attrs.get("ranks", 1))
     global_step = int(attrs.get("global_step", 0))

@@ -1,12 +1,15 @@
 """Train through the engine's own API and record what each rank saw, for the engine tests.
 
-    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [fail=step|loader|kill|stall|SIGUSR1|SIGUSR2|SIGTERM]
-        [fail_rank=R] [fail_step=S] [fail_once=MARKER_FILE]
+    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL'
+        [fail=step|loader|kill|stall|eio|SIGUSR1|SIGUSR2|SIGTERM] [fail_rank=R] [fail_step=S]
+        [fail_once=MARKER_FILE]
 
 Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
 step and (where a sync followed) after the sync, so tests can compare ranks and runs. A signal name as
 ``fail`` makes rank R send itself that signal in its step S (counted from 0 in this process); with
 ``fail_once`` only if MARKER_FILE does not exist yet (it is created then), so a restarted job runs through.
+``fail=eio`` makes rank R's checkpoint reads fail with EIO, as a flaky disk or network file system does
+(with ``fail_once``: only until MARKER_FILE exists, which the first failed read creates).
 A run stopped on request exits with 99 and writes nothing; other engine errors end it as in rnn.py.
 """
 import ast
@@ -79,6 +82,8 @@ def main() -> None:
     train_module.Steps = RecordingSteps
     if fail == "loader":
         _break_loader(fail_rank, fail_step)
+    if fail == "eio" and process.rank() == fail_rank:
+        _break_checkpoint_reads(opts.get("fail_once"))
     try:
         run_train(config)
     except EngineError as exc:  # as rnn.py ends: one message (none for a stop), the error's exit code
@@ -105,6 +110,29 @@ def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
         return original(self, seq_idx, key, out, offset)
 
     Dataset.read_into = read_into
+
+
+def _break_checkpoint_reads(once: str | None) -> None:
+    """Opening a checkpoint for reading fails with EIO (until ``once`` exists, if given)."""
+    import errno
+
+    from engine.training import checkpoint_read
+
+    real = checkpoint_read.h5py
+
+    class FailingReads:  # h5py as checkpoint_read sees it, but File(path, "r") fails
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def File(self, path, mode="r", *args, **kwargs):
+            if mode == "r" and not (once and os.path.exists(once)):
+                if once:
+                    open(once, "w").close()
+                raise OSError(errno.EIO, f"Unable to synchronously open file (unable to read '{path}': "
+                                         "errno = 5, error message = 'Input/output error')")
+            return real.File(path, mode, *args, **kwargs)
+
+    checkpoint_read.h5py = FailingReads()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,195 @@
+"""A damaged newest checkpoint does not end a job for good: a truncated, overwritten or incomplete one is
+named in a warning and the one before it taken (mid-epoch -> the newest epoch checkpoint, epoch N -> N-1,
+within the run of the newest); an I/O error that may pass (EIO, ESTALE, ETIMEDOUT) ends the start with exit
+code 1, on which supervise restarts; a valid HDF5 file that is no checkpoint of this engine, or one of
+another network shape, is a clear error. The files are the real checkpoints of one run stopped in
+epoch 3 (module fixture), damaged per test. The 2-rank versions are in test_resume_runs.py."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from engine.config import Config
+from engine.errors import NOT_RESTARTABLE_EXIT_CODES, ConfigError, TransientIOError
+from engine.training import checkpoint_read
+from engine.training.lr_history import learning_rate_file
+from engine.training.resume import ResumePoint, choose_resume_point
+from helpers import ROOT, run
+
+pytestmark = pytest.mark.tf_latest
+SCRIPT = str(ROOT / "tests" / "mpi_scripts" / "engine_train.py")
+
+
+def values(folder, **overrides) -> dict:
+    config = {
+        "train": {"class": "Task12AXDataset", "num_seqs": 40, "fixed_random_seed": 1,
+                  "seq_ordering": "laplace:4"},
+        "dev": {"class": "Task12AXDataset", "num_seqs": 8, "fixed_random_seed": 2},
+        "network": {"lstm": {"class": "rec", "unit": "lstm", "n_out": 6},
+                    "output": {"class": "softmax", "loss": "ce", "from": "lstm"}},
+        "optimizer": {"class": "adam"}, "learning_rate": 0.02, "model": str(folder / "net"),
+        "batch_size": 200, "max_seqs": 4, "num_epochs": 3, "log_verbosity": 3,
+        "checkpoint_interval": "3 steps",
+    }
+    return dict(config, **overrides)
+
+
+def train(folder, config: dict, *options: str, expect: int = 0) -> str:
+    result = run([sys.executable, SCRIPT, str(folder), repr(config), *options], timeout=180)
+    output = result.stdout + result.stderr
+    assert result.returncode == expect, output
+    return output
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """net.001, net.002, net.003.step26 (10 steps an epoch, stopped after the 6th of epoch 3), the
+    learning-rate file."""
+    folder = tmp_path_factory.mktemp("stopped")
+    train(folder, values(folder), "fail=SIGTERM", "fail_rank=0", "fail_step=25", expect=99)
+    assert sorted(os.listdir(folder)) == ["net.001", "net.002", "net.003.step26", "net.learning_rates",
+                                          "tensorboard"]
+    return folder
+
+
+@pytest.fixture
+def folder(stopped_run, tmp_path):
+    shutil.copytree(stopped_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def choose(folder, **overrides):
+    config = Config(values(folder, **overrides))
+    return choose_resume_point(config, learning_rate_file(config))
+
+
+def truncate(path, keep: float = 0.5) -> None:
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:int(len(data) * keep)])
+
+
+def test_the_newest_checkpoint_is_taken_when_it_is_good(folder):
+    point, stored = choose(folder)
+    assert point == ResumePoint(3, str(folder / "net.003.step26"), mid_epoch=True, run_id=stored.run_id)
+    assert stored.run_id and stored.global_step == 26
+
+
+def test_a_truncated_mid_epoch_checkpoint_falls_back_to_the_newest_epoch_checkpoint(folder, capsys):
+    truncate(folder / "net.003.step26")
+    point, stored = choose(folder)
+    assert (point.start_epoch, point.path, point.mid_epoch) == (3, str(folder / "net.002"), False)
+    warning = capsys.readouterr().err
+    assert f"Checkpoint '{folder / 'net.003.step26'}' cannot be used: it is truncated (" in warning, warning
+    assert "Falling back to the checkpoint before it." in warning
+
+
+@pytest.mark.parametrize("remove, why", [("group:resume", "it has no group 'resume'"),
+                                         ("group:optimizer", "it has no group 'optimizer'"),
+                                         ("attr:learning_rate", "it has no attribute 'learning_rate'")])
+def test_a_mid_epoch_checkpoint_missing_a_part_falls_back(folder, capsys, remove, why):
+    kind, name = remove.split(":")
+    with h5py.File(folder / "net.003.step26", "a") as f:
+        del (f if kind == "group" else f.attrs)[name]
+    point, _ = choose(folder)
+    assert (point.start_epoch, point.path) == (3, str(folder / "net.002"))
+    assert f"'{folder / 'net.003.step26'}' cannot be used: {why}." in capsys.readouterr().err
+
+
+def test_garbage_in_the_newest_epoch_checkpoint_falls_back_to_the_epoch_before(folder, capsys):
+    os.remove(folder / "net.003.step26")
+    (folder / "net.002").write_bytes(np.random.default_rng(1).bytes(5000))
+    point, _ = choose(folder)
+    assert (point.start_epoch, point.path) == (2, str(folder / "net.001"))
+    assert "net.002' cannot be used: it is not an HDF5 file" in capsys.readouterr().err
+
+
+def test_without_any_usable_checkpoint_one_error_names_each(folder):
+    truncate(folder / "net.003.step26")
+    truncate(folder / "net.002", keep=0.001)  # its header survives, not the rest
+    (folder / "net.001").write_bytes(b"")
+    with pytest.raises(ConfigError) as error:
+        choose(folder)
+    message = str(error.value)
+    assert message.startswith(f"No usable checkpoint under the model prefix '{folder / 'net'}': "), message
+    for part in ("net.003.step26': it is truncated (", "net.002': it cannot be read as HDF5 (",
+                 "net.001': it is not an HDF5 file"):
+        assert part in message, message
+    assert "move_old_checkpoints" in message
+
+
+def test_a_valid_hdf5_file_that_is_no_checkpoint_is_a_clear_error(folder):
+    os.remove(folder / "net.003.step26")
+    with h5py.File(folder / "net.002", "w") as f:  # e.g. a corpus written under the model prefix
+        f["inputs"] = np.zeros((3, 2))
+        f["seqLengths"] = np.ones((3, 2), np.int32)
+    with pytest.raises(ConfigError, match="is an HDF5 file but not a checkpoint of this engine") as error:
+        choose(folder)
+    assert str(folder / "net.002") in str(error.value) and "inputs, seqLengths" in str(error.value)
+    assert not isinstance(error.value, checkpoint_read.CheckpointDamaged)  # no fallback past it
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ESTALE, errno.ETIMEDOUT, "in the message"])
+def test_an_io_error_that_may_pass_is_a_restartable_failure(folder, monkeypatch, code):
+    real = checkpoint_read.h5py.File
+
+    def file(path, mode="r", *args, **kwargs):
+        if str(path).endswith("net.003.step26"):
+            if code == "in the message":  # how h5py reports some failed reads: errno only in the text
+                raise OSError(f"Can't read data (file read failed: time = ..., filename = '{path}', "
+                              "errno = 5, error message = 'Input/output error')")
+            raise OSError(code, os.strerror(code))
+        return real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_read.h5py, "File", file)
+    with pytest.raises(TransientIOError) as error:
+        choose(folder)
+    assert not isinstance(error.value, ConfigError)
+    assert error.value.exit_code == 1 and 1 not in NOT_RESTARTABLE_EXIT_CODES
+    assert f"Checkpoint '{folder / 'net.003.step26'}' could not be read: " in str(error.value)
+    assert "supervise" in str(error.value)
+
+
+def test_the_fallback_stays_within_the_run_of_the_newest_checkpoint(folder, capsys):
+    """net.002 carries another run's id (files copied in by hand): the damaged mid-epoch checkpoint falls
+    back to net.001, which belongs to its run."""
+    with h5py.File(folder / "net.003.step26", "a") as f:
+        del f["resume"]
+        newest_run = f.attrs["run_id"]
+    with h5py.File(folder / "net.002", "a") as f:
+        f.attrs["run_id"] = "20240101-000000-abcdef"
+    point, stored = choose(folder)
+    assert (point.path, stored.run_id, point.run_id) == (str(folder / "net.001"), newest_run, newest_run)
+    assert "net.002' belongs to another run (run id 20240101-000000-abcdef)" in capsys.readouterr().err
+
+
+def test_checkpoints_from_before_run_ids_are_taken_and_the_run_gets_one(folder):
+    for name in ("net.001", "net.002", "net.003.step26"):
+        with h5py.File(folder / name, "a") as f:
+            del f.attrs["run_id"]
+    (folder / "net.003.step26").write_bytes(b"")  # the fallback accepts old ones too
+    point, stored = choose(folder)
+    assert point.path == str(folder / "net.002") and stored.run_id is None and point.run_id
+
+
+def test_a_run_resumes_past_a_truncated_checkpoint_and_finishes(folder):
+    truncate(folder / "net.003.step26")
+    output = train(folder, values(folder))
+    assert output.count("net.003.step26' cannot be used: it is truncated") == 1, output
+    assert "resuming after epoch 2 from" in output and "Traceback" not in output, output
+    assert sorted(os.listdir(folder))[:2] == ["net.001", "net.002"] and os.path.isfile(folder / "net.003")
+    assert not os.path.exists(folder / "net.003.step26")  # the first save of the resumed run removed it
+
+
+def test_a_checkpoint_of_another_network_shape_is_a_clear_error_not_a_fallback(folder):
+    wider = values(folder)
+    wider["network"] = dict(wider["network"], lstm={"class": "rec", "unit": "lstm", "n_out": 9})
+    output = train(folder, wider, expect=2)
+    expected = f"Checkpoint '{folder / 'net.003.step26'}' does not match the network (parameters)"
+    assert expected in output, output
+    assert "Falling back" not in output and "Traceback" not in output, output
