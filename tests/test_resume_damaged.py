@@ -18,7 +18,7 @@ import pytest
 from engine.config import Config
 from engine.errors import NOT_RESTARTABLE_EXIT_CODES, ConfigError, TransientIOError
 from engine.training import checkpoint_read
-from engine.training.lr_history import learning_rate_file
+from engine.training.lr_history import learning_rate_file, read_history_file
 from engine.training.resume import ResumePoint, choose_resume_point
 from helpers import ROOT, run
 
@@ -193,3 +193,17 @@ def test_a_checkpoint_of_another_network_shape_is_a_clear_error_not_a_fallback(f
     expected = f"Checkpoint '{folder / 'net.003.step26'}' does not match the network (parameters)"
     assert expected in output, output
     assert "Falling back" not in output and "Traceback" not in output, output
+
+
+def test_a_damaged_learning_rate_file_is_named_with_the_way_out_and_removing_it_resumes(folder):
+    """The learning-rate file may be a user's edit, so a bad one is not overwritten unasked (exit 2); the
+    message says that the checkpoint holds the history too, and without the file the resume finishes."""
+    lr_file = folder / "net.learning_rates"
+    lr_file.write_text(lr_file.read_text()[: len(lr_file.read_text()) // 2])
+    output = train(folder, values(folder), expect=2)
+    assert f"Learning-rate file '{lr_file}' has a syntax error" in output, output
+    assert f"remove it: the resume then takes the history stored in {folder / 'net.003.step26'}" in output
+    lr_file.unlink()
+    output = train(folder, values(folder))
+    assert f"resuming in epoch 3 at global step 26 from {folder / 'net.003.step26'}" in output, output
+    assert set(read_history_file(str(lr_file))) == {1, 2, 3}  # rewritten from the checkpoint's copy

@@ -72,7 +72,15 @@ class Trainer:
                 load_checkpoint(self.config.str("load"), self.model.named_variables())
                 log.info(f"initialised the parameters from {self.config.str('load')}")
             if self.lr_file and os.path.exists(self.lr_file):
-                self.lr_control.load(self.lr_file)
+                try:
+                    self.lr_control.load(self.lr_file)
+                except ConfigError as exc:
+                    if stored is None:
+                        raise
+                    # Damaged or mis-edited: either way not overwritten unasked, but the way out is known.
+                    hint = (f"If the file was damaged rather than edited, remove it: the resume then takes "
+                            f"the history stored in {self.resume.path}.")
+                    raise ConfigError(f"{exc} {hint}") from None
 
     def broadcast_state(self) -> None:
         """Rank 0's decision where to start, and its parameters and optimizer state (initial or loaded), to
