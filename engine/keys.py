@@ -163,6 +163,9 @@ _section(
      "seconds a rank may wait in a collective before a warning names the ranks it waits for (0: none)"),
     ("distributed_stall_timeout", "float", 300.0,
      "seconds a rank may wait in a collective before the job ends, naming those ranks (0: wait forever)"),
+    ("distributed_checkpoint_timeout", "float", 1800.0,
+     "distributed_stall_timeout while a checkpoint is saved (the ranks wait for rank 0 to write it; "
+     "0: wait forever)"),
 )
 
 KEYS: dict[str, Key] = {key.name: key for key in _KEYS}
