@@ -77,7 +77,8 @@ _section(
     ("inter_op_threads", "int", None, "TensorFlow ops run at once, per rank (0: TensorFlow's default; "
      "TF_NUM_INTEROP_THREADS wins)", "from the rank's cores"),
     ("tf_session_opts", "dict", None, "RETURNN's session options: intra_op_parallelism_threads and "
-     "inter_op_parallelism_threads as the two keys above; other entries have no effect"),
+     "inter_op_parallelism_threads as the two keys above, device_count {'GPU': 0} as device = 'cpu'; "
+     "other entries have no effect"),
 )
 _section(
     "training",

@@ -14,6 +14,7 @@ import socket
 from engine import log, process
 from engine.cluster import format_host_map
 from engine.config import Config
+from engine.device import requested_device
 from engine.distributed.consistency import check_config_consistency
 from engine.distributed.failure import install_failure_handler
 from engine.distributed.select import create_communicator
@@ -31,7 +32,7 @@ def start(config: Config) -> Strategy:
                           "others' files. Add '++use_horovod 1' for data-parallel training, or start a "
                           "single process.")
     comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall,
-                               config.str("device"))
+                               requested_device(config))  # tf_session_opts' device_count can say "cpu"
     process.set_communicator(comm)
     install_failure_handler()
     strategy = build_strategy(settings, comm)
