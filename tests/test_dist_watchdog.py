@@ -190,6 +190,19 @@ def test_while_rank_0_writes_a_checkpoint_the_waits_end_the_job_only_after_the_c
                       1)]
 
 
+def test_a_report_that_arrives_after_rank_0_left_the_collective_ends_nothing():
+    dog, clock, channel, ended = checkpoint_watchdog()
+    with dog.checkpoint_window():
+        clock.now += 15  # rank 0 wrote for 15 s, rank 1 waited for it in collective #1
+        channel.inbox = [(1, 1, 15.0, "step signal (allreduce)", True)]
+        dog.check()
+        with dog.collective("allreduce"):  # rank 0 joins #1, which completes for both
+            pass
+    clock.now += 0.3  # rank 1's last report, sent before #1 completed, is still taken as current
+    dog.check()
+    assert ended == []
+
+
 def test_a_rank_waiting_in_the_window_for_a_rank_0_that_is_not_writing_gets_no_extension():
     dog, clock, channel, ended = checkpoint_watchdog()
     clock.now += 11  # rank 0 still trains its step (no checkpoint window); rank 1 entered the save early
