@@ -240,9 +240,10 @@ def test_without_a_channel_every_rank_warns_and_ends_the_job_itself_naming_its_c
             clock.now += 3
             dog.check()
         assert capsys.readouterr().err.count(
-            "stall: waiting in collective #1 'step signal (allreduce)' for 6 s (distributed_stall_warning); "
-            "the ranks not there yet cannot be named (MPI runs below THREAD_MULTIPLE, so the watchdog thread "
-            "does not call MPI). The job ends after distributed_stall_timeout = 10 s.") == 1
+            "stall: rank 1 waits in collective #1 'step signal (allreduce)' for 6 s "
+            "(distributed_stall_warning); the ranks not there yet cannot be named (MPI runs below "
+            "THREAD_MULTIPLE, so the watchdog thread does not call MPI). The job ends after "
+            "distributed_stall_timeout = 10 s.") == 1
         clock.now += 2  # 11 s: no grace, nobody else ends the job
         with pytest.raises(Ended):
             dog.check()

@@ -110,8 +110,8 @@ class Watchdog:
         self._current: _Wait | None = None  # set and read atomically (one attribute)
         self._saving = False  # inside a checkpoint window (one attribute, read by the watchdog thread)
         self._warned_locally: _Wait | None = None  # local_only: the wait already warned about
-        # rank 0: rank -> (count, waited, what, when received) of its newest report
-        self._reports: dict[int, tuple[int, float, str, float]] = {}
+        # rank 0: rank -> (count, waited, what, saving, when received) of its newest report
+        self._reports: dict[int, tuple[int, float, str, bool, float]] = {}
         self._warned_at = 0  # the collective already warned about
         self._stopped = threading.Event()
         self.poll = min([1.0] + [t / 4 for t in (limits.warning, limits.timeout, limits.checkpoint) if t])
@@ -238,10 +238,9 @@ class Watchdog:
         self._warned_locally = current
         timeout = self.limits.timeout_for(current.saving)
         end = f"{timeout:g} s" if timeout else "None (never)"
-        log.warning(process.prefix_lines(
-            f"stall: waiting in collective #{current.count} '{current.what}' for {waited:.0f} s "
-            f"(distributed_stall_warning); the ranks not there yet cannot be named ({LOCAL_ONLY_WHY}). The "
-            f"job ends after {self.limits.key(current.saving)} = {end}."))
+        log.warning(f"stall: rank {self.rank} waits in collective #{current.count} '{current.what}' for "
+                    f"{waited:.0f} s (distributed_stall_warning); the ranks not there yet cannot be named "
+                    f"({LOCAL_ONLY_WHY}). The job ends after {self.limits.key(current.saving)} = {end}.")
 
     def _deadline_message(self, wait: _Wait, deadline: float) -> str:
         timeout, key = self.limits.timeout_for(wait.saving), self.limits.key(wait.saving)
