@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
 from engine import log, phases
-from engine.distributed.backend import Communicator, TimedAs, check_reduction, tensor_bytes
+from engine.distributed.backend import Communicator, TimedAs, check_reduction, exit_without_mpi, tensor_bytes
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
@@ -167,6 +168,8 @@ class MPICommunicator(Communicator):
             self._comm.Barrier()
 
     def abort(self, message: str, exit_code: int = 1) -> NoReturn:
+        if not self.thread_multiple and threading.current_thread() is not threading.main_thread():
+            exit_without_mpi(message, exit_code)  # the main thread may be inside an MPI call
         if message:
             print(message, file=sys.stderr, flush=True)
         sys.stdout.flush()
