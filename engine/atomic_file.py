@@ -18,11 +18,14 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
-def create_temp_beside(path: str) -> str:
-    """A new, empty temp file in ``path``'s directory (created if needed); returns its path."""
+def create_temp_beside(path: str, prefix: str | None = None) -> str:
+    """A new, empty temp file in ``path``'s directory (created if needed); returns its path. Its name is
+    ``prefix`` (default ``.<name of path>.``), random characters and ``.tmp``: a prefix of its own keeps
+    the temp file out of readers that pick files by name (TensorBoard reads any name with "tfevents")."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    prefix = f".{os.path.basename(path)}." if prefix is None else prefix
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())
     finally:
@@ -49,10 +52,10 @@ def discard(tmp: str) -> None:
 
 
 @contextmanager
-def atomic_path(path: str) -> Iterator[str]:
+def atomic_path(path: str, prefix: str | None = None) -> Iterator[str]:
     """Yields a temp path to write ``path``'s new content to; renamed to ``path`` when the block ends
-    normally, removed when it raises."""
-    tmp = create_temp_beside(path)
+    normally, removed when it raises. ``prefix``: of the temp file's name (``create_temp_beside``)."""
+    tmp = create_temp_beside(path, prefix)
     try:
         yield tmp
         commit(tmp, path)

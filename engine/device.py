@@ -1,6 +1,7 @@
-"""Where this rank computes: ``device = "cpu"`` hides the GPUs; otherwise rank r takes visible GPU
-``local_rank`` (the rule and its errors are ``cluster.gpu_for_rank``'s). The CPU thread pools are set
-first (``tf_threads``): TensorFlow fixes them when it starts."""
+"""Where this rank computes: ``device = "cpu"`` hides the GPUs, and so does RETURNN's way of saying it,
+``tf_session_opts = {"device_count": {"GPU": 0}}``; otherwise rank r takes visible GPU ``local_rank`` (the
+rule and its errors are ``cluster.gpu_for_rank``'s). The CPU thread pools are set first (``tf_threads``):
+TensorFlow fixes them when it starts."""
 from __future__ import annotations
 
 import os
@@ -12,13 +13,57 @@ from engine.config import Config
 from engine.errors import ConfigError
 from engine.tf_threads import configure_threads
 
+DEVICE_COUNT = "tf_session_opts['device_count']"
+
+
+def device_count_hides_gpus(config: Config) -> bool:
+    """Whether ``tf_session_opts``'s ``device_count`` says ``{"GPU": 0}`` (RETURNN users force the CPU so).
+
+    A TensorFlow 1 session made that many devices of each kind. Here a rank uses one GPU or the CPU, so
+    ``GPU``: 0 means the CPU, a positive number changes nothing (a rank takes one GPU), and ``CPU``: a
+    positive number changes nothing (TensorFlow 2 has one CPU device, using the thread pools); anything
+    else (no CPU, other device kinds, a value that is not a count) is refused rather than ignored."""
+    session = config.dict("tf_session_opts") or {}
+    counts = session.get("device_count")
+    if counts is None:
+        return False
+    if not isinstance(counts, dict):
+        raise ConfigError(f"Config key {DEVICE_COUNT} is {counts!r}; expected a dict such as {{'GPU': 0}} "
+                          "(the number of devices of each kind).")
+    for kind, number in counts.items():
+        if kind not in ("GPU", "CPU"):
+            raise ConfigError(f"Config key {DEVICE_COUNT} has {kind!r}, which this engine does not know; it "
+                              "takes 'GPU' (0: train on the CPU) and 'CPU' (at least 1).")
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ConfigError(f"Config key {DEVICE_COUNT} has {kind!r}: {number!r}; expected a number of "
+                              "devices, an integer >= 0.")
+    if counts.get("CPU") == 0:
+        raise ConfigError(f"Config key {DEVICE_COUNT} has 'CPU': 0, but TensorFlow always has its CPU device "
+                          "(it runs the input pipeline and the host side of every step). Remove the entry.")
+    return counts.get("GPU") == 0
+
+
+def requested_device(config: Config) -> str:
+    """The config's ``device`` ("cpu", "gpu" or "": GPU when present), with ``device_count`` {"GPU": 0}
+    as "cpu"; the two contradicting each other is an error."""
+    device = config.str("device")
+    if not device_count_hides_gpus(config):
+        return device
+    if device.startswith("gpu"):
+        raise ConfigError(f"Config keys 'device' = {device!r} and {DEVICE_COUNT} = {{'GPU': 0}} contradict "
+                          "each other; keep one of them.")
+    return "cpu"
+
 
 def select_device(config: Config) -> None:
     """Call once the communicator exists (``engine.process`` then knows the local rank), before the model."""
     import tensorflow as tf
 
     configure_threads(config)
-    device = config.str("device")
+    device = requested_device(config)
+    if device == "cpu" and not config.str("device"):
+        # before TensorFlow makes its logical devices: hidden here, a GPU never gets a context or memory
+        log.info(f"{DEVICE_COUNT} = {{'GPU': 0}}: the GPUs are hidden, this rank computes on the CPU")
     gpus = tf.config.list_physical_devices("GPU")  # those CUDA_VISIBLE_DEVICES leaves visible
     if device.startswith("cpu") or not gpus:
         if device.startswith("gpu"):

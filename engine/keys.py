@@ -77,7 +77,8 @@ _section(
     ("inter_op_threads", "int", None, "TensorFlow ops run at once, per rank (0: TensorFlow's default; "
      "TF_NUM_INTEROP_THREADS wins)", "from the rank's cores"),
     ("tf_session_opts", "dict", None, "RETURNN's session options: intra_op_parallelism_threads and "
-     "inter_op_parallelism_threads as the two keys above; other entries have no effect"),
+     "inter_op_parallelism_threads as the two keys above, device_count {'GPU': 0} as device = 'cpu'; "
+     "other entries have no effect"),
 )
 _section(
     "training",
@@ -169,6 +170,9 @@ _section(
      "seconds a rank may wait in a collective before a warning names the ranks it waits for (0: none)"),
     ("distributed_stall_timeout", "float", 300.0,
      "seconds a rank may wait in a collective before the job ends, naming those ranks (0: wait forever)"),
+    ("distributed_checkpoint_timeout", "float", 1800.0,
+     "distributed_stall_timeout while a checkpoint is saved (the ranks wait for rank 0 to write it; "
+     "0: wait forever)"),
 )
 
 KEYS: dict[str, Key] = {key.name: key for key in _KEYS}

@@ -28,8 +28,10 @@ ENV_VARS = {"intra": "TF_NUM_INTRAOP_THREADS", "inter": "TF_NUM_INTEROP_THREADS"
 CONFIG_KEYS = {"intra": "intra_op_threads", "inter": "inter_op_threads"}
 SESSION_OPTS = {"intra": "intra_op_parallelism_threads", "inter": "inter_op_parallelism_threads"}
 # TensorFlow 1 session options that exist but mean nothing without a session; accepted and reported.
-SESSION_OPTS_WITHOUT_EFFECT = ("log_device_placement", "allow_soft_placement", "device_count", "gpu_options",
+SESSION_OPTS_WITHOUT_EFFECT = ("log_device_placement", "allow_soft_placement", "gpu_options",
                                "graph_options", "use_per_session_threads", "operation_timeout_in_ms")
+# Read elsewhere: which devices a rank may use (``device.py``).
+SESSION_OPTS_ELSEWHERE = ("device_count",)
 AUTO_RULE = {
     "train": "1 intra-op thread up to 2 cores, else cores - 1; inter-op threads: 1 on 1 core, else 2",
     "inference": "all cores intra-op, 1 inter-op thread",
@@ -165,12 +167,14 @@ def _env_threads(environ: Mapping[str, str], name: str) -> int | None:
 def _from_config(config: Config) -> dict[str, tuple[int, str] | None]:
     """Thread counts the config sets: its keys, or tf_session_opts; both for one number must agree."""
     session = config.dict("tf_session_opts") or {}
-    unknown = sorted(set(session) - set(SESSION_OPTS.values()) - set(SESSION_OPTS_WITHOUT_EFFECT))
+    unknown = sorted(set(session) - set(SESSION_OPTS.values()) - set(SESSION_OPTS_WITHOUT_EFFECT)
+                     - set(SESSION_OPTS_ELSEWHERE))
     if unknown:
         raise ConfigError(
             f"Config key 'tf_session_opts' has {', '.join(map(repr, unknown))}, which this engine does not "
-            f"know; it reads {', '.join(SESSION_OPTS.values())} (thread counts) and accepts "
-            f"{', '.join(SESSION_OPTS_WITHOUT_EFFECT)} (no effect without a session).")
+            f"know; it reads {', '.join(SESSION_OPTS.values())} (thread counts) and device_count ({{'GPU': "
+            f"0}}: the CPU), and accepts {', '.join(SESSION_OPTS_WITHOUT_EFFECT)} (no effect without a "
+            "session).")
     ignored = sorted(set(session) & set(SESSION_OPTS_WITHOUT_EFFECT))
     if ignored:
         log.info(f"tf_session_opts: {', '.join(ignored)} have no effect here: TensorFlow 2 has no session "

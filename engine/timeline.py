@@ -1,6 +1,8 @@
 """A step timeline: per-rank spans in the Chrome trace format, viewable in Perfetto or chrome://tracing.
 
-Every rank streams its spans to its own part file ``<stem>.rank<R><ext>`` beside the timeline file;
+Every rank streams its spans to its own part file ``<stem>.rank<R><ext>`` beside the timeline file
+(opened without following a symbolic link: one planted at that predictable name would make the rank
+overwrite whatever file it points to, so it is refused with a ``ConfigError`` naming the file);
 at the end of the run every rank calls ``stop()``, the ranks meet (a barrier, the caller's business),
 and rank 0 calls ``merge(path, size)``, which writes the one file of the run (ranks as processes,
 ``pid`` = rank) and removes the parts. ``tools/merge_timeline.py`` does the same by hand after a crash.
@@ -18,6 +20,7 @@ and ``record`` returns at once: a few hundred nanoseconds a call (benchmarks/ben
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -27,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from engine.atomic_file import atomic_path
-from engine.errors import EngineError
+from engine.atomic_file import atomic_path, describe_io_error
+from engine.errors import ConfigError, EngineError
 
 CONFIG_KEY = "timeline_file"
 ENV_VAR = "ENGINE_TIMELINE"
@@ -65,8 +68,7 @@ class _Recorder:
     def __init__(self, path: str, rank: int, size: int) -> None:
         self.rank = rank
         self.part = part_path(path, rank)
-        os.makedirs(os.path.dirname(os.path.abspath(self.part)), exist_ok=True)
-        self.fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.fd = _open_part(self.part, path, rank)
         self.lock = threading.Lock()
         self.clock_offset = time.time() - time.perf_counter()
         head = [
@@ -95,6 +97,23 @@ class _Recorder:
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
+
+
+def _open_part(part: str, path: str, rank: int) -> int:
+    """Create or truncate ``part`` for writing, never through a symbolic link (O_NOFOLLOW)."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(part)), exist_ok=True)
+        return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(part):
+            raise ConfigError(
+                f"Timeline part file '{part}' (rank {rank}'s part of {CONFIG_KEY} '{path}') is a symbolic "
+                "link; it is not followed, since writing through it would overwrite the file it points to. "
+                f"Remove the link, or set {CONFIG_KEY} (or ${ENV_VAR}) to a path in a directory only you "
+                "can write to.") from None
+        raise ConfigError(f"Cannot write timeline part file '{part}' (rank {rank}'s part of {CONFIG_KEY} "
+                          f"'{path}'): {describe_io_error(exc)}. Set {CONFIG_KEY} (or ${ENV_VAR}) to a "
+                          "writable path.") from None
 
 
 _recorder: _Recorder | None = None

@@ -2,6 +2,7 @@
 MPI: the rule in engine/cluster.py, and its use in engine/device.py with stand-in devices."""
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -122,3 +123,69 @@ def test_start_logs_the_host_to_rank_map(monkeypatch, capsys):
     host = socket.gethostname()
     assert comm.gathered[-1] == host  # every rank sends its hostname
     assert f"hosts: 2 ranks on 1 host: {host} ranks 0-1" in capsys.readouterr().out
+
+
+def test_device_count_gpu_0_hides_the_gpus_before_tensorflow_uses_them(fake_gpus, capsys):
+    """RETURNN users force the CPU with tf_session_opts = {"device_count": {"GPU": 0}}."""
+    from engine import log
+    from engine.device import select_device
+
+    log.init()
+    gpus, chosen = fake_gpus
+    set_communicator(FakeComm(local_rank=1, local_size=4))
+    select_device(Config({"tf_session_opts": {"device_count": {"GPU": 0}}}))
+    assert chosen == {"visible": []}
+    out = capsys.readouterr().out
+    assert "tf_session_opts['device_count'] = {'GPU': 0}: the GPUs are hidden, this rank computes on the " \
+           "CPU" in out
+    assert "device_count" not in out.split("the GPUs are hidden")[1]  # not also listed as without effect
+
+
+def test_device_count_with_gpus_or_cpus_changes_nothing(fake_gpus):
+    from engine.device import select_device
+
+    gpus, chosen = fake_gpus
+    set_communicator(FakeComm(local_rank=1, local_size=4))
+    select_device(Config({"tf_session_opts": {"device_count": {"GPU": 1, "CPU": 4}}}))
+    assert chosen == {"visible": [gpus[1]], "growth": (gpus[1], True)}
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"device_count": {"XLA_GPU": 0}}, "has 'XLA_GPU', which this engine does not know"),
+    ({"device_count": {"CPU": 0}}, "has 'CPU': 0, but TensorFlow always has its CPU device"),
+    ({"device_count": {"GPU": "none"}}, "has 'GPU': 'none'; expected a number of devices"),
+    ({"device_count": {"GPU": False}}, "has 'GPU': False; expected a number of devices"),
+    ({"device_count": 0}, "is 0; expected a dict such as {'GPU': 0}"),
+])
+def test_device_count_entries_that_cannot_be_honoured_are_refused(config, words):
+    from engine.device import requested_device
+
+    with pytest.raises(ConfigError, match=re.escape(f"Config key tf_session_opts['device_count'] {words}")):
+        requested_device(Config({"tf_session_opts": config}))
+
+
+def test_device_count_gpu_0_contradicting_device_gpu_is_an_error():
+    from engine.device import requested_device
+
+    with pytest.raises(ConfigError, match="'device' = 'gpu' and tf_session_opts\\['device_count'\\] = "
+                                          "\\{'GPU': 0\\} contradict each other"):
+        requested_device(Config({"device": "gpu", "tf_session_opts": {"device_count": {"GPU": 0}}}))
+    both = Config({"device": "cpu", "tf_session_opts": {"device_count": {"GPU": 0}}})
+    assert requested_device(both) == "cpu"
+    assert requested_device(Config({})) == ""
+
+
+def test_the_backend_choice_sees_device_count_gpu_0_as_the_cpu(monkeypatch):
+    """distributed_backend = "auto" picks Horovod for GPU training: not when the GPUs are hidden."""
+    from engine.distributed import startup as start_module
+
+    devices = []
+
+    def create(name, stall, device):
+        devices.append(device)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(start_module, "create_communicator", create)
+    with pytest.raises(ConfigError, match="stop here"):
+        start_module.start(Config({"use_horovod": True, "tf_session_opts": {"device_count": {"GPU": 0}}}))
+    assert devices == ["cpu"]

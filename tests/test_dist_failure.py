@@ -40,6 +40,16 @@ def test_exception_in_a_thread_aborts_the_job():
     assert output.count("RuntimeError: boom: the data loader thread of rank 1 crashed") == 1, output
 
 
+def test_below_thread_multiple_a_thread_ends_the_job_without_calling_mpi():
+    """With MPI_THREAD_SERIALIZED the main thread may be inside a collective: no MPI_Abort from a thread."""
+    start = time.monotonic()
+    result = run_mpi(2, [SCRIPT, "thread"], timeout=120, env={"MPI4PY_RC_THREAD_LEVEL": "serialized"})
+    output = result.stdout + result.stderr
+    assert time.monotonic() - start < BOUND_S and result.returncode != 0, output
+    assert output.count("RuntimeError: boom: the data loader thread of rank 1 crashed") == 1, output
+    assert "MPI_ABORT" not in output, output
+
+
 def test_sigkill_of_one_rank_ends_the_job():
     result, output = run_failing("sigkill")
     assert "exited on\nsignal 9" in output or "exited on signal 9" in output, output

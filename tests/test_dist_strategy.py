@@ -36,7 +36,8 @@ def test_defaults_follow_the_spec():
     ctx = context(use_horovod=True)
     assert (ctx.reduce_type, ctx.param_sync_step, ctx.param_sync_time_diff, ctx.dataset_distribution,
             ctx.scale_lr, ctx.grad_normalization, ctx.backend_name, ctx.stall) == \
-        ("grad", 1, None, "shard", False, "sum", "auto", StallLimits(warning=60.0, timeout=300.0))
+        ("grad", 1, None, "shard", False, "sum", "auto",
+         StallLimits(warning=60.0, timeout=300.0, checkpoint=1800.0))
     grad = strategy(use_horovod=True)
     assert isinstance(grad, GradAllreduce) and grad.normalization == "sum"
     assert grad.train_shard == (2, 4) and grad.random_seed_offset == 0 and not grad.differentiates_loss_sum
@@ -45,16 +46,19 @@ def test_defaults_follow_the_spec():
 def test_every_key_is_read_also_from_command_line_strings():
     ctx = context(use_horovod="1", horovod_reduce_type="param", horovod_param_sync_step="100",
                   horovod_dataset_distribution="random_seed_offset", horovod_scale_lr="yes",
-                  distributed_backend="mpi", distributed_stall_timeout="600", distributed_stall_warning="20")
+                  distributed_backend="mpi", distributed_stall_timeout="600", distributed_stall_warning="20",
+                  distributed_checkpoint_timeout="7200")
     assert (ctx.reduce_type, ctx.param_sync_step, ctx.dataset_distribution, ctx.scale_lr, ctx.backend_name,
-            ctx.stall) == ("param", 100, "random_seed_offset", True, "mpi", StallLimits(20.0, 600.0))
+            ctx.stall) == ("param", 100, "random_seed_offset", True, "mpi", StallLimits(20.0, 600.0, 7200.0))
     timed = context(use_horovod=True, horovod_reduce_type="param", horovod_param_sync_time_diff=30)
     assert timed.param_sync_time_diff == 30.0
     assert context(use_horovod=True, horovod_avg_grad=True).grad_normalization == "average"
     assert context(use_horovod=True, horovod_grad_normalization="global_frames").grad_normalization == \
         "global_frames"
     never = context(use_horovod=True, distributed_stall_timeout=0, distributed_stall_warning=None).stall
-    assert never == StallLimits(None, None) and not never.enabled
+    assert never == StallLimits(None, None) and not never.enabled  # no checkpoint limit without a stall one
+    saving_forever = context(use_horovod=True, distributed_checkpoint_timeout=None).stall
+    assert saving_forever == StallLimits(60.0, 300.0, None) and saving_forever.timeout_for(True) is None
 
 
 def test_each_mode_builds_its_strategy():

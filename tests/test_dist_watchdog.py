@@ -16,12 +16,13 @@ class Channel:
         self.inbox: list[tuple[int, int, float, str]] = []
         self.sent: list[tuple[int, float, str]] = []
 
-    def report_wait(self, count: int, waited: float, what: str) -> None:
-        self.sent.append((count, waited, what))
+    def report_wait(self, count: int, waited: float, what: str, saving: bool) -> None:
+        self.sent.append((count, waited, what) + (("saving",) if saving else ()))
 
-    def collect_waits(self) -> list[tuple[int, int, float, str]]:
+    def collect_waits(self) -> list[tuple[int, int, float, str, bool]]:
+        """The inbox's (rank, count, waited, what[, saving]) reports; without ``saving``: not saving."""
         received, self.inbox = self.inbox, []
-        return received
+        return [(*report, False) if len(report) == 4 else report for report in received]
 
 
 class Clock:
@@ -148,3 +149,105 @@ def test_no_limits_never_end_anything(capsys):
         clock.now += 10 ** 6
         dog.check()
     assert ended == [] and capsys.readouterr().err == ""
+
+
+def checkpoint_watchdog(rank: int = 0, channel: bool = True):
+    clock, inbox, ended = Clock(), Channel(), []
+
+    def abort(message: str, code: int) -> None:
+        ended.append((message, code))
+        raise Ended
+
+    dog = Watchdog(StallLimits(warning=5, timeout=10, checkpoint=60), abort, rank=rank, size=2,
+                   channel=inbox if channel else None, clock=clock, start=False)
+    return dog, clock, inbox, ended
+
+
+def test_while_rank_0_writes_a_checkpoint_the_waits_end_the_job_only_after_the_checkpoint_timeout(capsys):
+    log.init()
+    dog, clock, channel, ended = checkpoint_watchdog()
+    with dog.collective("allreduce"):
+        pass
+    with dog.checkpoint_window():  # rank 0 writes: no wait of its own, rank 1 waits for it
+        for second in range(1, 60):
+            clock.now += 1
+            channel.inbox = [(1, 2, second - 0.5, "step signal (allreduce)", True)]
+            dog.check()
+        assert ended == []
+        warned = capsys.readouterr().err
+        assert warned.count("stall: rank 0 has not reached collective #2 'step signal (allreduce)' after "
+                            "6 s; rank 1 waits there (distributed_stall_warning). The job ends after "
+                            "distributed_checkpoint_timeout = 60 s (a checkpoint is being saved).") == 1, \
+            warned
+        clock.now += 1
+        channel.inbox = [(1, 2, 60.0, "step signal (allreduce)", True)]
+        with pytest.raises(Ended):
+            dog.check()
+    assert ended == [("error: rank 0 did not reach collective #2 'step signal (allreduce)' within 60 s "
+                      "(distributed_checkpoint_timeout), where rank 1 waits: a checkpoint is being saved, "
+                      "and its write is stuck or slower than that (raise distributed_checkpoint_timeout for "
+                      "large checkpoints on slow storage), or rank 0 stopped answering. Ending the MPI job.",
+                      1)]
+
+
+def test_a_report_that_arrives_after_rank_0_left_the_collective_ends_nothing():
+    dog, clock, channel, ended = checkpoint_watchdog()
+    with dog.checkpoint_window():
+        clock.now += 15  # rank 0 wrote for 15 s, rank 1 waited for it in collective #1
+        channel.inbox = [(1, 1, 15.0, "step signal (allreduce)", True)]
+        dog.check()
+        with dog.collective("allreduce"):  # rank 0 joins #1, which completes for both
+            pass
+    clock.now += 0.3  # rank 1's last report, sent before #1 completed, is still taken as current
+    dog.check()
+    assert ended == []
+
+
+def test_a_rank_waiting_in_the_window_for_a_rank_0_that_is_not_writing_gets_no_extension():
+    dog, clock, channel, ended = checkpoint_watchdog()
+    clock.now += 11  # rank 0 still trains its step (no checkpoint window); rank 1 entered the save early
+    channel.inbox = [(1, 2, 11.0, "checkpoint (gather_object)", True)]
+    with pytest.raises(Ended):
+        dog.check()
+    assert "within 10 s (distributed_stall_timeout)" in ended[0][0]
+
+
+def test_other_ranks_wait_in_the_window_until_the_checkpoint_timeout_and_its_grace():
+    dog, clock, channel, ended = checkpoint_watchdog(rank=1)
+    with dog.checkpoint_window(), dog.guard("step signal"), dog.collective("allreduce"):
+        clock.now += 2
+        dog.check()
+        assert channel.sent == [(1, 2.0, "step signal (allreduce)", "saving")]
+        clock.now += 73  # past distributed_stall_timeout + its grace (21 s), within 60 + 16 s
+        dog.check()
+        assert ended == []
+        clock.now += 2
+        with pytest.raises(Ended):
+            dog.check()
+    assert "did not complete within 76 s (distributed_checkpoint_timeout + 16 s), and rank 0" in ended[0][0]
+    with dog.guard("step signal"), dog.collective("allreduce"):  # the window is over: the usual limit
+        clock.now += 2
+        dog.check()
+    assert channel.sent[-1] == (2, 2.0, "step signal (allreduce)")
+
+
+def test_without_a_channel_every_rank_warns_and_ends_the_job_itself_naming_its_collective(capsys):
+    log.init()
+    dog, clock, _, ended = checkpoint_watchdog(rank=1, channel=False)
+    assert dog.local_only
+    with dog.guard("step signal"), dog.collective("allreduce"):
+        for _ in range(3):
+            clock.now += 3
+            dog.check()
+        assert capsys.readouterr().err.count(
+            "stall: rank 1 waits in collective #1 'step signal (allreduce)' for 6 s "
+            "(distributed_stall_warning); the ranks not there yet cannot be named (MPI runs below "
+            "THREAD_MULTIPLE, so the watchdog thread does not call MPI). The job ends after "
+            "distributed_stall_timeout = 10 s.") == 1
+        clock.now += 2  # 11 s: no grace, nobody else ends the job
+        with pytest.raises(Ended):
+            dog.check()
+    assert ended[0][0] == (
+        "error: collective #1 'step signal (allreduce)' did not complete within 10 s "
+        "(distributed_stall_timeout); the ranks that did not arrive cannot be named (MPI runs below "
+        "THREAD_MULTIPLE, so the watchdog thread does not call MPI). Ending the MPI job.")

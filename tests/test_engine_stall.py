@@ -51,3 +51,89 @@ def test_a_rank_that_never_joins_ends_the_job_instead_of_a_hang(tmp_path):
     assert result.returncode != 0, output
     assert time.monotonic() - start < 60, output
     assert "[rank 0] rnn.py: error: the 2 ranks did not all join the job within 12 s" in output, output
+
+
+def slow_save_run(tmp_path, save_seconds: float):
+    """A 2-rank training whose checkpoint writes take ``save_seconds`` more on rank 0, with a stall timeout
+    of 10 s (a busy machine may keep one rank several seconds behind at start-up) and a checkpoint timeout
+    of 22 s."""
+    config = base_config(use_horovod=True, distributed_backend="mpi", num_epochs=1, checkpoint_interval=0,
+                         model=str(tmp_path / "net"), distributed_stall_warning=1,
+                         distributed_stall_timeout=10, distributed_checkpoint_timeout=22)
+    start = time.monotonic()
+    result = run_mpi(2, [SCRIPT, str(tmp_path), repr(config), f"slow_save={save_seconds}"], timeout=180)
+    return result, result.stdout + result.stderr, time.monotonic() - start
+
+
+@pytest.mark.tf_latest
+def test_a_checkpoint_write_longer_than_the_stall_timeout_but_within_its_own_limit_completes(tmp_path):
+    result, output, _ = slow_save_run(tmp_path, 14)
+    assert result.returncode == 0, output
+    assert (tmp_path / "net.001").exists() and (tmp_path / "rank1.npz").exists(), output
+    assert "error" not in output, output
+    # the warning still comes, saying why the job waits longer
+    assert "stall: rank 0 has not reached collective" in output, output
+    assert "The job ends after distributed_checkpoint_timeout = 22 s (a checkpoint is being saved)." in output
+
+
+@pytest.mark.tf_latest
+def test_a_checkpoint_write_beyond_its_limit_ends_the_job_naming_rank_0_and_the_key(tmp_path):
+    result, output, seconds = slow_save_run(tmp_path, 120)
+    assert result.returncode == 1, output
+    assert seconds < 110, output  # start-up, one epoch, 22 s: not the 120 s write
+    assert output.count("error:") == 1, output
+    assert re.search(r"\[rank 0\] error: rank 0 did not reach collective #\d+ '[^']+' within 22 s "
+                     r"\(distributed_checkpoint_timeout\), where rank 1 waits: a checkpoint is being saved",
+                     output), output
+    assert not (tmp_path / "net.001").exists()
+
+
+def run_at_thread_level(tmp_path, level: str, backend: str = "mpi", *options: str):
+    """A 2-rank training with mpi4py asking MPI for thread level ``level`` (what mpi4py.rc.thread_level
+    sets in code); with options, through engine_train.py, else through rnn.py."""
+    config = base_config(use_horovod=True, distributed_backend=backend, num_epochs=2,
+                         distributed_stall_warning=1, distributed_stall_timeout=8)
+    args = [SCRIPT, str(tmp_path), repr(config), *options]
+    if not options:
+        (tmp_path / "config.py").write_text("".join(f"{key} = {value!r}\n" for key, value in config.items()))
+        args = [str(ROOT / "rnn.py"), str(tmp_path / "config.py")]
+    result = run_mpi(2, args, timeout=180, env={"MPI4PY_RC_THREAD_LEVEL": level})
+    return result, result.stdout + result.stderr
+
+
+@pytest.mark.tf_latest
+def test_below_thread_multiple_the_watchdog_keeps_off_mpi_and_the_waiting_rank_ends_the_job(tmp_path):
+    start = time.monotonic()
+    result, output = run_at_thread_level(tmp_path, "serialized", "mpi", "fail=stall", "fail_rank=1",
+                                         "fail_step=2")
+    assert result.returncode == 1, output
+    assert time.monotonic() - start < 90, output
+    assert output.count("MPI was initialised with MPI_THREAD_SERIALIZED, not MPI_THREAD_MULTIPLE: the stall "
+                        "watchdog's thread does not call MPI") == 1, output  # rank 0's warning, once
+    # rank 0 names no other rank (that would take the side channel from the watchdog thread): it ends the
+    # job on its own wait, without MPI_Abort, and mpirun ends rank 1
+    assert "has not reached collective" not in output and "MPI_ABORT" not in output, output
+    assert output.count("error:") == 1, output
+    assert re.search(r"\[rank 0\] error: collective #\d+ 'allreduce in a tf.function' did not complete "
+                     r"within 8 s \(distributed_stall_timeout\); the ranks that did not arrive cannot be "
+                     r"named", output), output
+    assert re.search(r"^stall: rank 0 waits in collective #\d+ 'allreduce in a tf.function' for \d+ s "
+                     r"\(distributed_stall_warning\)", output, re.M), output
+
+
+@pytest.mark.tf_latest
+def test_below_serialized_the_mpi_backend_is_refused_with_one_message(tmp_path):
+    result, output = run_at_thread_level(tmp_path, "funneled")
+    assert result.returncode == 2, output
+    assert output.count("error: MPI was initialised with MPI_THREAD_FUNNELED, but the mpi backend calls MPI "
+                        "from TensorFlow's threads") == 1, output
+    assert "Traceback" not in output
+
+
+def test_horovod_below_thread_multiple_is_refused_before_it_starts(tmp_path):
+    pytest.importorskip("horovod.tensorflow")
+    result, output = run_at_thread_level(tmp_path, "serialized", "horovod")
+    assert result.returncode == 2, output
+    assert output.count("error: Config key 'distributed_backend' is 'horovod', but MPI was initialised with "
+                        "MPI_THREAD_SERIALIZED") == 1, output
+    assert "Traceback" not in output

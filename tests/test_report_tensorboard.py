@@ -131,6 +131,63 @@ def test_resume_after_a_killed_run_with_a_torn_last_record(tmp_path):
     assert steps(curves, "epoch/train_score") == [1]
 
 
+KILLED_REWRITE = """
+import os, signal
+import tensorflow as tf
+from engine.report.tensorboard import TensorBoardWriter, cut_event_files
+writer = TensorBoardWriter({log_dir!r}, step_interval=1)
+for step in range(1, 31):
+    writer.step(step, score=step / 1000)
+writer.close()
+real_writer = tf.io.TFRecordWriter
+
+class DiesAfterThreeRecords:  # the rewrite is killed half-way, its temp file on disk
+    def __init__(self, path):
+        self.writer, self.records = real_writer(path), 0
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc_info):
+        self.writer.close()
+    def write(self, record):
+        self.writer.write(record)
+        self.records += 1
+        if self.records == 3:
+            self.writer.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+tf.io.TFRecordWriter = DiesAfterThreeRecords
+cut_event_files({log_dir!r}, max_step=10, max_epoch=0)
+"""
+
+
+def test_a_killed_rewrite_leaves_nothing_tensorboard_reads_and_its_temp_goes_at_the_next_start(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", KILLED_REWRITE.format(log_dir=str(tmp_path))],
+                          env=child_env(), timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    names = os.listdir(tmp_path)
+    (temp,) = [name for name in names if name.endswith(".tmp")]  # the killed rewrite's, with 3 records
+    assert os.path.getsize(tmp_path / temp) > 0
+    assert "tfevents" not in temp  # TensorBoard reads every file whose name contains "tfevents"
+    assert steps(read_curves(tmp_path), "train/score") == list(range(1, 31))  # once each, no duplicates
+    writer = TensorBoardWriter(str(tmp_path), step_interval=1, resume_step=10)
+    writer.close()
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+    assert steps(read_curves(tmp_path), "train/score") == list(range(1, 11))
+
+
+def test_temp_files_of_killed_rewrites_by_earlier_versions_are_removed(tmp_path):
+    writer = TensorBoardWriter(str(tmp_path), step_interval=1)
+    writer.step(1, score=1.0)
+    writer.close()
+    (event_file,) = os.listdir(tmp_path)
+    stale = [f".{event_file}.k2j4_x8q.tmp", f"{event_file}.tmp-99", ".tb-rewrite.abc123.tmp"]
+    kept = ["notes.tmp", ".other.tmp"]  # not ours
+    for name in stale + kept:
+        (tmp_path / name).write_bytes(b"left by a killed rewrite")
+    assert cut_event_files(str(tmp_path), max_step=1, max_epoch=0) == 0
+    assert sorted(os.listdir(tmp_path)) == sorted([event_file] + kept)
+
+
 def test_from_config(tmp_path):
     model = str(tmp_path / "run" / "model")
     writer = TensorBoardWriter.from_config(Config({"model": model}))

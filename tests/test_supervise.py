@@ -17,13 +17,17 @@ pytestmark = pytest.mark.tf_latest
 
 SUPERVISE = [sys.executable, str(ROOT / "tools" / "supervise.py")]
 
-# Counts its runs in a file; exit code (or "kill") of each run from argv, the last one repeated.
+# Counts its runs in a file; exit code (or "kill") of each run from argv, the last one repeated; "CODE@S":
+# exit with CODE after running S seconds.
 FLAKY = """
-import os, pathlib, signal, sys
+import os, pathlib, signal, sys, time
 counter = pathlib.Path(sys.argv[1])
 run = int(counter.read_text()) if counter.exists() else 0
 counter.write_text(str(run + 1))
 outcome = sys.argv[2:][min(run, len(sys.argv) - 3)]
+if "@" in outcome:
+    outcome, seconds = outcome.split("@")
+    time.sleep(float(seconds))
 if outcome == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(int(outcome))
@@ -68,6 +72,26 @@ def test_gives_up_after_max_restarts_with_capped_backoff(tmp_path):
     waits = re.findall(r"restart \d of 3 in (\S+) s\.", r.stderr)
     assert waits == ["0.1", "0.2", "0.25"], r.stderr
     assert "(attempt 4 of 4); no restarts left (--max-restarts 3), giving up." in r.stderr
+
+
+def test_a_crash_after_a_long_healthy_run_counts_as_the_first_again(tmp_path):
+    # runs 1, 2: quick crashes; run 3 crashes after a healthy stretch (>= --reset-after), so it counts as
+    # the first end: two more restarts with the first back-offs, then runs 4, 5 crash quickly and end it
+    r = supervise(["--max-restarts", "2", "--backoff", "0.05", "--reset-after", "1"],
+                  flaky(tmp_path, "1", "1", "1@1.5", "1"))
+    assert r.returncode == 1 and runs(tmp_path) == 5, r.stderr
+    assert re.findall(r"restart (\d) of 2 in (\S+) s\.", r.stderr) == \
+        [("1", "0.05"), ("2", "0.1"), ("1", "0.05"), ("2", "0.1")], r.stderr
+    assert re.search(r"command ended after 1\.\d s, exit code 1 \(attempt 3 of 3\), a run of --reset-after "
+                     r"1 s or more: counted as attempt 1; restart 1 of 2 in 0\.05 s\.", r.stderr), r.stderr
+    assert "(attempt 3 of 3); no restarts left (--max-restarts 2), giving up." in r.stderr
+
+
+def test_without_reset_after_the_restarts_count_over_the_whole_supervision(tmp_path):
+    r = supervise(["--max-restarts", "2", "--backoff", "0", "--reset-after", "0"],
+                  flaky(tmp_path, "1", "1@1.2", "1"))
+    assert r.returncode == 1 and runs(tmp_path) == 3, r.stderr
+    assert "counted as attempt 1" not in r.stderr
 
 
 @pytest.mark.parametrize("code, why", [(2, "a config error"), (3, "a data error")])
@@ -118,8 +142,40 @@ def test_signals_are_forwarded_and_end_the_supervision(tmp_path, signum):
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 99, err
-    assert got.read_text() == signal.Signals(signum).name
-    assert f"(attempt 1 of 4) after {signal.Signals(signum).name} was forwarded to it; not restarting." in err
+    # SIGTERM goes on as the engine's save-and-exit request that mpirun forwards (mpirun kills on SIGTERM)
+    got_as = "SIGUSR2" if signum == signal.SIGTERM else signal.Signals(signum).name
+    assert got.read_text() == got_as
+    forwarded = signal.Signals(signum).name
+    if signum == signal.SIGTERM:
+        forwarded += " (as SIGUSR2, the save-and-exit request)"
+    assert f"(attempt 1 of 4) after {forwarded} was forwarded to it; not restarting." in err
+
+
+# Stops on SIGUSR2 only after a while (a save in progress); records every signal it gets.
+SLOW_TO_STOP = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def note(signum, frame):
+    with out.open("a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+signal.signal(signal.SIGUSR2, note)
+pathlib.Path(sys.argv[2]).touch()
+time.sleep(60)
+"""
+
+
+def test_a_later_second_sigterm_is_forwarded_as_sigterm(tmp_path):
+    got, ready = tmp_path / "got", tmp_path / "ready"
+    proc = start_supervisor(["--backoff", "0"], [sys.executable, "-c", SLOW_TO_STOP, str(got), str(ready)])
+    wait_for(ready)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)  # the same stop delivered twice: still the save-and-exit request
+    time.sleep(2.5)  # past preemption.REPEAT_GRACE_SECONDS: now the sender wants it gone
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert got.read_text().split() == ["SIGUSR2", "SIGUSR2"], err
 
 
 def test_stop_signal_while_waiting_to_restart_exits_resumable(tmp_path):
@@ -162,3 +218,29 @@ def test_restarts_a_two_rank_mpirun_job_after_a_rank_is_killed(tmp_path):
     assert ", exit code 137 (128 + SIGKILL) (attempt 1 of 4); restart 1 of 3 in 0.1 s." in r.stderr, r.stderr
     assert sorted(line for line in r.stdout.splitlines() if line.startswith("rank")) == \
         ["rank 0 done", "rank 1 done"]
+
+
+@pytest.mark.mpi
+def test_sigterm_to_the_supervisor_of_a_two_rank_training_saves_a_checkpoint_and_exits_99(tmp_path):
+    """Open MPI's mpirun kills the ranks within 0.5 s of a SIGTERM: passed on as is, nothing would be
+    saved and the job would not end with 99."""
+    from test_engine_parallel import base_config
+
+    ready = tmp_path / "ready"
+    config = base_config(use_horovod=True, distributed_backend="mpi", num_epochs=100, checkpoint_interval=0,
+                         model=str(tmp_path / "net"))
+    script = str(ROOT / "tests" / "mpi_scripts" / "engine_train.py")
+    command = mpirun_cmd(2, [sys.executable, script, str(tmp_path), repr(config), f"ready={ready}",
+                             "step_sleep=0.2"])
+    proc = start_supervisor(["--backoff", "0"], command)
+    try:
+        wait_for(ready, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 99, out + err
+    assert re.search(r"stopping on request: SIGUSR2 received by rank \d.*; saved checkpoint \S*net\.\d{3}"
+                     r"\.step\d+ ", out + err), out + err
+    assert list(tmp_path.glob("net.*.step*")), out + err
+    assert "after SIGTERM (as SIGUSR2, the save-and-exit request) was forwarded to it; not restarting." in err

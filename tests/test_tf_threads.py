@@ -154,3 +154,21 @@ def test_two_ranks_on_one_host_share_or_own_their_cores(tmp_path, binding, words
     intra, inter = automatic_threads(cores(n))
     words = words.format(n=n)
     assert all(words in line and f"{intra} intra-op, {inter} inter-op" in line for line in lines), lines
+
+
+def test_a_run_with_device_count_gpu_0_trains_on_the_cpu_and_says_so(tmp_path):
+    config = tmp_path / "c.py"
+    config.write_text(TINY + """
+tf_session_opts = {"device_count": {"GPU": 0}, "log_device_placement": False}
+
+def get_network(epoch, **_):
+    import tensorflow as tf
+    print("visible GPUs", len(tf.config.get_visible_devices("GPU")))
+    return layers
+""".replace("def get_network", "layers = network\ndel network\n\ndef get_network"))
+    r = run_rnn([str(config)])
+    assert r.returncode == 0, r.stderr
+    assert "tf_session_opts['device_count'] = {'GPU': 0}: the GPUs are hidden, this rank computes on the " \
+           "CPU" in r.stdout, r.stdout
+    assert "tf_session_opts: log_device_placement have no effect here" in r.stdout, r.stdout
+    assert "visible GPUs 0" in r.stdout

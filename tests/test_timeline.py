@@ -11,7 +11,7 @@ import time
 import pytest
 
 from engine import timeline
-from engine.errors import EngineError
+from engine.errors import ConfigError, EngineError
 from helpers import ROOT, child_env, run, run_mpi
 
 pytestmark = [pytest.mark.tf_latest, pytest.mark.usefixtures("timeline_stopped")]
@@ -139,6 +139,51 @@ def test_two_ranks_end_in_one_trace(tmp_path):
     assert {e["args"]["result"] for e in allreduces} == {1, 3, 5}
     assert all(e["args"]["bytes"] == 8 for e in allreduces)
     assert list(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlink_at_a_part_files_name_is_refused_and_not_followed(tmp_path, dangling):
+    victim = tmp_path / "victim.txt"
+    if not dangling:
+        victim.write_text("precious")
+    path = str(tmp_path / "t.json")
+    os.symlink(victim, timeline.part_path(path, 1))
+    with pytest.raises(ConfigError) as info:
+        timeline.start(path, rank=1, size=2)
+    assert str(info.value).startswith(f"Timeline part file '{timeline.part_path(path, 1)}' (rank 1's part "
+                                      f"of timeline_file '{path}') is a symbolic link; it is not followed")
+    assert not timeline.enabled()
+    if dangling:
+        assert not victim.exists()
+    else:
+        assert victim.read_text() == "precious"
+
+
+def test_an_unwritable_part_file_is_a_clear_error(tmp_path):
+    path = str(tmp_path / "t.json")
+    os.mkdir(timeline.part_path(path, 0))  # a directory where the part file should go
+    with pytest.raises(ConfigError, match=r"Cannot write timeline part file '.*t\.rank0\.json' \(rank 0's "
+                                          r"part of timeline_file '.*'\): Is a directory \(EISDIR\)"):
+        timeline.start(path)
+
+
+@pytest.mark.mpi
+def test_a_two_rank_training_with_a_planted_part_file_link_ends_with_one_message(tmp_path):
+    from test_engine_parallel import base_config
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    path = str(tmp_path / "timeline.json")
+    os.symlink(victim, timeline.part_path(path, 1))
+    config = base_config(use_horovod=True, distributed_backend="mpi", timeline_file=path)
+    (tmp_path / "config.py").write_text("".join(f"{key} = {value!r}\n" for key, value in config.items()))
+    proc = run_mpi(2, [str(ROOT / "rnn.py"), str(tmp_path / "config.py")])
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert output.count(f"[rank 1] rnn.py: error: Timeline part file '{timeline.part_path(path, 1)}'") == 1, \
+        output
+    assert "Traceback" not in output
+    assert victim.read_text() == "precious"
 
 
 def test_merge_tool_after_a_crash(tmp_path):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
@@ -58,13 +60,20 @@ class Communicator(abc.ABC):
     # The CPU affinity of each rank on this host, by local rank (empty: unknown); ``tf_threads`` reads it.
     local_cpus: tuple[frozenset[int], ...] = ()
 
-    def __init__(self, stall: StallLimits | None = None, side_channel: Any = None) -> None:
+    def __init__(self, stall: StallLimits | None = None, side_channel: Any = None, *,
+                 watchdog_calls_mpi: bool = True) -> None:
         """``stall``: when to warn about and end a wait for other ranks (None: never); ``side_channel``:
-        a ``side_channel.SideChannel`` (multi-rank backends), for the watchdog and stop notices."""
+        a ``side_channel.SideChannel`` (multi-rank backends), for the watchdog and stop notices.
+        ``watchdog_calls_mpi`` False (MPI below THREAD_MULTIPLE): the watchdog's thread neither uses the
+        side channel nor aborts through MPI; it watches this rank's own waits and ends the process."""
         self.side_channel = side_channel
         self.watchdog = None
         if stall is not None and stall.enabled:
-            self.watchdog = Watchdog(stall, self.abort, rank=self.rank, size=self.size, channel=side_channel)
+            if watchdog_calls_mpi:
+                self.watchdog = Watchdog(stall, self.abort, rank=self.rank, size=self.size,
+                                         channel=side_channel)
+            else:
+                self.watchdog = Watchdog(stall, exit_without_mpi, rank=self.rank, size=self.size)
 
     @property
     def is_main(self) -> bool:
@@ -74,6 +83,11 @@ class Communicator(abc.ABC):
         """Names the collectives in the block ("step signal") for the stall watchdog's messages, and ends
         the job when the block waits too long (``watchdog.py``)."""
         return self.watchdog.guard(what) if self.watchdog is not None else contextlib.nullcontext()
+
+    def checkpoint_window(self) -> ContextManager[None]:
+        """Around saving a checkpoint, on every rank: the ranks wait there for rank 0 to write it, so their
+        waits end the job only after ``distributed_checkpoint_timeout`` (``watchdog.py``)."""
+        return self.watchdog.checkpoint_window() if self.watchdog is not None else contextlib.nullcontext()
 
     def _collective(self, name: str) -> ContextManager[None]:
         """Around one collective call of a backend: counted and announced to the stall watchdog."""
@@ -125,3 +139,12 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def abort(self, message: str, exit_code: int = 1) -> NoReturn:
         """Print ``message`` (when not empty) and end every process of the job with ``exit_code``."""
+
+
+def exit_without_mpi(message: str, exit_code: int = 1) -> NoReturn:
+    """End this process without an MPI call (from a thread that must not make one): ``mpirun`` then ends
+    the other ranks, as for any rank that exits with a non-zero code before ``MPI_Finalize``."""
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(exit_code)

@@ -22,7 +22,7 @@ import numpy as np
 from engine import phases
 from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
-from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator
+from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator, check_thread_level
 from engine.distributed.watchdog import StallLimits
 from engine.errors import DistributedError
 
@@ -34,8 +34,9 @@ class HorovodCommunicator(MPICommunicator):
     name = "horovod"
 
     def __init__(self, stall: StallLimits | None = None) -> None:
-        from mpi4py import MPI  # noqa: F401  (MPI must be initialised by mpi4py before Horovod)
+        from mpi4py import MPI  # MPI must be initialised by mpi4py before Horovod
 
+        check_thread_level(MPI, "horovod")  # refused below MULTIPLE, before hvd.init could crash on it
         _set_horovod_stall_check(stall or StallLimits())
         import horovod.tensorflow as hvd
 

@@ -9,21 +9,63 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine import phases
-from engine.distributed.backend import Communicator, TimedAs, check_reduction, tensor_bytes
+from engine import log, phases
+from engine.distributed.backend import Communicator, TimedAs, check_reduction, exit_without_mpi, tensor_bytes
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
+from engine.errors import ConfigError
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 # How the stall watchdog names a reduction inside a tf.function: the train step's gradients, or an average.
 IN_GRAPH = "allreduce in a tf.function"
+
+
+def thread_level_name(mpi: Any, level: int) -> str:
+    names = {mpi.THREAD_SINGLE: "MPI_THREAD_SINGLE", mpi.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+             mpi.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", mpi.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
+    return names.get(level, f"thread level {level}")
+
+
+def check_thread_level(mpi: Any, backend: str, warn: bool = True) -> bool:
+    """Whether MPI allows calls from several threads at once (``MPI_THREAD_MULTIPLE``, what mpi4py asks
+    for): the stall watchdog's thread and Horovod's background thread call MPI while the main thread
+    waits in a collective. ``MPI_THREAD_SERIALIZED`` (an MPI built without full thread support, or
+    ``mpi4py.rc.thread_level`` / ``MPI4PY_RC_THREAD_LEVEL`` set lower) is degraded, with a warning: the
+    watchdog's thread stops calling MPI (False). Lower levels, and Horovod below MULTIPLE, are refused:
+    the reductions inside a ``tf.function`` run on TensorFlow's threads, not the main thread, and Horovod's
+    thread always runs beside the main thread's MPI calls."""
+    provided = mpi.Query_thread()
+    if provided >= mpi.THREAD_MULTIPLE:
+        return True
+    level = thread_level_name(mpi, provided)
+    fix = ("Use an MPI that provides MPI_THREAD_MULTIPLE (Open MPI 5 does), and leave mpi4py's thread "
+           "level at its default 'multiple' (mpi4py.rc.thread_level, MPI4PY_RC_THREAD_LEVEL).")
+    if backend == "horovod":
+        raise ConfigError(
+            f"Config key 'distributed_backend' is 'horovod', but MPI was initialised with {level}: "
+            "Horovod's background thread calls MPI while the main thread does, which needs "
+            "MPI_THREAD_MULTIPLE (Horovod itself warns that it would likely crash). Set "
+            f"distributed_backend = 'mpi', or: {fix}")
+    if provided < mpi.THREAD_SERIALIZED:
+        raise ConfigError(
+            f"MPI was initialised with {level}, but the {backend} backend calls MPI from TensorFlow's "
+            "threads (the reductions inside the train step's tf.function), which needs at least "
+            f"MPI_THREAD_SERIALIZED. {fix}")
+    if warn:
+        log.warning(f"MPI was initialised with {level}, not MPI_THREAD_MULTIPLE: the stall watchdog's "
+                    "thread does not call MPI while the main thread waits in one, so it only watches each "
+                    "rank's own waits. Each rank warns and ends the job by itself after "
+                    "distributed_stall_warning / distributed_stall_timeout, naming the collective it waits "
+                    f"in but not the ranks that did not arrive. {fix}")
+    return False
 
 
 class MPICommunicator(Communicator):
@@ -35,6 +77,7 @@ class MPICommunicator(Communicator):
         self._mpi = MPI
         self._comm = MPI.COMM_WORLD
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
+        self.thread_multiple = check_thread_level(MPI, self.name, warn=self.rank == 0)
         node = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -43,7 +86,8 @@ class MPICommunicator(Communicator):
         node.Free()
         self._fusion = FusionBuffers()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
-        super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None)
+        super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
+                         watchdog_calls_mpi=self.thread_multiple)
 
     # ----- tensors -----
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
@@ -124,6 +168,8 @@ class MPICommunicator(Communicator):
             self._comm.Barrier()
 
     def abort(self, message: str, exit_code: int = 1) -> NoReturn:
+        if not self.thread_multiple and threading.current_thread() is not threading.main_thread():
+            exit_without_mpi(message, exit_code)  # the main thread may be inside an MPI call
         if message:
             print(message, file=sys.stderr, flush=True)
         sys.stdout.flush()

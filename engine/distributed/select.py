@@ -42,9 +42,15 @@ def auto_backend(device: str = "") -> tuple[str, str]:
     if error is not None:
         return "mpi", f"training on GPUs, but Horovod does not import ({error})"
     import horovod.tensorflow as hvd
+    from mpi4py import MPI
 
     if not hvd.nccl_built():
         return "mpi", f"training on GPUs, but Horovod {_horovod_version()} was built without NCCL"
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # Horovod's thread calls MPI beside the main thread's calls
+        from engine.distributed.mpi_backend import thread_level_name
+
+        return "mpi", (f"training on GPUs, but MPI was initialised with "
+                       f"{thread_level_name(MPI, MPI.Query_thread())}, and Horovod needs MPI_THREAD_MULTIPLE")
     return "horovod", f"training on GPUs, Horovod {_horovod_version()} built with NCCL"
 
 

@@ -25,7 +25,7 @@ HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param
                 "horovod_dataset_distribution", "horovod_scale_lr", "horovod_avg_grad",
                 "horovod_grad_normalization")
 BACKEND_KEY = "distributed_backend"
-STALL_KEYS = ("distributed_stall_warning", "distributed_stall_timeout")
+STALL_KEYS = ("distributed_stall_warning", "distributed_stall_timeout", "distributed_checkpoint_timeout")
 RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
 
 
@@ -106,15 +106,18 @@ def _grad_normalization(config: Any) -> str:
 
 
 def _stall_limits(config: Any) -> StallLimits:
-    """``distributed_stall_warning`` [60] and ``distributed_stall_timeout`` [300], in seconds; 0 or None:
-    never."""
+    """``distributed_stall_warning`` [60], ``distributed_stall_timeout`` [300] and, while a checkpoint is
+    saved, ``distributed_checkpoint_timeout`` [1800], in seconds; 0 or None: never. With
+    ``distributed_stall_timeout`` off no wait ends the job, in checkpoint windows neither: whoever turned
+    the stall timeout off would not expect a save to end the job."""
     seconds = []
     for key in STALL_KEYS:
         value = None if config.has(key) and config.typed(key) is None else config.float(key)
         if value is not None and value < 0:
             raise ConfigError(f"Config key '{key}' is {value:g}; expected seconds > 0 (or 0 / None: never).")
         seconds.append(value or None)
-    return StallLimits(*seconds)
+    warning, timeout, checkpoint = seconds
+    return StallLimits(warning, timeout, checkpoint if timeout else None)
 
 
 def _check_known_keys(config: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Iterator
 from engine import log, process
 from engine.cluster import format_host_map
 from engine.config import Config
+from engine.device import requested_device
 from engine.distributed.consistency import check_config_consistency
 from engine.distributed.failure import install_failure_handler
 from engine.distributed.select import create_communicator
@@ -38,7 +39,7 @@ def start(config: Config) -> Strategy:
                           "single process.")
     with joining_deadline(settings.stall if settings.enabled else StallLimits(), env_size()):
         comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall,
-                                   config.str("device"))
+                                   requested_device(config))  # tf_session_opts' device_count can say "cpu"
     process.set_communicator(comm)
     install_failure_handler()
     strategy = build_strategy(settings, comm)

@@ -17,6 +17,11 @@ step, whatever reader looks at them (TensorBoard's own purging of orphaned steps
 legacy loader). A fresh run (S = E = 0) starts with an empty directory of curves. The directory
 belongs to the run: other event files in it are cut back as well.
 
+The rewrite's temp file is named ``.tb-rewrite.<random>.tmp``, without "tfevents": TensorBoard reads
+every file whose name contains that, and would show a temp file left by a killed rewrite as a second
+copy of the steps. Such leftovers (also those of earlier versions, named after the event file) are
+removed before the cut.
+
 Config keys (read by ``TensorBoardWriter.from_config``): ``tensorboard`` [True] switches the curves
 on or off; ``tensorboard_dir`` [``<model dir>/tensorboard``, i.e. beside the ``model`` prefix; without
 ``model`` and without this key there are no curves]; ``tensorboard_step_interval`` [100].
@@ -38,7 +43,10 @@ EPOCH_PREFIX = "epoch/"
 STEP_PREFIX = "train/"
 _EVENT_FILE = re.compile(r"events\.out\.tfevents\.")
 _EVENT_FILE_STAMP = re.compile(r"events\.out\.tfevents\.(\d+)\.")
-_TEMP_FILE = re.compile(r"\.tmp-\d+$")
+_REWRITE_PREFIX = ".tb-rewrite."  # temp files of rewrites: no "tfevents" in the name (module docstring)
+# Left by killed rewrites: ours, and earlier versions' (atomic_file's default name, and "<file>.tmp-N").
+_STALE_TEMP = re.compile(r"(\.tb-rewrite\..*|\.events\.out\.tfevents\..*)\.tmp$"
+                         r"|events\.out\.tfevents\..*\.tmp-\d+$")
 
 
 def _read_events(path: str) -> list[event_pb2.Event]:
@@ -77,10 +85,10 @@ def cut_event_files(log_dir: str, max_step: int, max_epoch: int) -> int:
     dropped = 0
     for name in sorted(os.listdir(log_dir)):
         path = os.path.join(log_dir, name)
-        if not _EVENT_FILE.match(name) or not os.path.isfile(path):
-            continue
-        if _TEMP_FILE.search(name):  # left by a rewrite that was killed
+        if _STALE_TEMP.match(name) and os.path.isfile(path):  # left by a rewrite that was killed
             os.remove(path)
+            continue
+        if not _EVENT_FILE.match(name) or not os.path.isfile(path):
             continue
         events = _read_events(path)
         kept = [k for k in (_keep(e, max_step, max_epoch) for e in events) if k is not None]
@@ -90,7 +98,7 @@ def cut_event_files(log_dir: str, max_step: int, max_epoch: int) -> int:
         if not any(k.HasField("summary") for k in kept):
             os.remove(path)
             continue
-        with atomic_path(path) as tmp:
+        with atomic_path(path, prefix=_REWRITE_PREFIX) as tmp:
             with tf.io.TFRecordWriter(tmp) as writer:
                 for event in kept:
                     writer.write(event.SerializeToString())

@@ -153,14 +153,17 @@ class Checkpointer:
             part["optimizer"] = {n: v.numpy() for n, v in self.updater.named_variables().items()}
             if kind == "mid-epoch":
                 part["params"] = {n: v.numpy() for n, v in self.model.named_variables().items()}
-        parts = self.comm.gather_object(part, root=0) if self.comm.size > 1 else [part]
-        error = None
-        if self.comm.rank == 0:
-            try:
-                self._write(path, kind, global_step, parts)
-            except Exception as exc:  # agreed below: every rank ends, rank 0 reports
-                error = exc
-        agree_on_failure(self.comm, error)
+        # Every rank comes here at the same agreed point and waits below for rank 0 to write, which on slow
+        # storage may take longer than distributed_stall_timeout: the checkpoint window's own limit applies.
+        with self.comm.checkpoint_window():
+            parts = self.comm.gather_object(part, root=0) if self.comm.size > 1 else [part]
+            error = None
+            if self.comm.rank == 0:
+                try:
+                    self._write(path, kind, global_step, parts)
+                except Exception as exc:  # agreed below: every rank ends, rank 0 reports
+                    error = exc
+            agree_on_failure(self.comm, error)
         self.schedule.saved()
 
     def _write(self, path: str, kind: str, global_step: int, parts: list[dict]) -> None:

@@ -2,7 +2,7 @@
 
     python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL'
         [fail=step|loader|kill|stall|eio|SIGUSR1|SIGUSR2|SIGTERM] [fail_rank=R] [fail_step=S]
-        [fail_once=MARKER_FILE]
+        [fail_once=MARKER_FILE] [ready=FILE] [step_sleep=SECONDS] [slow_save=SECONDS]
 
 Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
 step and (where a sync followed) after the sync, so tests can compare ranks and runs. A signal name as
@@ -11,6 +11,9 @@ step and (where a sync followed) after the sync, so tests can compare ranks and 
 ``fail=eio`` makes rank R's checkpoint reads fail with EIO, as a flaky disk or network file system does
 (with ``fail_once``: only until MARKER_FILE exists, which the first failed read creates).
 A run stopped on request exits with 99 and writes nothing; other engine errors end it as in rnn.py.
+``ready``: rank 0 creates FILE after its first train step (a test then knows training runs);
+``step_sleep``: every rank sleeps that long after each step (training that lasts while a test acts);
+``slow_save``: rank 0 takes that much longer to write each checkpoint (slow storage).
 """
 import ast
 import os
@@ -67,6 +70,9 @@ def main() -> None:
             scores = super().train(batch)
             trace["after_step"].append(self.checksum())
             self.count += 1
+            if rank == 0 and self.count == 1 and "ready" in opts:
+                open(opts["ready"], "w").close()
+            time.sleep(float(opts.get("step_sleep", 0)))
             return scores
 
     average_parameters = ParamAverage.average_parameters
@@ -84,6 +90,8 @@ def main() -> None:
         _break_loader(fail_rank, fail_step)
     if fail == "eio" and process.rank() == fail_rank:
         _break_checkpoint_reads(opts.get("fail_once"))
+    if "slow_save" in opts:
+        _slow_down_saves(float(opts["slow_save"]))
     try:
         run_train(config)
     except EngineError as exc:  # as rnn.py ends: one message (none for a stop), the error's exit code
@@ -92,6 +100,19 @@ def main() -> None:
     np.savez(os.path.join(out_dir, f"rank{process.rank()}.npz"), params=steps.checksum(),
              after_step=np.array(trace["after_step"]), after_sync=np.array(trace["after_sync"]),
              sync_steps=np.array(trace["sync_steps"]), num_steps=steps.count)
+
+
+def _slow_down_saves(seconds: float) -> None:
+    """Rank 0 (the one that writes) spends ``seconds`` more in every checkpoint write."""
+    from engine.training import checkpointer
+
+    save = checkpointer.save_checkpoint
+
+    def slow_save(*args, **kwargs):
+        time.sleep(seconds)
+        return save(*args, **kwargs)
+
+    checkpointer.save_checkpoint = slow_save
 
 
 def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
