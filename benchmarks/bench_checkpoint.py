@@ -29,16 +29,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from engine import log  # noqa: E402
-from engine.config import Config  # noqa: E402
+from engine.config.loader import Config  # noqa: E402
 from engine.datasets import BatchOptions, DummyDataset  # noqa: E402
 from engine.distributed.local_backend import LocalCommunicator  # noqa: E402
 from engine.distributed.strategy import StepPlan, Strategy  # noqa: E402
 from engine.model import build_model  # noqa: E402
-from engine.training.checkpoint_interval import CheckpointInterval  # noqa: E402
-from engine.training.lr_control import LearningRateControl  # noqa: E402
-from engine.training.checkpointer import Checkpointer  # noqa: E402
-from engine.training.updater import Updater, optimizer_from_config  # noqa: E402
+from engine.runtime import log  # noqa: E402
+from engine.training.checkpoints.interval import CheckpointInterval  # noqa: E402
+from engine.training.checkpoints.policy import Checkpointer  # noqa: E402
+from engine.training.update.lr_control import LearningRateControl  # noqa: E402
+from engine.training.update.updater import Updater, optimizer_from_config  # noqa: E402
 
 
 def blstm(layers: int = 4, units: int = 512) -> dict:

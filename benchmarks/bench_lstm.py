@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from engine.model import build_model  # noqa: E402
-from engine.training.updater import Updater, optimizer_from_config  # noqa: E402
+from engine.training.update.updater import Updater, optimizer_from_config  # noqa: E402
 
 DIM, UNITS, CLASSES, BATCH_FRAMES, MAX_SEQS = 40, 128, 50, 5000, 40
 NETWORK = {

@@ -22,7 +22,7 @@ import tempfile
 import time
 
 
-from engine import phases, timeline
+from engine.report import phases, timeline
 
 
 def loop_seconds(body: str, spans: int, repeats: int) -> float:

@@ -126,11 +126,11 @@ def main() -> int:
 
     from mpi4py import MPI  # before Horovod: mpi4py initialises MPI
 
-    from engine import log, process
+    from engine.runtime import log, process
     from engine.distributed import horovod_import_error
     from engine.distributed.mpi_backend import MPICommunicator
     from engine.distributed.watchdog import StallLimits
-    from engine.launch import env_size
+    from engine.runtime.launch import env_size
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()

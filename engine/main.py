@@ -10,12 +10,12 @@ import sys
 import time
 import traceback
 
-from engine import log, process
-from engine.cli import help_text, parse_command_line, version_text
-from engine.config import Config
-from engine.errors import QUIET_RANK_EXIT_DELAY, ConfigError, EngineError
+from engine.config.cli import help_text, parse_command_line, version_text
+from engine.config.loader import Config
+from engine.runtime import log, process
+from engine.runtime.errors import QUIET_RANK_EXIT_DELAY, ConfigError, EngineError
 from engine.tasks.check import check_at_start, run_check
-from engine.training import preemption
+from engine.training.checkpoints import stop_requests
 
 
 def setup_logging(config: Config) -> None:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.str("task") == "train":
             # A scheduler's stop warning can come while TensorFlow still loads (seconds): recorded from
             # here on, it stops the training at its first step boundary instead of killing the rank.
-            preemption.install()
+            stop_requests.install()
         from engine.tasks import run_task  # after logging: tasks import TensorFlow
 
         run_task(config)

@@ -8,7 +8,7 @@ import pytest  # noqa: E402  (after the environment variable, which TensorFlow r
 @pytest.fixture
 def timeline_stopped():
     """No timeline recording before or after the test (it is process-wide state)."""
-    from engine import timeline
+    from engine.report import timeline
 
     timeline.stop()
     yield

@@ -1,4 +1,4 @@
-"""engine.atomic_file (checkpoints, learning-rate file, hostfiles) and HDFWriter: unpredictable temp
+"""engine.runtime.atomic_file (checkpoints, learning-rate file, hostfiles) and HDFWriter: unpredictable temp
 names created exclusively, planted symlinks not followed, nothing left behind on failure, file and
 directory flushed to disk; a checkpoint that cannot be written is a clear error that keeps the old one."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from engine import atomic_file
-from engine.atomic_file import atomic_path, write_text_atomically
 from engine.datasets import DataKeyInfo, HDFWriter
+from engine.runtime import atomic_file
+from engine.runtime.atomic_file import atomic_path, write_text_atomically
 from helpers import ROOT, child_env
 
 pytestmark = pytest.mark.tf_latest
@@ -133,8 +133,8 @@ def test_os_errors_are_described_with_their_errno():
 FILE_SIZE_LIMIT = """
 import json, os, resource, signal, sys
 import numpy as np, tensorflow as tf
-from engine.errors import EngineError
-from engine.training.checkpoint import load_checkpoint, save_checkpoint
+from engine.runtime.errors import EngineError
+from engine.training.checkpoints.file_format import load_checkpoint, save_checkpoint
 folder = sys.argv[1]
 small = {"w": tf.Variable(np.full((10,), 1.0, np.float32))}
 save_checkpoint(os.path.join(folder, "net.001"), small, [], epoch=1, global_step=10)

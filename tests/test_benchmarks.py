@@ -17,8 +17,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other
 import bench_returnn  # noqa: E402
 import bench_train  # noqa: E402
 import timing  # noqa: E402
-from engine import log  # noqa: E402
 from engine.report.progress import Progress  # noqa: E402
+from engine.runtime import log  # noqa: E402
 from engine.training.report import EpochReport  # noqa: E402
 from timing import Output, Row, RowFailed  # noqa: E402
 

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 import engine
-from engine.cli import parse_command_line
-from engine.config import Config
-from engine.errors import ConfigError
+from engine.config.cli import parse_command_line
+from engine.config.loader import Config
+from engine.runtime.errors import ConfigError
 from helpers import ROOT, run, run_rnn
 
 pytestmark = pytest.mark.tf_latest
@@ -229,8 +229,8 @@ def test_traceback_shown_with_debug(tmp_path):
 # ----- the key registry -----
 
 def test_getters_fall_back_to_the_listed_default_and_help_lists_every_key():
-    from engine import keys
-    from engine.cli import help_text
+    from engine.config import keys
+    from engine.config.cli import help_text
 
     empty = Config({})
     assert empty.int("num_epochs") == 5 and empty.str("task") == "train"

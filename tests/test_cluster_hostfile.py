@@ -1,14 +1,14 @@
-"""Scheduler host lists -> Open MPI hostfile (engine/cluster.py, engine/tools/make_hostfile.py)."""
+"""Scheduler host lists -> Open MPI hostfile (engine/runtime/cluster.py, engine/tools/make_hostfile.py)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from engine.cluster import (HostSlots, check_enough_slots, expand_hostlist, format_host_map,
-                            format_openmpi_hostfile, format_rank_ranges, parse_pe_hostfile,
-                            parse_tasks_per_node, slurm_hosts)
-from engine.errors import DistributedError
+from engine.runtime.cluster import (HostSlots, check_enough_slots, expand_hostlist, format_host_map,
+                                    format_openmpi_hostfile, format_rank_ranges, parse_pe_hostfile,
+                                    parse_tasks_per_node, slurm_hosts)
+from engine.runtime.errors import DistributedError
 from engine.tools import make_hostfile
 
 pytestmark = pytest.mark.tf_latest

@@ -1,5 +1,5 @@
 """GPU placement (rank r -> visible GPU local_rank) and the host-to-rank map at start, without a GPU or
-MPI: the rule in engine/cluster.py, and its use in engine/device.py with stand-in devices."""
+MPI: the rule in engine/runtime/cluster.py, and its use in engine/runtime/device.py with stand-in devices."""
 from __future__ import annotations
 
 import re
@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
-from engine.cluster import GpuChoice, gpu_for_rank
-from engine.config import Config
-from engine.process import set_communicator
-from engine.errors import ConfigError, DistributedError
+from engine.config.loader import Config
+from engine.runtime.cluster import GpuChoice, gpu_for_rank
+from engine.runtime.errors import ConfigError, DistributedError
+from engine.runtime.process import set_communicator
 
 pytestmark = pytest.mark.tf_latest
 
@@ -76,7 +76,7 @@ def fake_gpus(monkeypatch):
 
 
 def test_select_device_pins_the_gpu_of_the_local_rank(fake_gpus):
-    from engine.device import select_device
+    from engine.runtime.device import select_device
 
     gpus, chosen = fake_gpus
     set_communicator(FakeComm(local_rank=1, local_size=4))
@@ -85,7 +85,7 @@ def test_select_device_pins_the_gpu_of_the_local_rank(fake_gpus):
 
 
 def test_select_device_cpu_hides_the_gpus_and_too_many_ranks_fail(fake_gpus):
-    from engine.device import select_device
+    from engine.runtime.device import select_device
 
     gpus, chosen = fake_gpus
     set_communicator(FakeComm(local_rank=5, local_size=6))
@@ -98,7 +98,7 @@ def test_select_device_cpu_hides_the_gpus_and_too_many_ranks_fail(fake_gpus):
 def test_select_device_gpu_without_gpus_names_cuda_visible_devices(monkeypatch):
     import tensorflow as tf
 
-    from engine.device import select_device
+    from engine.runtime.device import select_device
 
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -107,7 +107,7 @@ def test_select_device_gpu_without_gpus_names_cuda_visible_devices(monkeypatch):
 
 
 def test_start_logs_the_host_to_rank_map(monkeypatch, capsys):
-    from engine import log
+    from engine.runtime import log
     from engine.distributed import startup as start_module
 
     log.init()  # rank 0 prints level info on stdout, whatever earlier tests configured
@@ -127,8 +127,8 @@ def test_start_logs_the_host_to_rank_map(monkeypatch, capsys):
 
 def test_device_count_gpu_0_hides_the_gpus_before_tensorflow_uses_them(fake_gpus, capsys):
     """RETURNN users force the CPU with tf_session_opts = {"device_count": {"GPU": 0}}."""
-    from engine import log
-    from engine.device import select_device
+    from engine.runtime import log
+    from engine.runtime.device import select_device
 
     log.init()
     gpus, chosen = fake_gpus
@@ -142,7 +142,7 @@ def test_device_count_gpu_0_hides_the_gpus_before_tensorflow_uses_them(fake_gpus
 
 
 def test_device_count_with_gpus_or_cpus_changes_nothing(fake_gpus):
-    from engine.device import select_device
+    from engine.runtime.device import select_device
 
     gpus, chosen = fake_gpus
     set_communicator(FakeComm(local_rank=1, local_size=4))
@@ -158,14 +158,14 @@ def test_device_count_with_gpus_or_cpus_changes_nothing(fake_gpus):
     ({"device_count": 0}, "is 0; expected a dict such as {'GPU': 0}"),
 ])
 def test_device_count_entries_that_cannot_be_honoured_are_refused(config, words):
-    from engine.device import requested_device
+    from engine.runtime.device import requested_device
 
     with pytest.raises(ConfigError, match=re.escape(f"Config key tf_session_opts['device_count'] {words}")):
         requested_device(Config({"tf_session_opts": config}))
 
 
 def test_device_count_gpu_0_contradicting_device_gpu_is_an_error():
-    from engine.device import requested_device
+    from engine.runtime.device import requested_device
 
     with pytest.raises(ConfigError, match="'device' = 'gpu' and tf_session_opts\\['device_count'\\] = "
                                           "\\{'GPU': 0\\} contradict each other"):

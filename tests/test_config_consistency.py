@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from engine.config import Config
+from engine.config.loader import Config
 from engine.distributed.consistency import _fingerprint
 from helpers import ROOT, run_mpi
 

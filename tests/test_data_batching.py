@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from engine import log
 from engine.datasets import (Batch, BatchOptions, BatchPrefetcher, DataKeyInfo, HDFDataset, HDFWriter,
                              NpzDataset, generate_batches, plan_batches)
-from engine.errors import ConfigError
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
 
 
 def make_corpus(folder, num_seqs=80, seed=0) -> str:

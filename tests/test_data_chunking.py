@@ -5,11 +5,11 @@ import re
 import numpy as np
 import pytest
 
-from engine.config import Config
+from engine.config.loader import Config
 from engine.datasets import (BatchOptions, DataKeyInfo, HDFDataset, HDFWriter, dataset_from_config,
                              generate_batches)
 from engine.datasets.chunking import Chunking, cut_into_chunks, parse_chunking
-from engine.errors import ConfigError, DataError
+from engine.runtime.errors import ConfigError, DataError
 from helpers import ROOT, run_mpi, run_rnn
 
 pytestmark = pytest.mark.tf_latest

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.datasets import DataKeyInfo, HDFDataset, HDFWriter, NpzDataset, dataset_from_cli_arg
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 pytestmark = pytest.mark.tf_latest
 

@@ -8,7 +8,7 @@ from engine.datasets import (DataKeyInfo, DummyDataset, HDFDataset, HDFWriter, N
                              create_dataset, parse_byte_size)
 from engine.datasets.generated import SYMBOLS_12AX, targets_12ax
 from engine.datasets.ordering import epoch_order, parse_seq_ordering
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 pytestmark = pytest.mark.tf_latest
 LENGTHS = np.random.RandomState(5).randint(1, 100, 101)

@@ -11,7 +11,7 @@ import pytest
 
 from engine.datasets import BatchOptions, DataKeyInfo, HDFDataset, HDFWriter, create_dataset, generate_batches
 from engine.datasets.hdf_raw import RawRows
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 pytestmark = pytest.mark.tf_latest
 

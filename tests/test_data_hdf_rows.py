@@ -6,7 +6,7 @@ import pytest
 
 from engine.datasets import create_dataset
 from engine.datasets.hdf_rows import RowWriter, create_rows_file
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 pytestmark = pytest.mark.tf_latest
 

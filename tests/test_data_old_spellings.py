@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from engine.datasets import create_dataset
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 pytestmark = pytest.mark.tf_latest
 

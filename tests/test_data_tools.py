@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.datasets import DataKeyInfo, HDFDataset, HDFWriter, Task12AXDataset
-from engine.errors import DATA_ERROR_EXIT_CODE
+from engine.runtime.errors import DATA_ERROR_EXIT_CODE
 from engine.tools import dump_dataset, hdf_dump
 from helpers import run_on_terminal, screen
 

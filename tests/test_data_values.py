@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.datasets import DataKeyInfo, HDFDataset, HDFWriter, create_dataset, hdf_values
-from engine.errors import DATA_ERROR_EXIT_CODE, DataError
+from engine.runtime.errors import DATA_ERROR_EXIT_CODE, DataError
 from helpers import ROOT, run_mpi, run_rnn
 
 pytestmark = pytest.mark.tf_latest

@@ -15,7 +15,7 @@ from engine.distributed import (ParamAverage, ParamSyncSchedule, check_config_co
 from engine.distributed.backend import check_reduction
 from engine.distributed.fusion import ALIGN_BYTES, FusionBuffers
 from engine.distributed.local_backend import LocalCommunicator
-from engine.errors import ConfigError
+from engine.runtime.errors import ConfigError
 from helpers import ROOT, child_env
 
 pytestmark = pytest.mark.tf_latest
@@ -173,7 +173,7 @@ def test_uncaught_errors_single_process():
     """EngineError: one paragraph, its exit status; anything else: the traceback."""
     engine_error = run_python("""
         from engine.distributed import install_failure_handler
-        from engine.errors import ConfigError
+        from engine.runtime.errors import ConfigError
         install_failure_handler()
         raise ConfigError("Config key 'batch_size' is missing; set it to the frames per batch.")
     """)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import Config
+from engine.config.loader import Config
 from engine.distributed import DataParallelSettings, GradAllreduce, ParamAverage, Strategy, build_strategy
 from engine.distributed.watchdog import StallLimits
-from engine.errors import ConfigError
+from engine.runtime.errors import ConfigError
 
 pytestmark = pytest.mark.tf_latest
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import log
 from engine.distributed.watchdog import StallLimits, Watchdog
+from engine.runtime import log
 
 pytestmark = pytest.mark.tf_latest
 

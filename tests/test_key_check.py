@@ -1,4 +1,4 @@
-"""Every name a config uses gets a verdict (engine/key_check.py): config keys, layer options, dataset
+"""Every name a config uses gets a verdict (engine/config/key_check.py): config keys, layer options, dataset
 options; ``rnn.py --check``; RETURNN's names as generated from its source (gen-returnn-keys)."""
 import subprocess
 import sys
@@ -6,11 +6,12 @@ import textwrap
 
 import pytest
 
-from engine import keys, log, no_effect, returnn_keys
-from engine.config import Config
-from engine.errors import ConfigError, DataError
-from engine.key_check import EXEMPT, IMPLEMENTED, NO_EFFECT, NOT_IMPLEMENTED, UNKNOWN, _Logged
+from engine.config import keys, no_effect, returnn_names_table as returnn_keys
+from engine.config.key_check import EXEMPT, IMPLEMENTED, NO_EFFECT, NOT_IMPLEMENTED, UNKNOWN, _Logged
+from engine.config.loader import Config
 from engine.main import main
+from engine.runtime import log
+from engine.runtime.errors import ConfigError, DataError
 from engine.tasks.check import check_at_start, collect
 from engine.tools import gen_returnn_keys
 from helpers import ROOT, child_env, run_rnn

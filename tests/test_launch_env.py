@@ -1,12 +1,12 @@
-"""engine.launch: who started this process. A plain `python` in an sbatch batch script (SLURM_NTASKS set,
-no srun step) is one process; a task that srun started is one of SLURM_STEP_NUM_TASKS ranks."""
+"""engine.runtime.launch: who started this process. A plain `python` in an sbatch batch script (SLURM_NTASKS
+set, no srun step) is one process; a task that srun started is one of SLURM_STEP_NUM_TASKS ranks."""
 from __future__ import annotations
 
 import sys
 
 import pytest
 
-from engine import launch
+from engine.runtime import launch
 from helpers import mpirun_cmd, run_mpi, run_on_terminal, run_rnn, screen
 from test_engine_tasks import tiny_config
 
@@ -54,7 +54,7 @@ def test_srun_task_without_use_horovod_is_refused(tmp_path):
     assert r.returncode == 2 and "one of 4 ranks started by mpirun/srun" in r.stderr, r.stderr
 
 
-ASK_TERMINAL = "import sys; from engine.launch import launcher_output_is_terminal; " \
+ASK_TERMINAL = "import sys; from engine.runtime.launch import launcher_output_is_terminal; " \
                "print(sys.stdout.isatty(), launcher_output_is_terminal(1))"
 
 

@@ -1,7 +1,7 @@
 """Logging: verbosity, log files, per-rank file names, rank prefixes; mpirun starts rnn.py on every rank."""
 import pytest
 
-from engine import log
+from engine.runtime import log
 from helpers import ROOT, run_mpi
 
 pytestmark = pytest.mark.tf_latest

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from engine.config import Config
-from engine.errors import ConfigError, TransientIOError
-from engine.training.lr_control import EpochData, LearningRateControl
+from engine.config.loader import Config
+from engine.runtime.errors import ConfigError, TransientIOError
+from engine.training.update.lr_control import EpochData, LearningRateControl
 
 pytestmark = pytest.mark.tf_latest
 

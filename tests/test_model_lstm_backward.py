@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.model import lstm
-from engine.model.lstm import fused_lstm
+from engine.model.layers import lstm
+from engine.model.layers.lstm import fused_lstm
 
 pytestmark = pytest.mark.tf_latest
 
@@ -28,7 +28,7 @@ def engine_backward_lstm(x, lengths, weights, bias, n_out):
 
 
 def reference_gradients(x, lengths, weights, bias, upstream):
-    """h, dx, dW, db of sum(h * upstream) for the LSTM of engine/model/lstm.py's docstring, in float64:
+    """h, dx, dW, db of sum(h * upstream) for the LSTM of engine/model/layers/lstm.py's docstring, in float64:
     gates in the order input, cell input, forget, output; no forget bias; the steps run up to the longest
     sequence (never past T), outputs after them are 0."""
     time, batch, n_out = upstream.shape

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.config import Config
-from engine.errors import ConfigError, DataError
+from engine.config.loader import Config
 from engine.model import build_model
+from engine.runtime.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.tf_latest
 

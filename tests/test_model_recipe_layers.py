@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.errors import ConfigError
 from engine.model import build_model
+from engine.model.layers.lstm import fused_lstm, scan_lstm
+from engine.model.layers.time_chunking import chunk_time, unchunk_time
 from engine.model.spec import LSTM_UNITS
-from engine.model.lstm import fused_lstm, scan_lstm
-from engine.model.time_chunking import chunk_time, unchunk_time
+from engine.runtime.errors import ConfigError
 
 pytestmark = pytest.mark.tf_latest
 

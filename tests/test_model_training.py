@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.config import Config
-from engine.errors import ConfigError
+from engine.config.loader import Config
 from engine.model import build_model
-from engine.training.updater import Updater, optimizer_from_config
+from engine.runtime.errors import ConfigError
+from engine.training.update.updater import Updater, optimizer_from_config
 
 pytestmark = [
     pytest.mark.tf_latest,

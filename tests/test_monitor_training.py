@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from engine import timeline
-from engine.training.lr_control import parse_history
+from engine.report import timeline
+from engine.training.update.lr_control import parse_history
 from helpers import ROOT, child_env, run_mpi, run_on_terminal, run_rnn, screen
 
 RNN = str(ROOT / "rnn.py")

@@ -1,4 +1,4 @@
-"""engine.phases: every phase is added up per category whether or not the timeline is on, and is a span
+"""engine.report.phases: every phase is added up per category whether or not the timeline is on, and is a span
 on the timeline when it is; the epoch report takes its shares of collectives and data waits from it."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from engine import phases, timeline
+from engine.report import phases, timeline
 from engine.training.report import EpochReport
 
 pytestmark = [pytest.mark.tf_latest, pytest.mark.usefixtures("timeline_stopped")]

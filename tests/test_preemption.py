@@ -1,5 +1,5 @@
-"""engine.training.preemption: stop signals recorded, previous handlers restored, a late second SIGTERM
-still kills."""
+"""engine.training.checkpoints.stop_requests: stop signals recorded, previous handlers restored, a late second
+SIGTERM still kills."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from engine.training import preemption
+from engine.training.checkpoints import stop_requests
 from helpers import child_env
 
 pytestmark = pytest.mark.tf_latest
@@ -20,35 +20,35 @@ pytestmark = pytest.mark.tf_latest
 
 @pytest.fixture
 def stop_signals():
-    preemption.install()
+    stop_requests.install()
     yield
-    preemption.uninstall()
+    stop_requests.uninstall()
 
 
 def wait_for_request(timeout: float = 10.0) -> str | None:
     deadline = time.monotonic() + timeout
-    while preemption.requested() is None and time.monotonic() < deadline:
+    while stop_requests.requested() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    return preemption.requested()
+    return stop_requests.requested()
 
 
-@pytest.mark.parametrize("signum", preemption.STOP_SIGNALS)
+@pytest.mark.parametrize("signum", stop_requests.STOP_SIGNALS)
 def test_each_stop_signal_is_recorded_with_its_time(stop_signals, signum):
-    assert preemption.requested() is None
+    assert stop_requests.requested() is None
     before = time.time()
     os.kill(os.getpid(), signum)
     assert wait_for_request() == signal.Signals(signum).name
-    assert before <= preemption.request().time <= time.time()
+    assert before <= stop_requests.request().time <= time.time()
 
 
 def test_the_first_request_wins(stop_signals):
     os.kill(os.getpid(), signal.SIGUSR2)
     assert wait_for_request() == "SIGUSR2"
-    first = preemption.request()
+    first = stop_requests.request()
     os.kill(os.getpid(), signal.SIGUSR1)
     os.kill(os.getpid(), signal.SIGTERM)  # within the grace period: the same stop, delivered twice
     time.sleep(0.05)
-    assert preemption.request() == first
+    assert stop_requests.request() == first
 
 
 def test_signal_from_another_thread_while_the_main_thread_waits(stop_signals):
@@ -64,18 +64,18 @@ def test_uninstall_restores_the_previous_handlers_and_forgets_the_request():
 
     old = signal.signal(signal.SIGUSR1, mine)
     try:
-        preemption.install()
-        preemption.install()  # a second call keeps the first's saved handlers
+        stop_requests.install()
+        stop_requests.install()  # a second call keeps the first's saved handlers
         assert signal.getsignal(signal.SIGUSR1) is not mine
         os.kill(os.getpid(), signal.SIGUSR1)
         assert wait_for_request() == "SIGUSR1" and seen == []
-        preemption.uninstall()
-        assert preemption.requested() is None
+        stop_requests.uninstall()
+        assert stop_requests.requested() is None
         assert signal.getsignal(signal.SIGUSR1) is mine
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.05)
-        assert seen == [signal.SIGUSR1] and preemption.requested() is None
+        assert seen == [signal.SIGUSR1] and stop_requests.requested() is None
     finally:
         signal.signal(signal.SIGUSR1, old)
 
@@ -83,7 +83,7 @@ def test_uninstall_restores_the_previous_handlers_and_forgets_the_request():
 def run_self_signalling(body: str) -> subprocess.CompletedProcess:
     script = textwrap.dedent("""
         import os, signal, time
-        from engine.training import preemption
+        from engine.training.checkpoints import stop_requests as preemption
         preemption.REPEAT_GRACE_SECONDS = 0.3
         preemption.install()
         def term():

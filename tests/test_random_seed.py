@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.cli import help_text
-from engine.config import Config
+from engine.config.cli import help_text
+from engine.config.loader import Config
 from engine.datasets import Batch, dataset_from_config
 from engine.datasets.ordering import epoch_order, parse_seq_ordering
 from engine.distributed.local_backend import LocalCommunicator
 from engine.distributed.strategy import Strategy
 from engine.model import build_model
 from engine.training.step import Steps
-from engine.training.updater import Updater, optimizer_from_config
+from engine.training.update.updater import Updater, optimizer_from_config
 
 pytestmark = pytest.mark.tf_latest
 TRAIN = {"class": "Task12AXDataset", "num_seqs": 30, "seq_ordering": "random"}

@@ -15,9 +15,9 @@ import h5py
 import numpy as np
 import pytest
 
-from engine.config import Config
+from engine.config.key_check import _Logged
+from engine.config.loader import Config
 from engine.datasets import DataKeyInfo, HDFWriter
-from engine.key_check import _Logged
 from engine.main import main
 from helpers import ROOT, run_mpi, run_rnn
 from test_report_tensorboard import read_curves

@@ -13,10 +13,10 @@ import termios
 import pytest
 from tqdm import tqdm
 
-from engine import log
-from engine.config import Config
-from engine.errors import ConfigError
+from engine.config.loader import Config
 from engine.report.progress import Progress, interval_from_config
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
 from helpers import ROOT, child_env, screen
 
 pytestmark = pytest.mark.tf_latest

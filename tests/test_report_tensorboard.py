@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator  # installed by tools/install_env.sh
 
-from engine.config import Config
-from engine.errors import ConfigError
+from engine.config.loader import Config
 from engine.report.tensorboard import TensorBoardWriter, cut_event_files
+from engine.runtime.errors import ConfigError
 from helpers import ROOT, child_env
 
 pytestmark = pytest.mark.tf_latest

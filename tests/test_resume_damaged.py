@@ -15,11 +15,11 @@ import h5py
 import numpy as np
 import pytest
 
-from engine.config import Config
-from engine.errors import NOT_RESTARTABLE_EXIT_CODES, ConfigError, TransientIOError
+from engine.config.loader import Config
+from engine.runtime.errors import NOT_RESTARTABLE_EXIT_CODES, ConfigError, TransientIOError
 from engine.training import checkpoint_read
-from engine.training.lr_history import learning_rate_file, read_history_file
-from engine.training.resume import ResumePoint, choose_resume_point
+from engine.training.checkpoints.resume import ResumePoint, choose_resume_point
+from engine.training.update.lr_history import learning_rate_file, read_history_file
 from helpers import ROOT, run
 
 pytestmark = pytest.mark.tf_latest

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.config import Config
-from engine.errors import ConfigError
-from engine.training.checkpoint import save_checkpoint
-from engine.training.lr_history import EpochData, format_history, learning_rate_file, read_history_file
-from engine.training.resume import choose_resume_point
+from engine.config.loader import Config
+from engine.runtime.errors import ConfigError
+from engine.training.checkpoints.file_format import save_checkpoint
+from engine.training.checkpoints.resume import choose_resume_point
+from engine.training.update.lr_history import EpochData, format_history, learning_rate_file, read_history_file
 from helpers import BIN, ROOT, mpirun_cmd, run, run_mpi
 
 SCRIPT = str(ROOT / "tests" / "mpi_scripts" / "engine_train.py")

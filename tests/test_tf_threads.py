@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from engine.config import Config
-from engine.errors import ConfigError
-from engine.tf_threads import CoreGrant, automatic_threads, choose_threads, cores_for_rank
+from engine.config.loader import Config
+from engine.runtime.errors import ConfigError
+from engine.runtime.tf_threads import CoreGrant, automatic_threads, choose_threads, cores_for_rank
 from helpers import ROOT, mpirun_cmd, run, run_rnn
 
 pytestmark = pytest.mark.tf_latest

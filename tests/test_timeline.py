@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from engine import timeline
-from engine.errors import ConfigError, EngineError
+from engine.report import timeline
+from engine.runtime.errors import ConfigError, EngineError
 from helpers import ROOT, child_env, run, run_mpi
 
 pytestmark = [pytest.mark.tf_latest, pytest.mark.usefixtures("timeline_stopped")]
@@ -77,7 +77,7 @@ def test_path_from_config_then_environment():
 
 CRASHING_RANK = """
 import os, sys, signal
-from engine import timeline
+from engine.report import timeline
 timeline.start({path!r}, rank=0, size=1)
 for i in range(5):
     with timeline.span("step", timeline.STEP, step=i):

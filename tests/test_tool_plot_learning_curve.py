@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from engine.tools import plot_learning_curve as tool
-from engine.training.lr_control import LearningRateControl
+from engine.training.update.lr_control import LearningRateControl
 from helpers import ROOT, run
 
 pytestmark = pytest.mark.tf_latest

@@ -12,11 +12,12 @@ import sys
 import numpy as np
 import pytest
 
-from engine.config import Config
-from engine.errors import ConfigError
-from engine.training.checkpoint import find_mid_epoch_checkpoints, mid_epoch_path, remove_superseded
-from engine.training.checkpoint_interval import CheckpointInterval, CheckpointSchedule
-from engine.training.resume import ResumePoint, choose_resume_point, resume_candidates
+from engine.config.loader import Config
+from engine.runtime.errors import ConfigError
+from engine.training.checkpoints.file_format import (find_mid_epoch_checkpoints, mid_epoch_path,
+                                                     remove_superseded)
+from engine.training.checkpoints.interval import CheckpointInterval, CheckpointSchedule
+from engine.training.checkpoints.resume import ResumePoint, choose_resume_point, resume_candidates
 from helpers import ROOT, child_env, run
 
 pytestmark = pytest.mark.tf_latest

@@ -5,10 +5,11 @@ import re
 
 import pytest
 
-from engine.config import Config
-from engine.errors import ConfigError
-from engine.training.cleanup import CleanupPolicy, cleanup_old_models, default_keep_pattern, epochs_to_delete
-from engine.training.lr_control import EpochData, LearningRateControl
+from engine.config.loader import Config
+from engine.runtime.errors import ConfigError
+from engine.training.checkpoints.cleanup import (CleanupPolicy, cleanup_old_models, default_keep_pattern,
+                                                 epochs_to_delete)
+from engine.training.update.lr_control import EpochData, LearningRateControl
 from helpers import ROOT, run_mpi, run_rnn
 
 pytestmark = pytest.mark.tf_latest

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.config import Config
+from engine.config.key_check import IMPLEMENTED, NO_EFFECT, config_findings
+from engine.config.loader import Config
 from engine.distributed.local_backend import LocalCommunicator
 from engine.distributed.strategy import Strategy
-from engine.errors import ConfigError
-from engine.key_check import IMPLEMENTED, NO_EFFECT, config_findings
 from engine.model import build_model
-from engine.training.gradients import GradientOptions, process_gradients
+from engine.runtime.errors import ConfigError
 from engine.training.step import Steps
-from engine.training.updater import Updater
+from engine.training.update.gradients import GradientOptions, process_gradients
+from engine.training.update.updater import Updater
 from helpers import ROOT, run_mpi
 
 SCRIPT = str(ROOT / "tests" / "mpi_scripts" / "update_steps.py")

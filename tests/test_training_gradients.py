@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.config import Config
+from engine.config.loader import Config
 from engine.distributed.local_backend import LocalCommunicator
 from engine.distributed.strategy import Strategy
-from engine.errors import ConfigError
 from engine.model import build_model
-from engine.training.gradients import NOISE_STREAM, GradientOptions, process_gradients
-from engine.training.optimizer_config import optimizer_for_config
+from engine.runtime.errors import ConfigError
 from engine.training.step import Steps
-from engine.training.updater import Updater
+from engine.training.update.gradients import NOISE_STREAM, GradientOptions, process_gradients
+from engine.training.update.optimizer_config import optimizer_for_config
+from engine.training.update.updater import Updater
 
 pytestmark = pytest.mark.tf_latest
 SEED = tf.constant([7, 3], tf.int64)

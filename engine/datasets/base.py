@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.datasets import ordering
 from engine.datasets.chunking import Chunking, parse_chunking
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from engine import log, phases
 from engine.datasets.base import Dataset
 from engine.datasets.buffers import ALIGN, BufferPool, carve, layout_bytes
 from engine.datasets.chunking import EpochPieces, cut_into_chunks, whole_sequences
-from engine.errors import ConfigError
-from engine.timeline import DATA_WAIT
+from engine.report import phases
+from engine.report.timeline import DATA_WAIT
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
 
 DEFAULT_EVAL_BATCH_SIZE = 5000
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from engine.errors import ConfigError, DataError
+from engine.runtime.errors import ConfigError, DataError
 
 PerKey = int | dict  # one value for every key, or a value per data key
 

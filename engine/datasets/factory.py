@@ -14,15 +14,15 @@ from typing import Any, Collection
 
 import h5py
 
-from engine import keys, returnn_keys
-from engine.config import Config
+from engine.config import keys, returnn_names_table as returnn_keys
+from engine.config.key_check import IGNORED, NO_EFFECT, Finding, Scope, classify, enforce, ignored_names
+from engine.config.loader import Config
+from engine.config.no_effect import DATASET_OPTIONS as NO_EFFECT_OPTIONS
 from engine.datasets.base import Dataset
 from engine.datasets.generated import DummyDataset, Task12AXDataset
 from engine.datasets.hdf_reader import HDFDataset
 from engine.datasets.npz import NpzDataset
-from engine.errors import DataError
-from engine.key_check import IGNORED, NO_EFFECT, Finding, Scope, classify, enforce, ignored_names
-from engine.no_effect import DATASET_OPTIONS as NO_EFFECT_OPTIONS
+from engine.runtime.errors import DataError
 
 DATASET_CLASSES: dict[str, type[Dataset]] = {
     cls.__name__: cls for cls in (HDFDataset, NpzDataset, Task12AXDataset, DummyDataset)}

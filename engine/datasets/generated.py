@@ -11,7 +11,7 @@ import numpy as np
 from engine.datasets.base import DataKeyInfo, Dataset
 from engine.datasets.memory import InMemoryDataset
 from engine.datasets.ordering import epoch_seed
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 SYMBOLS_12AX = "123ABCXYZ"
 _ONE, _TWO, _A, _B, _X, _Y = (SYMBOLS_12AX.index(c) for c in "12ABXY")

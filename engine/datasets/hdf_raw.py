@@ -17,7 +17,7 @@ import os
 import h5py
 import numpy as np
 
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 
 class RawRows:

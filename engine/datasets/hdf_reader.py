@@ -18,7 +18,7 @@ import numpy as np
 from engine.datasets.base import DataKeyInfo, Dataset
 from engine.datasets.hdf_raw import RawRows
 from engine.datasets.hdf_values import StreamValues
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 _SIZE_SUFFIX = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 

@@ -16,7 +16,7 @@ from typing import Sequence
 import h5py
 import numpy as np
 
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 _STR = h5py.string_dtype("utf-8")
 ROW_DTYPE = np.dtype("<f4")

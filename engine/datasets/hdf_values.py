@@ -11,7 +11,7 @@ from typing import Callable
 import h5py
 import numpy as np
 
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 _BLOCK_BYTES = 16 << 20
 

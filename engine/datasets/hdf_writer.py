@@ -2,7 +2,7 @@
 
 Sequences are appended one at a time with no second pass: they are buffered up to ``flush_bytes`` and
 appended to resizable (chunked) datasets, the way RETURNN's streaming writer works. The file is
-written under a temporary name in the target directory (created as ``engine.atomic_file`` does:
+written under a temporary name in the target directory (created as ``engine.runtime.atomic_file`` does:
 unpredictable name, exclusive, never through a planted symlink) and flushed to disk and renamed on
 ``close()``, so an interrupted write (exception, kill, full disk) never leaves a broken file under the
 final name; on an exception inside ``with HDFWriter(...)`` the temporary file is removed.
@@ -21,9 +21,9 @@ from typing import Mapping, Sequence
 import h5py
 import numpy as np
 
-from engine.atomic_file import commit, create_temp_beside, discard
 from engine.datasets.base import DataKeyInfo
-from engine.errors import DataError
+from engine.runtime.atomic_file import commit, create_temp_beside, discard
+from engine.runtime.errors import DataError
 
 _STR = h5py.string_dtype("utf-8")
 _CHUNK_BYTES = 1 << 20

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.datasets.base import DataKeyInfo
 from engine.datasets.memory import InMemoryDataset
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 _SUFFIXES = ("_lengths", "_dim", "_labels")
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.errors import DataError
+from engine.runtime.errors import DataError
 
 _FORMS = "default, reverse, sorted, sorted_reverse, random, random:N, laplace:N, laplace:.S (optionally :M)"
 

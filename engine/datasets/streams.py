@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.datasets.base import Dataset
-from engine.errors import ConfigError
+from engine.runtime.errors import ConfigError
 
 
 @dataclass

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 OPS = ("sum", "average", "min", "max")
 
-# ``allreduce_tensors(..., timed_as=(name, category))``: time the collective as a phase (``engine.phases``)
+# ``allreduce_tensors(..., timed_as=(name, category))``: time the collective as a phase
+# (``engine.report.phases``)
 TimedAs = Optional[Tuple[str, str]]
 
 
@@ -110,7 +111,7 @@ class Communicator(abc.ABC):
     def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
                           timed_as: TimedAs = None) -> list[tf.Tensor]:
         """Like ``allreduce`` for tensors; usable inside ``tf.function``. ``timed_as`` = (name, category):
-        the collective is timed as that phase (``engine.phases``), with its bytes and tensor count."""
+        the collective is timed as that phase (``engine.report.phases``), with its bytes and tensor count."""
 
     @abc.abstractmethod
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from engine.distributed.backend import Communicator
-from engine.errors import ConfigError
+from engine.runtime.errors import ConfigError
 
 
 def check_config_consistency(comm: Communicator, config_items: dict[str, Any]) -> None:

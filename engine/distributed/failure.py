@@ -19,8 +19,8 @@ import time
 import traceback
 from typing import NoReturn
 
-from engine import process
-from engine.errors import QUIET_RANK_EXIT_DELAY, EngineError
+from engine.runtime import process
+from engine.runtime.errors import QUIET_RANK_EXIT_DELAY, EngineError
 
 
 def install_failure_handler() -> None:

@@ -1,6 +1,6 @@
 """Helpers for users' own config code: who am I, run something once, share a value.
 
-They use the job's communicator (``engine.process``) once the engine has created it; before that, or
+They use the job's communicator (``engine.runtime.process``) once the engine has created it; before that, or
 in a plain ``python rnn.py`` run, they behave as rank 0 of 1 and never import MPI.
 
     from engine.distributed import helpers as dist
@@ -16,10 +16,10 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from engine import process
 from engine.distributed.backend import Communicator
 from engine.distributed.local_backend import LocalCommunicator
-from engine.errors import DistributedError
+from engine.runtime import process
+from engine.runtime.errors import DistributedError
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SINGLE_PROCESS = LocalCommunicator()

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from engine import phases
 from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator, check_thread_level
 from engine.distributed.watchdog import StallLimits
-from engine.errors import DistributedError
+from engine.report import phases
+from engine.runtime.errors import DistributedError
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine import log, phases
 from engine.distributed.backend import Communicator, TimedAs, check_reduction, exit_without_mpi, tensor_bytes
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
-from engine.errors import ConfigError
+from engine.report import phases
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
     import tensorflow as tf

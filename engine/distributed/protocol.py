@@ -15,10 +15,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from engine import phases
 from engine.distributed.backend import Communicator
-from engine.errors import DistributedError, EngineError
-from engine.timeline import STEP_SIGNAL
+from engine.report import phases
+from engine.report.timeline import STEP_SIGNAL
+from engine.runtime.errors import DistributedError, EngineError
 
 # Step signal vector: [ranks out of data, ranks voting for a parameter sync, ranks voting for a checkpoint,
 # exit code of each rank (0: no error)..., stop signal number each rank received (0: none)...]. Sharing

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 
-from engine import log
 from engine.distributed.backend import Communicator
 from engine.distributed.watchdog import StallLimits
-from engine.errors import ConfigError, DistributedError
+from engine.runtime import log
+from engine.runtime.errors import ConfigError, DistributedError
 
 BACKENDS = ("auto", "horovod", "mpi", "local")
 

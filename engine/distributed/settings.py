@@ -10,9 +10,9 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from engine import log
 from engine.distributed.watchdog import StallLimits
-from engine.errors import ConfigError
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
 
 REDUCE_TYPES = ("grad", "param")
 DATASET_DISTRIBUTIONS = ("shard", "random_seed_offset")

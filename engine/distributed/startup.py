@@ -4,7 +4,7 @@
 
 Reads the data-parallel keys once (``settings.py``), refuses a multi-rank launch without
 ``use_horovod``, creates the communicator (with its stall watchdog), makes it this process's identity
-(``engine.process``), routes uncaught errors to ``failure.fail``, checks that all ranks run the same
+(``engine.runtime.process``), routes uncaught errors to ``failure.fail``, checks that all ranks run the same
 config and logs where each rank runs.
 """
 from __future__ import annotations
@@ -16,18 +16,18 @@ import subprocess
 import sys
 from typing import Iterator
 
-from engine import log, process
-from engine.cluster import format_host_map
-from engine.config import Config
-from engine.device import requested_device
+from engine.config.loader import Config
 from engine.distributed.consistency import check_config_consistency
 from engine.distributed.failure import install_failure_handler
 from engine.distributed.select import create_communicator
 from engine.distributed.settings import DataParallelSettings
 from engine.distributed.strategy import Strategy, build_strategy
 from engine.distributed.watchdog import StallLimits
-from engine.errors import ConfigError
-from engine.launch import env_rank, env_size
+from engine.runtime import log, process
+from engine.runtime.cluster import format_host_map
+from engine.runtime.device import requested_device
+from engine.runtime.errors import ConfigError
+from engine.runtime.launch import env_rank, env_size
 
 
 def start(config: Config) -> Strategy:

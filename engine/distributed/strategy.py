@@ -38,7 +38,7 @@ from engine.distributed.backend import Communicator
 from engine.distributed.protocol import (StepSignal, exit_code_of, raise_on_failure, step_signal,
                                          sum_score_vectors)
 from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
-from engine.timeline import ALLREDUCE, PARAM_AVERAGE
+from engine.report.timeline import ALLREDUCE, PARAM_AVERAGE
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Iterator, NamedTuple, Protocol
 
-from engine import log, process
+from engine.runtime import log, process
 
 # Why a watchdog without a channel in a multi-rank job cannot name ranks (see the module docstring).
 LOCAL_ONLY_WHY = "MPI runs below THREAD_MULTIPLE, so the watchdog thread does not call MPI"

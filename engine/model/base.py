@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from engine.errors import DataError
-from engine.model.losses import CrossEntropy
+from engine.model.losses.cross_entropy import CrossEntropy
+from engine.runtime.errors import DataError
 
 
 class LossResult(NamedTuple):

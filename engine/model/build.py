@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import keys
-from engine.config import Config
-from engine.errors import ConfigError
-from engine.key_check import ignored_names
+from engine.config import keys
+from engine.config.key_check import ignored_names
+from engine.config.loader import Config
 from engine.model.base import SeqModel
 from engine.model.custom import CustomModel
 from engine.model.network import NetworkModel
+from engine.runtime.errors import ConfigError
 
 DEFAULT_RANDOM_SEED = keys.default("random_seed")
 

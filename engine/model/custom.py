@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from engine.errors import ConfigError
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
+from engine.runtime.errors import ConfigError
 
 TARGET = "classes"
 

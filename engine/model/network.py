@@ -13,13 +13,15 @@ from typing import Collection
 
 import tensorflow as tf
 
-from engine.errors import ConfigError, DataError
-from engine.key_check import enforce
+from engine.config.key_check import enforce
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
-from engine.model.layers import Copy, Layer, Linear, Rec, Softmax
-from engine.model.losses import l2_factor, l2_term
+from engine.model.layers.base import Layer
+from engine.model.layers.dense import Copy, Linear, Softmax
+from engine.model.layers.recurrent import Rec
+from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
+from engine.model.losses.regularization import l2_factor, l2_term
 from engine.model.spec import RECURRENT_CLASSES, LayerSpec, build_order, layer_findings, parse_network
-from engine.model.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
+from engine.runtime.errors import ConfigError, DataError
 
 
 class NetworkModel(SeqModel):

@@ -2,7 +2,7 @@
 anything (so ``rnn.py --check`` needs no TensorFlow).
 
 ``parse_network`` checks the dict's shape, the layer classes, ``from`` references and cycles;
-``layer_findings`` classifies every layer option (``engine/key_check.py``): implemented, without effect
+``layer_findings`` classifies every layer option (``engine/config/key_check.py``): implemented, without effect
 here, ignored on request, or refused; ``build_order`` lists the layers an output or loss depends on.
 """
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import difflib
 from typing import Any, Collection, NamedTuple
 
-from engine import log, returnn_keys
-from engine.errors import ConfigError
-from engine.key_check import Finding, Scope, classify
-from engine.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
+from engine.config import returnn_names_table as returnn_keys
+from engine.config.key_check import Finding, Scope, classify
+from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
 
 _CLASS_OPTIONS = {
     "linear": {"n_out", "activation", "with_bias"},

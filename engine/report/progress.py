@@ -10,7 +10,7 @@ key ``progress_interval``] one line like
 shows that the job lives. Both appear from ``log_verbosity`` 3 (the level of the epoch lines) on.
 
 Lines printed while a bar is shown must go through ``tqdm.write`` (it clears the bar, prints the line
-and redraws the bar below it); a plain ``print`` would land in the middle of the bar. ``engine.log``
+and redraws the bar below it); a plain ``print`` would land in the middle of the bar. ``engine.runtime.log``
 does so while a bar is shown (a bar tells it when it appears and goes).
 
 Under ``mpirun`` a rank's stdout is a pseudo-terminal even when ``mpirun``'s own output goes to a file:
@@ -24,10 +24,11 @@ from typing import Callable, TextIO
 
 from tqdm import tqdm
 
-from engine import keys, log
-from engine.errors import ConfigError
-from engine.launch import launcher_output_is_terminal
-from engine.training.report import hms
+from engine.config import keys
+from engine.report.clock import hms
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
+from engine.runtime.launch import launcher_output_is_terminal
 
 CONFIG_KEY = "progress_interval"
 DEFAULT_INTERVAL = keys.default(CONFIG_KEY)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from engine.training.report import hms
+from engine.report.clock import hms
 
 
 @dataclass

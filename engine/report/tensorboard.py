@@ -36,8 +36,8 @@ from typing import Mapping
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
-from engine.atomic_file import atomic_path
-from engine.errors import ConfigError
+from engine.runtime.atomic_file import atomic_path
+from engine.runtime.errors import ConfigError
 
 EPOCH_PREFIX = "epoch/"
 STEP_PREFIX = "train/"

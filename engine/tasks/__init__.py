@@ -1,8 +1,8 @@
 """Task dispatch: ``task = "train" | "eval" | "forward"``."""
 from __future__ import annotations
 
-from engine.config import Config
-from engine.errors import ConfigError
+from engine.config.loader import Config
+from engine.runtime.errors import ConfigError
 
 TASKS = ("train", "eval", "forward")
 

@@ -1,4 +1,5 @@
-"""What every name of a config means here, before anything runs (``engine/key_check.py`` has the rules).
+"""What every name of a config means here, before anything runs (``engine/config/key_check.py`` has the
+rules).
 
 ``check_at_start(config)`` runs before every task: it logs the notes and raises one ConfigError for
 everything that would stop the run or change it silently. ``run_check(config)`` is ``rnn.py CONFIG
@@ -7,13 +8,13 @@ or starting MPI. A network from ``get_network`` is checked when it is built.
 """
 from __future__ import annotations
 
-from engine.config import Config
+from engine.config.key_check import (EXEMPT, IGNORED, IMPLEMENTED, NO_EFFECT, NOT_IMPLEMENTED, UNKNOWN,
+                                     UNKNOWN_KEY_NOTE, Finding, config_findings, error_text, ignored_names,
+                                     log_notes, merged)
+from engine.config.loader import Config
 from engine.datasets.factory import dataset_findings
-from engine.errors import ConfigError, EngineError
-from engine.key_check import (EXEMPT, IGNORED, IMPLEMENTED, NO_EFFECT, NOT_IMPLEMENTED, UNKNOWN,
-                              UNKNOWN_KEY_NOTE, Finding, config_findings, error_text, ignored_names,
-                              log_notes, merged)
 from engine.model.spec import layer_findings, parse_network
+from engine.runtime.errors import ConfigError, EngineError
 
 DATASET_KEYS = ("train", "dev", "eval")
 _ORDER = (NOT_IMPLEMENTED, UNKNOWN, IGNORED, NO_EFFECT, IMPLEMENTED, EXEMPT)

@@ -1,14 +1,14 @@
 """``task = "eval"``: score a saved model on the ``dev`` and ``eval`` datasets, sharded over the ranks."""
 from __future__ import annotations
 
-from engine import log
-from engine.config import Config
+from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset, data_dims, dataset_from_config
-from engine.device import select_device
 from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
-from engine.errors import ConfigError, EngineError
 from engine.model import SeqModel, build_model
-from engine.training.checkpoint import checkpoint_to_load, load_checkpoint
+from engine.runtime import log
+from engine.runtime.device import select_device
+from engine.runtime.errors import ConfigError, EngineError
+from engine.training.checkpoints.file_format import checkpoint_to_load, load_checkpoint
 from engine.training.loop import evaluate
 from engine.training.step import Steps
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine import log
-from engine.atomic_file import commit, create_temp_beside, discard
-from engine.config import Config
+from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset, dataset_from_config, generate_batches
 from engine.datasets.hdf_rows import RowWriter, create_rows_file
 from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
-from engine.errors import ConfigError, DataError, EngineError
+from engine.runtime import log
+from engine.runtime.atomic_file import commit, create_temp_beside, discard
+from engine.runtime.errors import ConfigError, DataError, EngineError
 from engine.tasks.evaluate import load_model_for_inference
 from engine.training.report import EpochReport
 from engine.training.step import Steps

@@ -1,28 +1,28 @@
 """``task = "train"``: the epoch loop with dev eval, learning-rate control and checkpoints (mid-epoch ones,
-resuming and stopping on request: ``engine/training/checkpointer.py``)."""
+resuming and stopping on request: ``engine/training/checkpoints/policy.py``)."""
 from __future__ import annotations
 
 import os
 
-from engine import log
-from engine.config import Config
+from engine.config.loader import Config
 from engine.datasets import BatchOptions, data_dims, dataset_from_config
-from engine.device import select_device
 from engine.distributed import Strategy, agree_on_failure, broadcast_initial, start
-from engine.errors import ConfigError, EngineError
 from engine.model import build_model
-from engine.training import preemption
-from engine.training.checkpoint import load_checkpoint
-from engine.training.checkpointer import Checkpointer
-from engine.training.cleanup import CleanupPolicy, cleanup_old_models
+from engine.report.clock import hms
+from engine.runtime import log
+from engine.runtime.device import select_device
+from engine.runtime.errors import ConfigError, EngineError
+from engine.training.checkpoints import stop_requests
+from engine.training.checkpoints.cleanup import CleanupPolicy, cleanup_old_models
+from engine.training.checkpoints.file_format import load_checkpoint
+from engine.training.checkpoints.policy import Checkpointer
+from engine.training.checkpoints.resume import ResumePoint, choose_resume_point
 from engine.training.loop import evaluate, train_epoch
-from engine.training.lr_control import LearningRateControl
-from engine.training.lr_history import learning_rate_file
 from engine.training.monitor import RunMonitor
-from engine.training.report import hms
-from engine.training.resume import ResumePoint, choose_resume_point
 from engine.training.step import Steps
-from engine.training.updater import Updater
+from engine.training.update.lr_control import LearningRateControl
+from engine.training.update.lr_history import learning_rate_file
+from engine.training.update.updater import Updater
 
 
 class Trainer:
@@ -132,7 +132,7 @@ class Trainer:
 
 def run_train(config: Config) -> None:
     """SIGUSR1, SIGUSR2 and SIGTERM stop the training at the next step boundary, after a checkpoint."""
-    with preemption.installed():
+    with stop_requests.installed():
         _train(config)
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from engine.datasets import Dataset, dataset_from_cli_arg
-from engine.errors import EngineError
+from engine.runtime.errors import EngineError
 
 
 def describe(dataset: Dataset, num_seqs: int) -> str:

@@ -1,7 +1,8 @@
-"""``gen-returnn-keys``: write ``engine/returnn_keys.py``, the names RETURNN defines, from RETURNN's source.
+"""``gen-returnn-keys``: write ``engine/config/returnn_names_table.py``, the names RETURNN defines, from
+RETURNN's source.
 
     gen-returnn-keys [--git RETURNN_GIT_DIR --commit REV ...] [--dir INSTALLED_RETURNN_PACKAGE ...]
-                     [--out engine/returnn_keys.py]
+                     [--out engine/config/returnn_names_table.py]
 
 Reads the given commits of a RETURNN git repository (a bare mirror is enough) and installed copies of
 the ``returnn`` package, and collects:
@@ -38,7 +39,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Iterator
 
-from engine.atomic_file import write_text_atomically
+from engine.runtime.atomic_file import write_text_atomically
 
 READ_METHODS = ("value", "typed_value", "opt_typed_value", "int", "float", "bool", "bool_or_other", "list",
                 "int_list", "float_list", "int_pair", "has", "is_true", "is_typed", "get_of_type")
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--git", help="RETURNN git directory (a bare mirror is enough)")
     parser.add_argument("--commit", action="append", help="a commit to read (repeat)")
     parser.add_argument("--dir", action="append", help="an installed returnn package directory (repeat)")
-    parser.add_argument("--out", default="engine/returnn_keys.py")
+    parser.add_argument("--out", default="engine/config/returnn_names_table.py")
     args = parser.parse_args(argv)
     if args.commit and not args.git:
         parser.error("--commit needs --git")

@@ -17,8 +17,8 @@ import sys
 import time
 
 from engine.datasets import HDFWriter, dataset_from_cli_arg
-from engine.errors import DataError, EngineError
 from engine.report.progress import Progress
+from engine.runtime.errors import DataError, EngineError
 
 
 def dump(args: argparse.Namespace) -> None:

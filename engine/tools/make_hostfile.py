@@ -16,10 +16,10 @@ import argparse
 import os
 import sys
 
-from engine.atomic_file import write_text_atomically
-from engine.cluster import (HostSlots, check_enough_slots, format_openmpi_hostfile, parse_pe_hostfile,
-                            slurm_hosts, with_slots_per_host)
-from engine.errors import DistributedError, EngineError
+from engine.runtime.atomic_file import write_text_atomically
+from engine.runtime.cluster import (HostSlots, check_enough_slots, format_openmpi_hostfile, parse_pe_hostfile,
+                                    slurm_hosts, with_slots_per_host)
+from engine.runtime.errors import DistributedError, EngineError
 
 
 def read_allocation(sge: str | None, slurm: str | None,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine import timeline
-from engine.errors import EngineError
+from engine.report import timeline
+from engine.runtime.errors import EngineError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,9 +23,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from engine.atomic_file import atomic_path
-from engine.errors import EngineError
-from engine.training.lr_control import EpochData, parse_history
+from engine.runtime.atomic_file import atomic_path
+from engine.runtime.errors import EngineError
+from engine.training.update.lr_control import EpochData, parse_history
 
 LINE_STYLES = {"train": "-", "dev": "--", "eval": ":"}
 

@@ -41,16 +41,16 @@ import subprocess
 import sys
 import time
 
-from engine.errors import (CONFIG_ERROR_EXIT_CODE, DATA_ERROR_EXIT_CODE, NOT_RESTARTABLE_EXIT_CODES,
-                           RESUMABLE_EXIT_CODE)
-from engine.training.preemption import REPEAT_GRACE_SECONDS
+from engine.runtime.errors import (CONFIG_ERROR_EXIT_CODE, DATA_ERROR_EXIT_CODE, NOT_RESTARTABLE_EXIT_CODES,
+                                   RESUMABLE_EXIT_CODE)
+from engine.training.checkpoints.stop_requests import REPEAT_GRACE_SECONDS
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # A signal that arrives while waiting to restart: the scheduler's stop warnings end the supervisor with
 # "resumable" (the newest checkpoint is on disk, a requeue resumes from it); others with 128 + N.
 _STOP_WARNINGS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 _WHY_FATAL = {CONFIG_ERROR_EXIT_CODE: "a config error", DATA_ERROR_EXIT_CODE: "a data error"}
-# What a first SIGTERM becomes: a stop request the engine saves a checkpoint for (preemption.py), which
+# What a first SIGTERM becomes: a stop request the engine saves a checkpoint for (stop_requests.py), which
 # mpirun forwards to the ranks; mpirun would answer SIGTERM itself by killing them within 0.5 s.
 TERM_FORWARDED_AS = signal.SIGUSR2
 DEFAULT_RESET_AFTER = 3600.0  # a run this long was healthy: two checkpoints at the default 30 min interval

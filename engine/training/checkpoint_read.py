@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from engine.atomic_file import describe_io_error, io_errno
-from engine.errors import TRANSIENT_ERRNOS, ConfigError, TransientIOError
+from engine.runtime.atomic_file import describe_io_error, io_errno
+from engine.runtime.errors import TRANSIENT_ERRNOS, ConfigError, TransientIOError
 
 MAIN_GROUPS = ("params", "optimizer")  # rank 0's parameters and optimizer state
 RESUME_ARRAYS = ("steps", "batches_done", "scores", "fingerprints")  # a mid-epoch checkpoint's "resume"

@@ -28,11 +28,11 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
-from engine import log
-from engine.atomic_file import describe_io_error, write_text_atomically
-from engine.errors import ConfigError
-from engine.training.checkpoint import checkpoint_path, find_epochs, find_mid_epoch_checkpoints
-from engine.training.lr_history import format_history, read_history_file, trained_epochs
+from engine.runtime import log
+from engine.runtime.atomic_file import describe_io_error, write_text_atomically
+from engine.runtime.errors import ConfigError
+from engine.training.checkpoints.file_format import checkpoint_path, find_epochs, find_mid_epoch_checkpoints
+from engine.training.update.lr_history import format_history, read_history_file, trained_epochs
 
 MOVE_KEY = "move_old_checkpoints"
 

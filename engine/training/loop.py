@@ -12,16 +12,17 @@ from typing import Iterator
 
 import numpy as np
 
-from engine import log, phases
 from engine.datasets import BatchOptions, BatchPrefetcher, Dataset, generate_batches
 from engine.distributed.backend import Communicator
 from engine.distributed.protocol import agree_on_failure, sum_score_vectors
 from engine.distributed.strategy import NO_REQUESTS, Strategy
-from engine.timeline import EVAL, STEP
+from engine.report import phases
+from engine.report.timeline import EVAL, STEP
+from engine.runtime import log
+from engine.training.checkpoints.policy import Checkpointer
+from engine.training.checkpoints.resume import EpochStart
 from engine.training.monitor import RunMonitor
 from engine.training.report import EpochReport
-from engine.training.checkpointer import Checkpointer
-from engine.training.resume import EpochStart
 from engine.training.step import Steps
 
 

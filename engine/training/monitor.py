@@ -2,7 +2,7 @@
 every rank and the end-of-run summary (``docs/monitoring.md``).
 
 The trainer makes one ``RunMonitor`` and calls it at a few points; it drives the components of
-``engine.report`` and ``engine.timeline``:
+``engine.report`` and ``engine.report.timeline``:
 
     monitor = RunMonitor(config, comm, lr_control)     # every rank: reads and checks the keys
     with monitor.running(resume_step, epochs):          # timeline on; at the end: merged, summary
@@ -24,16 +24,17 @@ from typing import Iterator
 
 import numpy as np
 
-from engine import log, timeline
-from engine.config import Config
+from engine.config.loader import Config
 from engine.distributed.backend import Communicator
-from engine.errors import EngineError
+from engine.report import timeline
 from engine.report.progress import Progress, interval_from_config
 from engine.report.summary import EpochRecord, summary_text
 from engine.report.tensorboard import TensorBoardWriter, settings_from_config
-from engine.training.checkpoint import checkpoint_path, find_newest_epoch
-from engine.training.lr_control import LearningRateControl
+from engine.runtime import log
+from engine.runtime.errors import EngineError
+from engine.training.checkpoints.file_format import checkpoint_path, find_newest_epoch
 from engine.training.report import EpochReport
+from engine.training.update.lr_control import LearningRateControl
 
 
 class RunMonitor:

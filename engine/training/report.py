@@ -3,7 +3,7 @@
 computing time = wall time of the step executions (the collective inside the step included) plus
 parameter syncs, divided by the wall time since the epoch's data loading started. Below about 90% the
 run waits for data or for other ranks. The time in collectives (gradient allreduce, parameter average,
-step signal: waiting there for slower ranks included) and waiting for data come from ``engine.phases``.
+step signal: waiting there for slower ranks included) and waiting for data come from ``engine.report.phases``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Iterator
 
 import numpy as np
 
-from engine import log, phases
+from engine.report import phases
+from engine.runtime import log
 
 
 def hms(seconds: float) -> str:

@@ -17,9 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from engine.distributed.strategy import Strategy
-from engine.errors import ConfigError, DataError, EngineError
 from engine.model.base import SeqModel
-from engine.training.updater import Updater
+from engine.runtime.errors import ConfigError, DataError, EngineError
+from engine.training.update.updater import Updater
 
 DROPOUT_STREAM = 0x64726F70  # keeps dropout's random numbers apart from other users of the step's seed
 

@@ -11,11 +11,11 @@ import socket
 
 import numpy as np
 
-from engine import process
 from engine.distributed import (ParamAverage, ParamSyncSchedule, StallLimits, auto_backend, broadcast_initial,
                                 check_config_consistency, create_communicator, helpers,
                                 install_failure_handler, reduce_scores, step_signal)
-from engine.errors import ConfigError, DistributedError
+from engine.runtime import process
+from engine.runtime.errors import ConfigError, DistributedError
 
 SHAPES = [(), (0,), (3, 0), (7,), (5, 3), (1000,), (333, 17), (300_007,)] + [(1 + i % 5,) for i in range(60)]
 ALL_DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.int8, np.uint8]

@@ -12,9 +12,9 @@ import signal
 import threading
 import time
 
-from engine import process
 from engine.distributed import StallLimits, create_communicator, install_failure_handler, step_signal
-from engine.errors import DataError
+from engine.runtime import process
+from engine.runtime.errors import DataError
 
 
 def fail(mode: str) -> None:

@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 
-from engine import log, process
-from engine.config import Config
+from engine.config.loader import Config
 from engine.distributed import fail as fail_job
 from engine.distributed.strategy import ParamAverage
-from engine.errors import EngineError
+from engine.runtime import log, process
+from engine.runtime.errors import EngineError
 from engine.tasks.train import run_train
 from engine.training import step as step_module
 
@@ -104,21 +104,21 @@ def main() -> None:
 
 def _slow_down_saves(seconds: float) -> None:
     """Rank 0 (the one that writes) spends ``seconds`` more in every checkpoint write."""
-    from engine.training import checkpointer
+    from engine.training.checkpoints import policy
 
-    save = checkpointer.save_checkpoint
+    save = policy.save_checkpoint
 
     def slow_save(*args, **kwargs):
         time.sleep(seconds)
         return save(*args, **kwargs)
 
-    checkpointer.save_checkpoint = slow_save
+    policy.save_checkpoint = slow_save
 
 
 def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
     """Make the data loader of ``fail_rank`` raise a DataError after some sequences (a corrupt corpus)."""
     from engine.datasets.base import Dataset
-    from engine.errors import DataError
+    from engine.runtime.errors import DataError
 
     original = Dataset.read_into
     reads = {"n": 0}

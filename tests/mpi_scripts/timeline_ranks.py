@@ -10,7 +10,7 @@ import time
 
 from mpi4py import MPI
 
-from engine import timeline
+from engine.report import timeline
 
 
 def main() -> None:

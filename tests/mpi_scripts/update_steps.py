@@ -14,13 +14,13 @@ import sys
 
 import numpy as np
 
-from engine import log
-from engine.config import Config
+from engine.config.loader import Config
 from engine.distributed import broadcast_initial, fail, start
-from engine.errors import EngineError
 from engine.model import build_model
+from engine.runtime import log
+from engine.runtime.errors import EngineError
 from engine.training.step import Steps
-from engine.training.updater import Updater
+from engine.training.update.updater import Updater
 
 
 class Batch:

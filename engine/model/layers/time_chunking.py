@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.errors import ConfigError
-from engine.model.layers import Layer, positive_int
+from engine.model.layers.base import Layer, positive_int
+from engine.runtime.errors import ConfigError
 
 
 def num_chunks(n_time: tf.Tensor, size: int, step: int) -> tf.Tensor:

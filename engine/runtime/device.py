@@ -7,16 +7,16 @@ from __future__ import annotations
 import os
 import socket
 
-from engine import log, process
-from engine.cluster import gpu_for_rank
-from engine.config import Config
-from engine.errors import ConfigError
-from engine.tf_threads import configure_threads
+from engine.runtime import log, process
+from engine.runtime.cluster import gpu_for_rank
+from engine.runtime.config_view import ConfigView
+from engine.runtime.errors import ConfigError
+from engine.runtime.tf_threads import configure_threads
 
 DEVICE_COUNT = "tf_session_opts['device_count']"
 
 
-def device_count_hides_gpus(config: Config) -> bool:
+def device_count_hides_gpus(config: ConfigView) -> bool:
     """Whether ``tf_session_opts``'s ``device_count`` says ``{"GPU": 0}`` (RETURNN users force the CPU so).
 
     A TensorFlow 1 session made that many devices of each kind. Here a rank uses one GPU or the CPU, so
@@ -43,7 +43,7 @@ def device_count_hides_gpus(config: Config) -> bool:
     return counts.get("GPU") == 0
 
 
-def requested_device(config: Config) -> str:
+def requested_device(config: ConfigView) -> str:
     """The config's ``device`` ("cpu", "gpu" or "": GPU when present), with ``device_count`` {"GPU": 0}
     as "cpu"; the two contradicting each other is an error."""
     device = config.str("device")
@@ -55,8 +55,9 @@ def requested_device(config: Config) -> str:
     return "cpu"
 
 
-def select_device(config: Config) -> None:
-    """Call once the communicator exists (``engine.process`` then knows the local rank), before the model."""
+def select_device(config: ConfigView) -> None:
+    """Call once the communicator exists (``engine.runtime.process`` then knows the local rank), before the
+    model."""
     import tensorflow as tf
 
     configure_threads(config)

@@ -20,9 +20,9 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
-from engine.training.gradients import GradientOptions, process_gradients
-from engine.training.optimizer_config import optimizer_for_config
-from engine.training.optimizers import Optimizer, optimizer_from_config
+from engine.training.update.gradients import GradientOptions, process_gradients
+from engine.training.update.optimizer_config import optimizer_for_config
+from engine.training.update.optimizers import Optimizer, optimizer_from_config
 
 __all__ = ["Updater", "Optimizer", "optimizer_from_config"]
 

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from engine.errors import ConfigError
-from engine.model.losses import CrossEntropy
-from engine.model.lstm import fused_lstm, scan_lstm
+from engine.model.layers.lstm import fused_lstm, scan_lstm
+from engine.model.losses.cross_entropy import CrossEntropy
+from engine.runtime.errors import ConfigError
 
 ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
     None: None,

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from engine.errors import ConfigError
+from engine.runtime.errors import ConfigError
 
 NOISE_STREAM = 0x6E6F6973  # keeps the noise's random numbers apart from other users of the step's seed
 

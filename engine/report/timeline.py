@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from engine.atomic_file import atomic_path, describe_io_error
-from engine.errors import ConfigError, EngineError
+from engine.runtime.atomic_file import atomic_path, describe_io_error
+from engine.runtime.errors import ConfigError, EngineError
 
 CONFIG_KEY = "timeline_file"
 ENV_VAR = "ENGINE_TIMELINE"
@@ -174,7 +174,7 @@ def enabled() -> bool:
 
 def expect_recording() -> None:
     """A recording will start later in this process: graphs traced from now on record their spans
-    (``engine.phases.timed_in_graph`` decides when a function is traced, not when it runs)."""
+    (``engine.report.phases.timed_in_graph`` decides when a function is traced, not when it runs)."""
     global _expected
     _expected = True
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.errors import DistributedError
+from engine.runtime.errors import DistributedError
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Exact resume: where a run continues, what a training checkpoint holds for that, and how its parts
-are dealt out to the ranks. ``checkpointer.py`` writes these checkpoints and acts at step boundaries.
+are dealt out to the ranks. ``policy.py`` writes these checkpoints and acts at step boundaries.
 
 Besides the parameters and the optimizer state (whose update count keys dropout's random numbers, so
 those need no saved state), a checkpoint written here holds (attribute / group names in quotes):
@@ -29,14 +29,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine import log
-from engine.config import Config
+from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset
 from engine.distributed.strategy import Strategy
-from engine.errors import ConfigError
-from engine.training.checkpoint import checkpoint_path, find_epochs, find_mid_epoch_checkpoints
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
 from engine.training.checkpoint_read import CheckpointDamaged, StoredCheckpoint, missing_part, read_checkpoint
 from engine.training.checkpoint_runs import MOVE_KEY, later_files, new_run_id, refuse_or_move
+from engine.training.checkpoints.file_format import checkpoint_path, find_epochs, find_mid_epoch_checkpoints
 
 RANK_GROUPS = ("params", "optimizer")  # what each rank keeps of its own in param mode
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from engine import keys
-from engine.errors import ConfigError
+from engine.config import keys
+from engine.runtime.errors import ConfigError
 
 
 class Optimizer:

@@ -1,6 +1,6 @@
 """Where a rank's time goes: every phase of the step loop is timed, always, and added up per category.
 
-Phases are the timeline's categories (``engine.timeline``): waiting for data, the step's compute, the
+Phases are the timeline's categories (``engine.report.timeline``): waiting for data, the step's compute, the
 collectives (gradient allreduce, parameter average, step signal), checkpoint writes and evaluation.
 Each is timed where it is implemented (the batch prefetcher, the backends, the step protocol, the
 strategy, the checkpoint writer), so that the epoch report, TensorBoard and the end-of-run summary
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from engine import timeline
-from engine.timeline import ALLREDUCE, CATEGORIES, DATA_WAIT, PARAM_AVERAGE, STEP_SIGNAL
+from engine.report import timeline
+from engine.report.timeline import ALLREDUCE, CATEGORIES, DATA_WAIT, PARAM_AVERAGE, STEP_SIGNAL
 
 if TYPE_CHECKING:
     import tensorflow as tf

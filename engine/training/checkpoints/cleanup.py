@@ -18,10 +18,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from engine import log
-from engine.errors import ConfigError
-from engine.training.checkpoint import checkpoint_path
-from engine.training.lr_control import LearningRateControl
+from engine.runtime import log
+from engine.runtime.errors import ConfigError
+from engine.training.checkpoints.file_format import checkpoint_path
+from engine.training.update.lr_control import LearningRateControl
 
 OPTIONS = ("keep_last_n", "keep_best_n", "keep")
 

@@ -15,13 +15,14 @@ import re
 import traceback
 from typing import Any, Iterable
 
-from engine import keys
-from engine.errors import ConfigError
+from engine.config import keys
+from engine.runtime.errors import ConfigError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _MISSING = object()
-_LISTED = object()  # a getter's default when the caller gives none: the key's default in engine/keys.py
+# a getter's default when the caller gives none: the key's default in engine/config/keys.py
+_LISTED = object()
 
 
 def parse_bool(text: str) -> bool | None:

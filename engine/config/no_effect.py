@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.config import parse_bool
+from engine.config.loader import parse_bool
 
 
 @dataclass(frozen=True)

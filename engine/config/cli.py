@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import engine
-from engine import keys
-from engine.errors import ConfigError
+from engine.config import keys
+from engine.runtime.errors import ConfigError
 
 USAGE = """usage: rnn.py CONFIG [CONFIG ...] [++key value ...] [--check]
        mpirun -np N python rnn.py CONFIG ++use_horovod 1

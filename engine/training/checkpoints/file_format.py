@@ -21,12 +21,12 @@ import numpy as np
 import tensorflow as tf
 
 import engine
-from engine import phases
-from engine.atomic_file import atomic_path, describe_io_error
-from engine.config import Config
+from engine.config.loader import Config
 from engine.distributed.backend import Communicator
-from engine.errors import ConfigError, EngineError
-from engine.timeline import CHECKPOINT
+from engine.report import phases
+from engine.report.timeline import CHECKPOINT
+from engine.runtime.atomic_file import atomic_path, describe_io_error
+from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoint_read import MAIN_GROUPS, StoredCheckpoint, read_checkpoint
 
 

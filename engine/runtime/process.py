@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.launch import env_rank, env_size
+from engine.runtime.launch import env_rank, env_size
 
 if TYPE_CHECKING:
     from engine.distributed.backend import Communicator

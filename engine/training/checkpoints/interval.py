@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.errors import ConfigError
+from engine.runtime.errors import ConfigError
 
 _UNITS = {"step": None, "steps": None, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0,
           "min": 60.0, "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hour": 3600.0, "hours": 3600.0}

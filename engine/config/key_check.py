@@ -15,7 +15,7 @@ each dataset dict. Verdicts:
 - exempt: config code's own names: ``_private``, functions, classes and modules (unless the name is a
   key: a function called ``get_network`` is the key).
 
-RETURNN's names come from ``returnn_keys.py``, generated from its source. Usage::
+RETURNN's names come from ``returnn_names_table.py``, generated from its source. Usage::
 
     findings = config_findings(config)         # plus spec.layer_findings, factory.dataset_findings
     enforce(findings)                          # logs each note once; one ConfigError for the errors
@@ -28,10 +28,11 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Collection
 
-from engine import keys, log, returnn_keys
-from engine.config import Config
-from engine.errors import ConfigError, EngineError
-from engine.no_effect import CONFIG_KEYS as NO_EFFECT_KEYS, NoEffect
+from engine.config import keys, returnn_names_table
+from engine.config.loader import Config
+from engine.config.no_effect import CONFIG_KEYS as NO_EFFECT_KEYS, NoEffect
+from engine.runtime import log
+from engine.runtime.errors import ConfigError, EngineError
 
 IMPLEMENTED, NO_EFFECT, IGNORED = "implemented", "no effect", "ignored"
 NOT_IMPLEMENTED, UNKNOWN, EXEMPT = "not implemented", "unknown", "exempt"
@@ -123,7 +124,7 @@ def _did_you_mean(name: str, scope: Scope) -> str:
     return ""
 
 
-CONFIG_SCOPE = Scope("config", "", "", keys.KEYS, returnn_keys.CONFIG_KEYS, NO_EFFECT_KEYS,
+CONFIG_SCOPE = Scope("config", "", "", keys.KEYS, returnn_names_table.CONFIG_KEYS, NO_EFFECT_KEYS,
                      unknown_fatal=False)
 
 
@@ -156,7 +157,7 @@ def _exemption(name: str, value: Any) -> str:
         return "(config code's own: starts with '_')"
     if isinstance(value, types.ModuleType):
         return "(a module imported by config code)"
-    if name in keys.KEYS or name in returnn_keys.CONFIG_KEYS:
+    if name in keys.KEYS or name in returnn_names_table.CONFIG_KEYS:
         return ""
     if isinstance(value, type):
         return "(a class defined by config code)"

@@ -30,11 +30,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine import log
-from engine.atomic_file import write_text_atomically
-from engine.errors import ConfigError
-from engine.training.lr_history import (EpochData, format_history, learning_rate_file, parse_history,
-                                        read_history_file)
+from engine.runtime import log
+from engine.runtime.atomic_file import write_text_atomically
+from engine.runtime.errors import ConfigError
+from engine.training.update.lr_history import (EpochData, format_history, learning_rate_file, parse_history,
+                                               read_history_file)
 
 __all__ = ["LearningRateControl", "EpochData", "KINDS", "parse_history"]  # the file format: lr_history.py
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.training.optimizers import Optimizer, optimizer_from_config
+from engine.runtime.errors import ConfigError
+from engine.training.update.optimizers import Optimizer, optimizer_from_config
 
 
 def _set_flags(config) -> dict[str, Any]:

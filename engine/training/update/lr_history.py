@@ -18,9 +18,9 @@ import ast
 import math
 from dataclasses import dataclass, field
 
-from engine.atomic_file import describe_io_error, io_errno
-from engine.config import Config
-from engine.errors import TRANSIENT_ERRNOS, ConfigError, TransientIOError
+from engine.config.loader import Config
+from engine.runtime.atomic_file import describe_io_error, io_errno
+from engine.runtime.errors import TRANSIENT_ERRNOS, ConfigError, TransientIOError
 
 
 @dataclass

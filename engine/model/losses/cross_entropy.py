@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import tensorflow as tf
 
-from engine.errors import ConfigError
+from engine.runtime.errors import ConfigError
 
 CE_OPTIONS = ("scale", "focal_loss_factor", "label_smoothing", "use_fused")
 

@@ -177,7 +177,7 @@ _section(
 
 KEYS: dict[str, Key] = {key.name: key for key in _KEYS}
 if len(KEYS) != len(_KEYS):
-    raise AssertionError("engine/keys.py: a key is listed twice")
+    raise AssertionError("engine/config/keys.py: a key is listed twice")
 
 
 def default(name: str, fallback: Any = None) -> Any:

@@ -19,10 +19,10 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from engine import log, process
-from engine.cluster import parse_pe_hostfile
-from engine.config import Config
-from engine.errors import ConfigError, EngineError
+from engine.runtime import log, process
+from engine.runtime.cluster import parse_pe_hostfile
+from engine.runtime.config_view import ConfigView
+from engine.runtime.errors import ConfigError, EngineError
 
 ENV_VARS = {"intra": "TF_NUM_INTRAOP_THREADS", "inter": "TF_NUM_INTEROP_THREADS"}
 CONFIG_KEYS = {"intra": "intra_op_threads", "inter": "inter_op_threads"}
@@ -133,7 +133,7 @@ def automatic_threads(cores: int, task: str = "train") -> tuple[int, int]:
     return cores - 1, 2
 
 
-def choose_threads(config: Config, grant: CoreGrant, environ: Mapping[str, str]) -> ThreadChoice:
+def choose_threads(config: ConfigView, grant: CoreGrant, environ: Mapping[str, str]) -> ThreadChoice:
     """The environment over the config over the automatic choice, for intra and inter on their own."""
     from_config = _from_config(config)
     task = config.str("task") or "train"
@@ -164,7 +164,7 @@ def _env_threads(environ: Mapping[str, str], name: str) -> int | None:
     return int(value)
 
 
-def _from_config(config: Config) -> dict[str, tuple[int, str] | None]:
+def _from_config(config: ConfigView) -> dict[str, tuple[int, str] | None]:
     """Thread counts the config sets: its keys, or tf_session_opts; both for one number must agree."""
     session = config.dict("tf_session_opts") or {}
     unknown = sorted(set(session) - set(SESSION_OPTS.values()) - set(SESSION_OPTS_WITHOUT_EFFECT)
@@ -199,7 +199,7 @@ def _config_threads(name: str, value: object) -> int:
     return value
 
 
-def configure_threads(config: Config) -> ThreadChoice:
+def configure_threads(config: ConfigView) -> ThreadChoice:
     """Choose this rank's threads and hand them to TensorFlow; call before TensorFlow runs anything."""
     import tensorflow as tf
 

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import TextIO
 
-from engine import process
+from engine.runtime import process
 
 ERROR, WARNING, INFO, DEBUG, TRACE = 1, 2, 3, 4, 5
 
@@ -34,8 +34,8 @@ def rank_log_file_name(path: str, rank: int, size: int) -> str:
 
 def init(*, verbosity: int = INFO, files: list[str] | None = None, per_rank_files: bool = False,
          all_ranks_stdout: bool = False) -> None:
-    """(Re)configure logging; opens ``files`` for appending, renamed per rank (``engine.process``) when
-    asked."""
+    """(Re)configure logging; opens ``files`` for appending, renamed per rank (``engine.runtime.process``)
+    when asked."""
     close()
     _state.verbosity = verbosity
     _state.all_ranks_stdout = all_ranks_stdout

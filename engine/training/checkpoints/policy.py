@@ -1,5 +1,5 @@
 """Saving checkpoints during training and acting at step boundaries: a mid-epoch checkpoint when
-``checkpoint_interval`` says so, a stop on request (SIGUSR1, SIGUSR2, SIGTERM: ``preemption.py``) after
+``checkpoint_interval`` says so, a stop on request (SIGUSR1, SIGUSR2, SIGTERM: ``stop_requests.py``) after
 saving, and continuing a run from a checkpoint. What a checkpoint holds for that: ``resume.py``.
 
 Every rank calls the methods that save or load (they gather or scatter the ranks' parts); rank 0
@@ -14,19 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from engine import log
-from engine.config import Config
+from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset
 from engine.distributed.protocol import agree_on_failure, agree_on_stop
 from engine.distributed.strategy import StepPlan, StepRequests, Strategy
-from engine.errors import ConfigError, TrainingStopped
-from engine.training import preemption
-from engine.training.checkpoint import (CheckpointInfo, assign_checkpoint, checkpoint_path, mid_epoch_path,
-                                        remove_superseded, save_checkpoint)
-from engine.training.checkpoint_interval import CheckpointInterval, CheckpointSchedule
+from engine.runtime import log
+from engine.runtime.errors import ConfigError, TrainingStopped
 from engine.training.checkpoint_read import StoredCheckpoint
-from engine.training.lr_control import EpochData, LearningRateControl
-from engine.training.resume import RANK_GROUPS, EpochStart, ResumePoint, plan_fingerprint, rank_parts
+from engine.training.checkpoints import stop_requests
+from engine.training.checkpoints.file_format import (CheckpointInfo, assign_checkpoint, checkpoint_path,
+                                                     mid_epoch_path, remove_superseded, save_checkpoint)
+from engine.training.checkpoints.interval import CheckpointInterval, CheckpointSchedule
+from engine.training.checkpoints.resume import (RANK_GROUPS, EpochStart, ResumePoint, plan_fingerprint,
+                                                rank_parts)
+from engine.training.update.lr_control import EpochData, LearningRateControl
 
 
 class Checkpointer:
@@ -116,7 +117,7 @@ class Checkpointer:
     def requests(self, step: int) -> StepRequests:
         due = bool(self.prefix) and step != self._loaded_step  # not again for the state just loaded
         due = due and self.schedule.due(self.global_step + step, step)
-        return StepRequests(checkpoint=due, stop_signal=preemption.requested_number())
+        return StepRequests(checkpoint=due, stop_signal=stop_requests.requested_number())
 
     def at_step_boundary(self, plan: StepPlan, step: int, scores: np.ndarray) -> None:
         """Save the state after ``step`` steps; on a stop request, then end training."""
@@ -143,7 +144,7 @@ class Checkpointer:
     def stop_if_requested(self, epoch: int, global_step: int, saved: str | None) -> None:
         """Between epochs: all ranks learn whether one was asked to stop; if so, save (unless done) and
         end training."""
-        stops = agree_on_stop(self.comm, preemption.requested_number())
+        stops = agree_on_stop(self.comm, stop_requests.requested_number())
         if stops:
             self._stop(stops, saved or self.save_epoch(epoch, global_step), f"the end of epoch {epoch}")
 
