@@ -7,27 +7,38 @@ the communicator the answer from then on. Importing this module imports neither 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import NoReturn, Protocol
 
 from engine.runtime.launch import env_rank, env_size
 
-if TYPE_CHECKING:
-    from engine.distributed.backend import Communicator
+
+class CommunicatorView(Protocol):
+    """What runtime asks of the job's communicator: who this rank is, the ranks on its host and their
+    CPUs, and ending the job. ``engine.distributed.backend.Communicator`` is one; runtime, the lowest
+    stage, names only this."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    local_cpus: tuple[frozenset[int], ...]  # the CPU affinity of each rank on this host (empty: unknown)
+
+    def abort(self, message: str, exit_code: int = 1) -> NoReturn: ...
 
 
 class _Process:
-    comm: Communicator | None = None
+    comm: CommunicatorView | None = None
 
 
 _process = _Process()
 
 
-def set_communicator(comm: Communicator | None) -> None:
+def set_communicator(comm: CommunicatorView | None) -> None:
     """Called once the communicator exists (None: back to the launcher's view, for tests)."""
     _process.comm = comm
 
 
-def communicator() -> Communicator | None:
+def communicator() -> CommunicatorView | None:
     return _process.comm
 
 
