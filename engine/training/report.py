@@ -10,18 +10,13 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Iterator
 
 import numpy as np
 
 from engine.report import phases
+from engine.report.clock import hms
 from engine.runtime import log
-
-
-def hms(seconds: float) -> str:
-    """``0:28:58``: hours, minutes, seconds, as RETURNN prints them."""
-    return str(timedelta(seconds=int(round(max(seconds, 0.0)))))
 
 
 @dataclass
