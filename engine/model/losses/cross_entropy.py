@@ -1,4 +1,4 @@
-"""The ``ce`` loss of a ``softmax`` layer with RETURNN's ``loss_opts``, and the layers' ``L2`` term.
+"""The ``ce`` loss of a ``softmax`` layer with RETURNN's ``loss_opts``.
 
 Per frame with target y, probabilities p = softmax(logits) and V classes (as RETURNN computes them):
 - plain: -log p_y;
@@ -7,15 +7,11 @@ Per frame with target y, probabilities p = softmax(logits) and V classes (as RET
 - ``focal_loss_factor`` g: the above times (1 - p_y)^g (gradients flow through that factor too);
 - ``scale`` (or the layer's ``loss_scale``): multiplies the loss in the objective and the score.
 ``use_fused`` picks between two formulations of the same value in RETURNN; here it changes nothing.
-
-``L2`` on a layer adds L2 * (sum of squares of all its parameters, weights and biases) to RETURNN's
-objective, which is the loss summed over frames. The engine differentiates frame-averaged losses, so
-``Steps`` divides the term by the batch's frames: the gradient has RETURNN's direction.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import tensorflow as tf
 
@@ -82,14 +78,3 @@ class CrossEntropy:
             p_target = tf.reduce_sum(tf.nn.softmax(logits) * one_hot, axis=-1)
             loss *= (1.0 - p_target) ** self.focal_loss_factor
         return loss
-
-
-def l2_factor(layer: str, opts: dict) -> float:
-    """The layer's ``L2`` (0: none)."""
-    value = opts.get("L2")
-    return 0.0 if value is None else _number(layer, "L2", value, 0.0)
-
-
-def l2_term(factor: float, params: Iterable[tf.Variable]) -> tf.Tensor:
-    """factor * sum of squares of ``params``, as RETURNN adds it for a layer."""
-    return factor * tf.add_n([tf.reduce_sum(tf.square(p)) for p in params] or [tf.constant(0.0)])
