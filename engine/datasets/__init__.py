@@ -1,6 +1,8 @@
 """The data side: datasets (HDF, NumPy, generated), the HDF writer, ordering, batching.
 
 No TensorFlow here: the engine hands the padded NumPy batches to the model.
+
+Stage 3 (datasets): may import runtime, config and report; imported by model and every stage above it.
 """
 from engine.datasets.base import DataKeyInfo, Dataset
 from engine.datasets.batching import Batch, BatchOptions, BatchPrefetcher, generate_batches, plan_batches

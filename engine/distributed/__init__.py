@@ -4,6 +4,9 @@
     strategy.comm.allreduce([...])     # the collective interface (backend.py)
 
 Importing this package imports neither mpi4py nor TensorFlow; the backends import them when created.
+
+Stage 5 (distributed): may import runtime, config, report, datasets and model; imported by training,
+tasks, tools and main.
 """
 from engine.distributed import helpers
 from engine.distributed.backend import OPS, Communicator

@@ -1,4 +1,7 @@
-"""Task dispatch: ``task = "train" | "eval" | "forward"``."""
+"""Task dispatch: ``task = "train" | "eval" | "forward"``.
+
+Stage 7 (tasks): may import every stage below (runtime to training); imported by tools and main.
+"""
 from __future__ import annotations
 
 from engine.config.loader import Config

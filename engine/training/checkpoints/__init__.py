@@ -1,0 +1,8 @@
+"""Checkpoints: the file format (``file_format.py``), saving and stopping at step boundaries and loading
+(``policy.py``: ``Checkpointer``), how often (``interval.py``), what an exact resume needs
+(``resume.py``), which old ones to delete (``cleanup.py``), and the scheduler's stop requests
+(``stop_requests.py``).
+
+Stage 6 (training): may import runtime, config, report, datasets, model, distributed and
+``engine.training.update``; imported by the rest of ``engine.training``, tasks, tools and main.
+"""
