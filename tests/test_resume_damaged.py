@@ -17,7 +17,7 @@ import pytest
 
 from engine.config.loader import Config
 from engine.runtime.errors import NOT_RESTARTABLE_EXIT_CODES, ConfigError, TransientIOError
-from engine.training import checkpoint_read
+from engine.training.checkpoints import reading as checkpoint_read
 from engine.training.checkpoints.resume import ResumePoint, choose_resume_point
 from engine.training.update.lr_history import learning_rate_file, read_history_file
 from helpers import ROOT, run

@@ -137,7 +137,7 @@ def _break_checkpoint_reads(once: str | None) -> None:
     """Opening a checkpoint for reading fails with EIO (until ``once`` exists, if given)."""
     import errno
 
-    from engine.training import checkpoint_read
+    from engine.training.checkpoints import reading as checkpoint_read
 
     real = checkpoint_read.h5py
 

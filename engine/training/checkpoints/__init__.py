@@ -1,7 +1,8 @@
 """Checkpoints: the file format (``file_format.py``), saving and stopping at step boundaries and loading
 (``policy.py``: ``Checkpointer``), how often (``interval.py``), what an exact resume needs
-(``resume.py``), which old ones to delete (``cleanup.py``), and the scheduler's stop requests
-(``stop_requests.py``).
+(``resume.py``), reading one whole and telling a damaged one (``reading.py``), the runs under one
+model prefix and what a fresh start does about an earlier run's files (``runs.py``), which old ones to
+delete (``cleanup.py``), and the scheduler's stop requests (``stop_requests.py``).
 
 Stage 6 (training): may import runtime, config, report, datasets, model, distributed and
 ``engine.training.update``; imported by the rest of ``engine.training``, tasks, tools and main.

@@ -6,7 +6,7 @@ global step, and whatever attributes and extra groups of arrays its writer adds.
 ``atomic_file``, so a crash, kill or full disk during a save leaves the previous checkpoint intact and
 never a partial file under a checkpoint's name. One file (rather than TensorFlow's index + data shards)
 keeps the rename atomic. Reading, and telling a damaged file from a foreign one or a passing I/O error:
-``checkpoint_read.py``.
+``reading.py``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from engine.report import phases
 from engine.report.timeline import CHECKPOINT
 from engine.runtime.atomic_file import atomic_path, describe_io_error
 from engine.runtime.errors import ConfigError, EngineError
-from engine.training.checkpoint_read import MAIN_GROUPS, StoredCheckpoint, read_checkpoint
+from engine.training.checkpoints.reading import MAIN_GROUPS, StoredCheckpoint, read_checkpoint
 
 
 def checkpoint_path(model_prefix: str, epoch: int) -> str:

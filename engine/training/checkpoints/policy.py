@@ -20,7 +20,7 @@ from engine.distributed.protocol import agree_on_failure, agree_on_stop
 from engine.distributed.strategy import StepPlan, StepRequests, Strategy
 from engine.runtime import log
 from engine.runtime.errors import ConfigError, TrainingStopped
-from engine.training.checkpoint_read import StoredCheckpoint
+from engine.training.checkpoints.reading import StoredCheckpoint
 from engine.training.checkpoints import stop_requests
 from engine.training.checkpoints.file_format import (CheckpointInfo, assign_checkpoint, checkpoint_path,
                                                      mid_epoch_path, remove_superseded, save_checkpoint)
@@ -50,7 +50,7 @@ class Checkpointer:
         self._resumed_epoch = 0
         self._plan: tuple[Dataset, BatchOptions] | None = None  # of the current epoch, for its fingerprint
         self._loaded_step: int | None = None  # the step of the current epoch whose state was loaded
-        self.run_id = ""  # stored in every checkpoint (checkpoint_runs.py); set with the resume point
+        self.run_id = ""  # stored in every checkpoint (runs.py); set with the resume point
 
     # ----- continuing a run -----
     def load(self, point: ResumePoint, stored: StoredCheckpoint) -> CheckpointInfo:

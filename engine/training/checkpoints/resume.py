@@ -3,7 +3,7 @@ are dealt out to the ranks. ``policy.py`` writes these checkpoints and acts at s
 
 Besides the parameters and the optimizer state (whose update count keys dropout's random numbers, so
 those need no saved state), a checkpoint written here holds (attribute / group names in quotes):
-- "kind" (``epoch`` or ``mid-epoch``), "ranks", "scores_global", "run_id" (``checkpoint_runs.py``), the
+- "kind" (``epoch`` or ``mid-epoch``), "ranks", "scores_global", "run_id" (``runs.py``), the
   learning-rate history ("learning_rate_history", JSON, used when the learning-rate file does not exist);
 - mid-epoch: "learning_rate" (the one in use) and group "resume" with per rank the train steps done in
   the epoch ("steps"), the batches of the epoch's plan trained by then ("batches_done"), the score sums
@@ -14,7 +14,7 @@ those need no saved state), a checkpoint written here holds (attribute / group n
   and, mid-epoch, their parameters ("ranks/<r>/params"); rank 0's are the file's main groups.
 
 Where a run continues (``choose_resume_point``): the newest checkpoint that can be used; a damaged one
-(``checkpoint_read.py``) is named in a warning and the one before it taken. Rank 0 decides, reads and
+(``reading.py``) is named in a warning and the one before it taken. Rank 0 decides, reads and
 writes the files; the decision is broadcast, the per-rank parts travel by ``gather_object``/
 ``scatter_object``.
 A checkpoint saved by another number of ranks continues with rank 0's parameters and optimizer state;
@@ -34,8 +34,9 @@ from engine.datasets import BatchOptions, Dataset
 from engine.distributed.strategy import Strategy
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
-from engine.training.checkpoint_read import CheckpointDamaged, StoredCheckpoint, missing_part, read_checkpoint
-from engine.training.checkpoint_runs import MOVE_KEY, later_files, new_run_id, refuse_or_move
+from engine.training.checkpoints.reading import (CheckpointDamaged, StoredCheckpoint, missing_part,
+                                                 read_checkpoint)
+from engine.training.checkpoints.runs import MOVE_KEY, later_files, new_run_id, refuse_or_move
 from engine.training.checkpoints.file_format import checkpoint_path, find_epochs, find_mid_epoch_checkpoints
 
 RANK_GROUPS = ("params", "optimizer")  # what each rank keeps of its own in param mode
@@ -57,7 +58,7 @@ class ResumePoint:
     start_epoch: int
     path: str | None = None  # the checkpoint to continue from (None: start afresh, or from `load`)
     mid_epoch: bool = False
-    run_id: str = ""  # of the run this start continues or begins (checkpoint_runs.py)
+    run_id: str = ""  # of the run this start continues or begins (runs.py)
 
 
 def resume_candidates(prefix: str) -> list[ResumePoint]:
@@ -75,7 +76,7 @@ def choose_resume_point(config: Config,
     """Rank 0: where training starts, with the checkpoint it continues from, read whole. ``start_epoch``
     "auto": the newest usable checkpoint (a damaged one is named in a warning and the one before it
     taken, within the run of the newest one); an explicit N: ``<model>.<N-1>``. A start that does not
-    continue from the newest files deals with later ones as ``checkpoint_runs.py`` says."""
+    continue from the newest files deals with later ones as ``runs.py`` says."""
     start = config.typed("start_epoch")
     prefix = config.str("model")
     move = config.bool(MOVE_KEY)
