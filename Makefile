@@ -51,7 +51,7 @@ test-stable: install
 test-latest: install-latest
 	$(VENV_LATEST)/bin/pytest -m tf_latest tests
 
-# All benchmarks, one after the other (about 45 minutes on 2 cores; docs/performance.md): medians of
+# All benchmarks, one after the other (about an hour on 2 cores; docs/performance.md): medians of
 # interleaved runs with ranges, and a verdict line per target. Run it on a quiet machine.
 bench: install
 	$(PY) benchmarks/bench_data.py
@@ -60,6 +60,7 @@ bench: install
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_returnn.py
 	$(PY) benchmarks/bench_forward.py
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_chaos.py
 
 clean:
 	rm -rf out data
