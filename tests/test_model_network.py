@@ -214,8 +214,8 @@ def test_get_network_hook_and_missing_model():
     [
         ({"output": {"class": "softmax", "loss": "ce", "from": "hidden"}}, r"'output'.*names 'hidden'"),
         ({"out": {"class": "softmax"}}, r"no layer called 'output'"),
-        ({"output": {"class": "conv", "n_out": 3}},
-         r"'output': class 'conv' is a RETURNN layer class this engine does not implement"),
+        ({"output": {"class": "reduce", "n_out": 3}},
+         r"'output': class 'reduce' is a RETURNN layer class this engine does not implement"),
         ({"output": {"class": "sofmax", "n_out": 3}}, r"'output': unknown class 'sofmax' \(did you mean"),
         (
             {

@@ -15,13 +15,20 @@ import tensorflow as tf
 
 from engine.config.key_check import enforce
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
+from engine.model.layers.attention import PositionalEncoding, SelfAttention
 from engine.model.layers.base import Layer
+from engine.model.layers.conv import Conv, Pool, window_options
 from engine.model.layers.dense import Copy, Linear, Softmax
+from engine.model.layers.elementwise import Activation, Combine
+from engine.model.layers.norm import LayerNorm
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
 from engine.model.losses.regularization import l2_factor, l2_term
 from engine.model.spec import RECURRENT_CLASSES, LayerSpec, build_order, layer_findings, parse_network
 from engine.runtime.errors import ConfigError, DataError
+
+# classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
+_DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine")
 
 
 class NetworkModel(SeqModel):
@@ -46,17 +53,23 @@ class NetworkModel(SeqModel):
         self.specs = parse_network(network)
         enforce(layer_findings(self.specs, ignored), "The network")
         self.order = build_order(self.specs)
-        check_time_axes(self.specs, self.order,
-                        [n for n in self.order
-                         if self.specs[n].cls == "softmax" and self.specs[n].opts.get("loss")])
+        losses = [n for n in self.order if self.specs[n].cls == "softmax" and self.specs[n].opts.get("loss")]
+        resampling = [n for n in self.order if self.specs[n].cls in ("conv", "pool")
+                      and not window_options(n, self.specs[n].opts, self.specs[n].cls).keeps_time]
+        check_time_axes(self.specs, self.order, losses, resampling=resampling,
+                        frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
         self.twice_differentiable = twice_differentiable
         dims = {"data": input_dim}
         self.layers: dict[str, Layer] = {}
         for name in self.order:
             spec = self.specs[name]
-            in_dim = sum(dims[s] for s in spec.sources)
-            layer = self._make_layer(name, spec, in_dim, self._takes_ids(spec), random_seed)
+            self._check_dense_input(name, spec)
+            if spec.cls == "combine":
+                layer = Combine(name, spec.opts, {s: dims[s] for s in spec.sources})
+            else:
+                in_dim = sum(dims[s] for s in spec.sources)
+                layer = self._make_layer(name, spec, in_dim, self._takes_ids(spec), random_seed)
             self.layers[name] = layer
             dims[name] = layer.n_out
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
@@ -79,7 +92,26 @@ class NetworkModel(SeqModel):
             return TimeChunking(name, spec.opts, in_dim)
         if spec.cls == "time_unchunking":
             return TimeUnchunking(name, spec.opts, in_dim, self.layers.get(spec.opts.get("chunking_layer")))
+        if spec.cls == "conv":
+            return Conv(name, spec.opts, in_dim, random_seed=seed)
+        if spec.cls == "pool":
+            return Pool(name, spec.opts, in_dim)
+        if spec.cls == "layer_norm":
+            return LayerNorm(name, spec.opts, in_dim)
+        if spec.cls == "activation":
+            return Activation(name, spec.opts, in_dim)
+        if spec.cls == "positional_encoding":
+            return PositionalEncoding(name, spec.opts, in_dim, spec.sources)
+        if spec.cls == "self_attention":
+            return SelfAttention(name, spec.opts, in_dim, random_seed=seed)
         return Copy(in_dim)
+
+    def _check_dense_input(self, name: str, spec: LayerSpec) -> None:
+        dense = spec.cls in _DENSE_INPUT or (spec.cls == "positional_encoding"
+                                             and spec.opts.get("add_to_input"))
+        if self.input_sparse and "data" in spec.sources and dense:
+            raise ConfigError(f"Network layer '{name}': RETURNN's {spec.cls} layer takes dense input, but "
+                              "'data' is sparse (class ids); put a linear layer (an embedding) in between.")
 
     def _takes_ids(self, spec: LayerSpec) -> bool:
         """Sparse ``data`` straight into a weight matrix: a row lookup (embedding), not a one-hot matmul."""
@@ -124,7 +156,8 @@ class NetworkModel(SeqModel):
         time_steps = {}  # time_chunking layer -> the number of frames it cut into chunks
         result = {}
         for index, (name, layer) in enumerate(self.layers.items()):
-            x = self._layer_input(name, outs, training, tf.random.experimental.stateless_fold_in(seed, index))
+            layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
+            x = self._layer_input(name, outs, training, layer_seed)
             layer_lengths = seq_lengths[self.specs[name].sources[0]]
             if isinstance(layer, TimeChunking):
                 time_steps[name] = tf.shape(x)[0]
@@ -132,9 +165,15 @@ class NetworkModel(SeqModel):
             elif isinstance(layer, TimeUnchunking):
                 y = layer.unchunk(x, layer_lengths, time_steps[layer.chunking_layer])
                 layer_lengths = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
+            elif layer.needs_seed:
+                y = layer(x, layer_lengths, training,
+                          seed=tf.random.experimental.stateless_fold_in(layer_seed, 1))
+                layer_lengths = layer.out_lengths(layer_lengths)
             else:
                 y = layer(x, layer_lengths, training)
+                layer_lengths = layer.out_lengths(layer_lengths)
             outs[name], seq_lengths[name] = y, layer_lengths
+            result[f"{name}:lengths"] = layer_lengths
             if isinstance(layer, Softmax):
                 result[f"{name}:logits"] = _batch_major(y)
                 y = tf.nn.softmax(y)
@@ -142,7 +181,9 @@ class NetworkModel(SeqModel):
         return result
 
     def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
-                     seed: tf.Tensor) -> tf.Tensor:
+                     seed: tf.Tensor) -> tf.Tensor | list[tf.Tensor]:
+        """The layer's sources concatenated (or as a list, for a layer with ``separate_sources``), with
+        one-hot sparse data and input dropout."""
         spec = self.specs[name]
         if self.layers[name].sparse_input:
             return outs["data"]
@@ -152,6 +193,8 @@ class NetworkModel(SeqModel):
             if src == "data" and self.input_sparse:
                 part = tf.one_hot(part, self.input_dim, dtype=tf.float32)
             parts.append(part)
+        if self.layers[name].separate_sources:
+            return parts  # such a layer takes no input dropout (``Combine`` refuses the option)
         x = parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
         rate = float(spec.opts.get("dropout", 0.0))
         if training and rate > 0.0:

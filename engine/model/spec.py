@@ -24,10 +24,18 @@ _CLASS_OPTIONS = {
     "dropout": set(),
     "time_chunking": {"chunk_size", "chunk_step"},
     "time_unchunking": {"chunking_layer"},
+    "conv": {"n_out", "filter_size", "padding", "strides", "dilation_rate", "activation", "with_bias"},
+    "pool": {"mode", "pool_size", "padding", "strides", "dilation_rate"},
+    "layer_norm": {"epsilon"},
+    "activation": {"activation"},
+    "combine": {"kind", "activation", "with_bias", "n_out"},
+    "positional_encoding": {"add_to_input", "n_out"},
+    "self_attention": {"n_out", "num_heads", "total_key_dim", "attention_dropout", "attention_left_only"},
 }
 _COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2"}
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
-RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking"}
+RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",
+                     "positional_encoding"}
 # RETURNN's unit names of a plain LSTM (no peepholes, no projection), lower case. In RETURNN (TF) "lstm"
 # and "lstmp" both mean its default NativeLSTM2, and "CudnnLSTM" without a GPU means LSTMBlockFused.
 LSTM_UNITS = ("lstm", "lstmp", "basiclstm", "standardlstm", "lstmblock", "lstmblockfused", "nativelstm",

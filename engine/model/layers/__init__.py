@@ -1,13 +1,18 @@
 """The layer classes of the ``network`` dict, one module per family; ``network.py`` builds them.
 
-- ``base.py``: ``Layer`` (time-major in and out, owns its variables) and the helpers every family uses
-  (``glorot_variable``, ``positive_int``);
-- ``dense.py``: ``linear``, ``softmax`` (with its ``ce`` loss), ``copy`` / ``dropout``;
+- ``base.py``: ``Layer`` (time-major in and out, owns its variables, maps input to output lengths with
+  ``out_lengths``) and the helpers every family uses (``glorot_variable``, ``positive_int``, ``one_of``,
+  ``time_mask``);
+- ``dense.py``: ``linear``, ``softmax`` (with its ``ce`` loss), ``copy`` / ``dropout``, and the activation
+  functions (``ACTIVATIONS``);
 - ``recurrent.py``: ``rec`` with an LSTM unit; ``lstm.py``: its two LSTM kernels (fused, scan);
+- ``conv.py``: ``conv`` and ``pool`` over time (1-D), which may change the number of frames;
+- ``attention.py``: ``self_attention`` and ``positional_encoding``;
+- ``norm.py``: ``layer_norm``; ``elementwise.py``: ``activation`` and ``combine``;
 - ``time_chunking.py``: ``time_chunking`` / ``time_unchunking``, the structure family (layers that
-  reshape time and batch).
-New families get a module of their own here: convolution and pooling (``conv.py``), attention
-(``attention.py``), more structure layers (``structure.py``, beside ``time_chunking.py``).
+  reshape time and batch), and the check that every layer reads sources on one time axis.
+A sequence's valid output frames never depend on what stands in the padding of a batch.
+New families get a module of their own here (more structure layers: ``structure.py``).
 
 Stage 4 (model): may import runtime, config, report, datasets and the rest of ``engine.model`` (here:
 ``engine.model.losses``); imported by distributed, training, tasks, tools and main only. Importing this

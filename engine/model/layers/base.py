@@ -11,15 +11,20 @@ the variable's name), so every rank and every run builds bit-identical initial v
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import tensorflow as tf
 
 from engine.runtime.errors import ConfigError
 
 
-def glorot_variable(name: str, shape: tuple[int, int], random_seed: int) -> tf.Variable:
-    """Glorot-uniform weights, a pure function of (random_seed, name, shape)."""
-    limit = (6.0 / (shape[0] + shape[1])) ** 0.5
+def glorot_variable(name: str, shape: tuple[int, ...], random_seed: int) -> tf.Variable:
+    """Glorot-uniform weights, a pure function of (random_seed, name, shape). A conv filter (width, in,
+    out) counts its width in both fans, as TF's initializer does."""
+    receptive = 1
+    for size in shape[:-2]:
+        receptive *= size
+    limit = (6.0 / (receptive * (shape[-2] + shape[-1]))) ** 0.5
     seed = tf.constant([random_seed, zlib.crc32(name.encode())], tf.int64)
     init = tf.random.stateless_uniform(shape, seed=seed, minval=-limit, maxval=limit)
     return tf.Variable(init, name=name)
@@ -32,10 +37,43 @@ def positive_int(layer: str, opts: dict, key: str) -> int:
     return value
 
 
+def dense_gather(params: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """``tf.gather`` along axis 0 whose gradient is a dense tensor, not IndexedSlices: the fused LSTM's
+    gradient, fused allreduce, clipping and the updater all want dense ones."""
+
+    @tf.custom_gradient
+    def gather(p):
+        def grad(dy):
+            return tf.math.unsorted_segment_sum(dy, ids, tf.shape(p)[0])
+
+        return tf.gather(p, ids), grad
+
+    return gather(params)
+
+
+def one_of(layer: str, opts: dict, key: str, choices: tuple, default: Any) -> Any:
+    """The option's value, lower-cased if a str (RETURNN compares these case-insensitively)."""
+    value = opts.get(key, default)
+    if isinstance(value, str):
+        value = value.lower()
+    if value not in choices:
+        raise ConfigError(f"Network layer '{layer}': '{key}' must be one of {', '.join(map(repr, choices))}, "
+                          f"got {opts.get(key)!r}.")
+    return value
+
+
+def time_mask(x: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+    """``x`` (T, B, F) with the frames past each sequence's length set to 0."""
+    valid = tf.transpose(tf.sequence_mask(lengths, tf.shape(x)[0]))  # (T, B)
+    return tf.where(valid[:, :, None], x, tf.zeros_like(x))
+
+
 class Layer(tf.Module):
     """Base: a named layer with ``in_dim`` inputs and ``n_out`` outputs; owns its variables in order."""
 
     sparse_input = False  # True: the layer takes int ids (T, B) instead of features
+    separate_sources = False  # True: the layer gets a list of its sources' outputs, not their concatenation
+    needs_seed = False  # True: the layer is called with ``seed=`` (a stateless seed (2,)) for its own dropout
 
     def __init__(self, in_dim: int) -> None:
         super().__init__()
@@ -45,3 +83,7 @@ class Layer(tf.Module):
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         return x
+
+    def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        """The (B,) lengths of the output sequences for input sequences of ``lengths``."""
+        return lengths

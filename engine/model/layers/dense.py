@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from engine.model.layers.base import Layer, glorot_variable, positive_int
+from engine.model.layers.base import Layer, dense_gather, glorot_variable, positive_int
 from engine.model.losses.cross_entropy import CrossEntropy
 from engine.runtime.errors import ConfigError
 
@@ -21,21 +21,34 @@ ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
     "elu": tf.nn.elu,
     "softmax": tf.nn.softmax,
     "log_softmax": tf.nn.log_softmax,
+    # RETURNN looks any other name up in tf.nn, then tf / tf.math: these are the common ones
+    "gelu": tf.nn.gelu,  # tf.nn.gelu's default: the exact (erf) form, as RETURNN gets it
+    "swish": tf.nn.swish,
+    "silu": tf.nn.silu,
+    "softplus": tf.nn.softplus,
+    "softsign": tf.nn.softsign,
+    "relu6": tf.nn.relu6,
+    "selu": tf.nn.selu,
+    "log_sigmoid": tf.math.log_sigmoid,
+    "abs": tf.abs,
+    "exp": tf.exp,
+    "log": tf.math.log,
+    "sqrt": tf.sqrt,
+    "square": tf.square,
+    "sin": tf.sin,
+    "cos": tf.cos,
+    "neg": tf.negative,
+    "negative": tf.negative,
 }
 
 
-def _embed_rows(weights: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
-    """``tf.gather`` whose gradient is a dense tensor, not IndexedSlices: fused allreduce, clipping
-    and the updater then treat the embedding like every other weight."""
-
-    @tf.custom_gradient
-    def lookup(w):
-        def grad(dy):
-            return tf.math.unsorted_segment_sum(dy, ids, tf.shape(w)[0])
-
-        return tf.gather(w, ids), grad
-
-    return lookup(weights)
+def activation_option(layer: str, opts: dict) -> Any:
+    """The layer's ``activation`` (a key of ``ACTIVATIONS``); an unknown name is a ConfigError."""
+    activation = opts.get("activation")
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
+        known = ", ".join(repr(k) for k in ACTIVATIONS)
+        raise ConfigError(f"Network layer '{layer}': unknown activation {activation!r}; known: {known}.")
+    return activation
 
 
 class Copy(Layer):
@@ -48,11 +61,7 @@ class Linear(Layer):
     def __init__(self, name: str, opts: dict, in_dim: int, *, sparse_input: bool, random_seed: int) -> None:
         super().__init__(in_dim)
         self.n_out = positive_int(name, opts, "n_out")
-        activation = opts.get("activation")
-        if activation not in ACTIVATIONS:
-            known = ", ".join(repr(k) for k in ACTIVATIONS)
-            raise ConfigError(f"Network layer '{name}': unknown activation {activation!r}; known: {known}.")
-        self.activation = ACTIVATIONS[activation]
+        self.activation = ACTIVATIONS[activation_option(name, opts)]
         self.sparse_input = sparse_input
         self.params["W"] = glorot_variable(f"{name}/W", (in_dim, self.n_out), random_seed)
         if opts.get("with_bias", True):
@@ -61,7 +70,7 @@ class Linear(Layer):
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         weights = self.params["W"]
         if self.sparse_input:
-            y = _embed_rows(tf.convert_to_tensor(weights), x)
+            y = dense_gather(tf.convert_to_tensor(weights), x)
         else:
             # One (T*B, in) x (in, out) matmul: a broadcast batched matmul would run T small ones.
             shape = tf.shape(x)

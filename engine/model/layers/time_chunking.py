@@ -10,6 +10,8 @@ chunking, spread by the mean when unchunking), which is what RETURNN's native op
 """
 from __future__ import annotations
 
+from typing import Collection
+
 import tensorflow as tf
 
 from engine.model.layers.base import Layer, positive_int
@@ -83,21 +85,30 @@ class TimeUnchunking(Layer):
         return unchunk_time(y, chunk_lengths, self.size, self.step, n_time)
 
 
-def check_time_axes(specs: dict, order: list[str], loss_layers: list[str]) -> None:
+def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
+                    resampling: Collection[str] = (), frame_loss_layers: Collection[str] = ()) -> None:
     """Every layer reads sources on one time axis; ``time_unchunking`` undoes the innermost chunking; loss
-    layers and ``output`` see the data's own time axis. ``specs``: name -> (cls, sources, opts)."""
-    axes: dict[str, tuple[str, ...]] = {"data": ()}  # the chunking layers a layer's frames went through
+    layers and ``output`` see the data's own time axis, or one made from it by ``resampling`` layers
+    (conv/pool with a stride or "valid" padding), except ``frame_loss_layers`` (one target per input
+    frame). ``specs``: name -> (cls, sources, opts)."""
+    axes: dict[str, tuple[str, ...]] = {"data": ()}  # the chunking/resampling layers a layer's frames passed
     for name in order:
         cls, sources, opts = specs[name]
         source_axes = {axes[src] for src in sources}
         if len(source_axes) > 1:
             raise ConfigError(f"Network layer '{name}': its sources {list(sources)} are on different time "
-                              "axes (some went through a time_chunking layer that the others did not).")
+                              "axes (some went through a time_chunking layer, or a conv/pool layer that "
+                              "changes the number of frames, that the others did not).")
         axis = source_axes.pop()
-        if cls == "time_chunking":
+        if cls == "time_chunking" or name in resampling:
             axis = axis + (name,)
         elif cls == "time_unchunking":
             chunking_layer = opts.get("chunking_layer")
+            if axis and axis[-1] in resampling:
+                raise ConfigError(f"Network layer '{name}': its frames went through '{axis[-1]}' after the "
+                                  f"chunking, which changes the number of frames per chunk; unchunking needs "
+                                  f"the chunks as they were cut (a conv/pool inside chunks needs stride 1 "
+                                  f"and 'same' padding).")
             if not axis or axis[-1] != chunking_layer:
                 raise ConfigError(f"Network layer '{name}': chunking_layer {chunking_layer!r} must be the "
                                   f"time_chunking layer its sources were last chunked by "
@@ -105,6 +116,12 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str]) -> No
             axis = axis[:-1]
         axes[name] = axis
     for name in set(loss_layers) | {"output"}:
-        if axes.get(name):
+        chunked = [layer for layer in axes.get(name, ()) if layer not in resampling]
+        if chunked:
             raise ConfigError(f"Network layer '{name}' is on the time axis of time_chunking layer "
-                              f"'{axes[name][-1]}': add a time_unchunking layer before a loss or the output.")
+                              f"'{chunked[-1]}': add a time_unchunking layer before a loss or the output.")
+    for name in frame_loss_layers:
+        if axes.get(name):
+            raise ConfigError(f"Network layer '{name}' has a frame-wise loss (one target per input frame), "
+                              f"but layer '{axes[name][-1]}' changes the number of frames (a stride or "
+                              f"'valid' padding).")

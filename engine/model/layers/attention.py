@@ -1,0 +1,108 @@
+"""Attention layers of the ``network`` dict: RETURNN's ``self_attention`` and ``positional_encoding``."""
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from engine.model.layers.base import Layer, glorot_variable, positive_int, time_mask
+from engine.runtime.errors import ConfigError
+
+
+def sinusoid_signal(n_time: tf.Tensor, n_out: int) -> tf.Tensor:
+    """(n_time, n_out): Tensor2Tensor's timing signal as RETURNN's ``get_positional_encoding`` makes it:
+    sin(t * r_i) for i < n_out // 2, then cos(t * r_i), then a zero column if n_out is odd, where
+    r_i = exp(-i * ln(1e4) / (n_out // 2 - 1))."""
+    half = n_out // 2
+    inv_timescales = tf.exp(tf.range(half, dtype=tf.float32) * -(math.log(1.0e4) / (half - 1)))
+    scaled = tf.cast(tf.range(n_time), tf.float32)[:, None] * inv_timescales[None, :]
+    signal = tf.concat([tf.sin(scaled), tf.cos(scaled)], axis=-1)
+    return tf.pad(signal, [[0, 0], [0, n_out % 2]])
+
+
+class PositionalEncoding(Layer):
+    """``positional_encoding``: the sinusoid of each frame's position (0, 1, ... in every sequence);
+    ``add_to_input`` adds it to the input (n_out = the input dim), otherwise it is the output (``n_out``
+    required, the input gives only the time axis). One source, as in RETURNN."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int, sources: tuple[str, ...]) -> None:
+        super().__init__(in_dim)
+        if len(sources) != 1:
+            raise ConfigError(f"Network layer '{name}': positional_encoding takes one source, "
+                              f"got {list(sources)}.")
+        self.add_to_input = opts.get("add_to_input", False)
+        if not isinstance(self.add_to_input, bool):
+            raise ConfigError(f"Network layer '{name}': 'add_to_input' must be True or False, got "
+                              f"{self.add_to_input!r}.")
+        if self.add_to_input:
+            if opts.get("n_out", in_dim) != in_dim:
+                raise ConfigError(f"Network layer '{name}': with add_to_input, n_out must be the input dim "
+                                  f"{in_dim}, got {opts['n_out']!r}.")
+        else:
+            self.n_out = positive_int(name, opts, "n_out")
+        if self.n_out < 4:
+            raise ConfigError(f"Network layer '{name}': the encoding needs n_out >= 4 (RETURNN's formula "
+                              f"divides by n_out // 2 - 1), got {self.n_out}.")
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        signal = sinusoid_signal(tf.shape(x)[0], self.n_out)[:, None, :]  # (T, 1, n_out)
+        if self.add_to_input:
+            return x + signal
+        return tf.tile(signal, [1, tf.shape(x)[1], 1])
+
+
+class SelfAttention(Layer):
+    """``self_attention``: multi-head dot-product attention of every frame over the frames of its sequence.
+
+    ``num_heads`` heads, ``total_key_dim`` query/key dims (split evenly over the heads), ``n_out`` value
+    dims (likewise; the output, heads concatenated, no output projection). One parameter ``QKV``
+    (in, 2 * total_key_dim + n_out) without bias, laid out as RETURNN's: its columns are per head
+    [q_h | k_h | v_h], head after head. Queries are scaled by 1/sqrt(total_key_dim / num_heads). Keys past a
+    sequence's length get no weight (its padded frames are also zeroed first, so large values there cannot
+    overflow); ``attention_left_only`` also hides the keys after the query. ``attention_dropout`` drops
+    attention weights in training, with a stateless seed from the network's per-layer seed.
+    """
+
+    needs_seed = True
+
+    def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int) -> None:
+        super().__init__(in_dim)
+        self.heads = positive_int(name, opts, "num_heads")
+        key_dim = positive_int(name, opts, "total_key_dim")
+        self.n_out = positive_int(name, opts, "n_out")
+        for key, value in (("total_key_dim", key_dim), ("n_out", self.n_out)):
+            if value % self.heads:
+                raise ConfigError(f"Network layer '{name}': {key} {value} is not divisible by num_heads "
+                                  f"{self.heads}.")
+        self.key_dim, self.value_dim = key_dim // self.heads, self.n_out // self.heads
+        self.dropout = opts.get("attention_dropout", 0.0)
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or \
+                not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"Network layer '{name}': attention_dropout must be a float in [0, 1), got "
+                              f"{self.dropout!r}.")
+        self.left_only = opts.get("attention_left_only", False)
+        if not isinstance(self.left_only, bool):
+            raise ConfigError(f"Network layer '{name}': attention_left_only must be True or False, got "
+                              f"{self.left_only!r}.")
+        self.params["QKV"] = glorot_variable(f"{name}/QKV", (in_dim, 2 * key_dim + self.n_out), random_seed)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool,
+                 seed: tf.Tensor | None = None) -> tf.Tensor:
+        n_time, n_batch = tf.shape(x)[0], tf.shape(x)[1]
+        per_head = 2 * self.key_dim + self.value_dim
+        qkv = tf.matmul(tf.reshape(time_mask(x, lengths), [-1, self.in_dim]), self.params["QKV"])
+        qkv = tf.reshape(qkv, [n_time, n_batch, self.heads, per_head])
+        q, k, v = tf.split(qkv, [self.key_dim, self.key_dim, self.value_dim], axis=-1)
+        q = q * self.key_dim ** -0.5
+        energy = tf.einsum("tbhd,sbhd->bhts", q, k)  # (B, H, queries, keys)
+        allowed = tf.sequence_mask(lengths, n_time)[:, None, None, :]  # (B, 1, 1, keys)
+        if self.left_only:
+            causal = tf.linalg.band_part(tf.ones([n_time, n_time], tf.bool), -1, 0)  # key <= query
+            allowed = allowed & causal[None, None]
+        # a finite floor, not -inf: a sequence of length 0 then gets uniform weights instead of NaN
+        energy = tf.where(allowed, energy, tf.fill(tf.shape(energy), -1e30))
+        weights = tf.nn.softmax(energy, axis=-1)
+        if training and self.dropout > 0.0:
+            weights = tf.nn.experimental.stateless_dropout(weights, rate=float(self.dropout), seed=seed)
+        out = tf.einsum("bhts,sbhd->tbhd", weights, v)
+        return tf.reshape(out, [n_time, n_batch, self.n_out])

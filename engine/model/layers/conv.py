@@ -1,0 +1,148 @@
+"""Convolution and pooling over time: RETURNN's ``conv`` and ``pool`` layers, 1-D only.
+
+Both read windows of ``size`` frames, ``dilation`` apart, every ``stride`` frames (``frame_windows``). With
+padding "valid" output frame i reads input frames i*s .. i*s + (size-1)*d; with "same" the window starts
+``same_left_pad`` frames earlier and frames outside a sequence read as zeros (conv) or are left out
+(pool). Output lengths follow RETURNN's ``ConvLayer.calc_out_dim``: ceil(n / s) for "same",
+max(ceil((n - (size-1)*d) / s), 0) for "valid".
+
+Every window depends on its own sequence's frames only, so a sequence gives the same output alone or in
+a padded batch. TensorFlow's own "same" padding would not: with a stride above 1 its left padding
+depends on the (batch) length modulo the stride. Here the left padding is
+max((size-1)*d + 1 - s, 0) // 2, TensorFlow's value when the length is a multiple of the stride (and for
+every length when s = 1).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from engine.model.layers.base import Layer, dense_gather, glorot_variable, one_of, positive_int
+from engine.model.layers.dense import ACTIVATIONS, activation_option
+from engine.runtime.errors import ConfigError
+
+PADDINGS = ("same", "valid")
+
+
+def out_length(n: tf.Tensor, size: int, stride: int, dilation: int, padding: str) -> tf.Tensor:
+    """Output frames for ``n`` input frames (RETURNN's formula)."""
+    if padding == "same":
+        return -(-n // stride)
+    return tf.maximum(-(-(n - (size - 1) * dilation) // stride), 0)
+
+
+def same_left_pad(size: int, stride: int, dilation: int) -> int:
+    return max((size - 1) * dilation + 1 - stride, 0) // 2
+
+
+def frame_windows(x: tf.Tensor, lengths: tf.Tensor, size: int, stride: int, dilation: int,
+                  padding: str) -> tuple[tf.Tensor, tf.Tensor]:
+    """(T, B, F) -> the windows (T_out, size, B, F) and whether each frame is inside its sequence
+    (T_out, size, B); frames outside are 0."""
+    n_time = tf.shape(x)[0]
+    left = same_left_pad(size, stride, dilation) if padding == "same" else 0
+    n_out = out_length(n_time, size, stride, dilation, padding)
+    pos = tf.range(n_out)[:, None] * stride - left + tf.range(size)[None, :] * dilation  # (T_out, size)
+    frames = dense_gather(x, tf.clip_by_value(pos, 0, tf.maximum(n_time - 1, 0)))
+    valid = (pos[:, :, None] >= 0) & (pos[:, :, None] < lengths[None, None, :])
+    return tf.where(valid[..., None], frames, tf.zeros_like(frames)), valid
+
+
+def _time_ints(layer: str, opts: dict, key: str, default: int | None) -> int:
+    """A 1-D option: an int or a sequence of one int (RETURNN gives (3,)); more entries mean 2-D/3-D."""
+    value = opts.get(key, default)
+    allow_int = key not in ("filter_size", "pool_size")  # RETURNN takes these as sequences only
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if (not allow_int and not isinstance(value, (list, tuple))) or len(items) != 1:
+        kinds = "an int or a tuple" if allow_int else "a tuple"
+        raise ConfigError(f"Network layer '{layer}': '{key}' must be {kinds} "
+                          f"of one positive int like (3,): this engine convolves and pools over time only "
+                          f"(1-D), got {value!r}.")
+    return positive_int(layer, {key: items[0]}, key)
+
+
+class Window(NamedTuple):
+    """The window geometry of a ``conv`` or ``pool`` layer."""
+
+    size: int
+    stride: int
+    dilation: int
+    padding: str
+
+    @property
+    def keeps_time(self) -> bool:
+        """Whether output frame i belongs to input frame i (same lengths, one time axis)."""
+        return self.stride == 1 and (self.padding == "same" or self.size == 1)
+
+
+def window_options(name: str, opts: dict, cls: str) -> Window:
+    """The geometry of a ``conv`` or ``pool`` layer's options, checked (ConfigError names the layer)."""
+    size = _time_ints(name, opts, "filter_size" if cls == "conv" else "pool_size", None)
+    stride = _time_ints(name, opts, "strides", 1 if cls == "conv" else size)  # pool: RETURNN's default
+    dilation = _time_ints(name, opts, "dilation_rate", 1)
+    if cls == "conv" and "padding" not in opts:
+        raise ConfigError(f"Network layer '{name}': 'padding' is required ('same' or 'valid').")
+    return Window(size, stride, dilation, one_of(name, opts, "padding", PADDINGS, "valid"))
+
+
+class _Windowed(Layer):
+    """What ``conv`` and ``pool`` share: their window and its output lengths."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int, cls: str) -> None:
+        super().__init__(in_dim)
+        self.window = window_options(name, opts, cls)
+        self.size, self.stride, self.dilation, self.padding = self.window
+
+    def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        return out_length(lengths, self.size, self.stride, self.dilation, self.padding)
+
+    def _windows(self, x: tf.Tensor, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return frame_windows(x, lengths, self.size, self.stride, self.dilation, self.padding)
+
+
+class Conv(_Windowed):
+    """``conv``: ``filter_size`` (width,), ``padding``, ``strides``, ``dilation_rate``, ``n_out``,
+    ``activation``, ``with_bias`` (default True, RETURNN's default since behavior version 10).
+    Parameters: ``W`` (width, in, n_out) and ``bias`` (n_out), RETURNN's names and layout."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int) -> None:
+        super().__init__(name, opts, in_dim, "conv")
+        self.n_out = positive_int(name, opts, "n_out")
+        self.activation = ACTIVATIONS[activation_option(name, opts)]
+        self.params["W"] = glorot_variable(f"{name}/W", (self.size, in_dim, self.n_out), random_seed)
+        if opts.get("with_bias", True):
+            self.params["bias"] = tf.Variable(tf.zeros([self.n_out]), name=f"{name}/bias")
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        frames, _ = self._windows(x, lengths)  # (T_out, size, B, F)
+        shape = tf.shape(frames)
+        # one (T_out*B, size*F) x (size*F, n_out) matmul, the window flattened like the filter
+        flat = tf.reshape(tf.transpose(frames, [0, 2, 1, 3]), [shape[0] * shape[2], self.size * self.in_dim])
+        y = tf.matmul(flat, tf.reshape(self.params["W"], [self.size * self.in_dim, self.n_out]))
+        y = tf.reshape(y, [shape[0], shape[2], self.n_out])
+        if "bias" in self.params:
+            y = y + self.params["bias"]
+        return y if self.activation is None else self.activation(y)
+
+
+class Pool(_Windowed):
+    """``pool``: ``mode`` "max"/"avg", ``pool_size`` (width,), ``strides`` (default ``pool_size``),
+    ``padding`` (default "valid"), ``dilation_rate``. Only frames inside the sequence count: max over
+    them, their mean; a window with none of them (possible only with dilation) gives 0."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int) -> None:
+        super().__init__(name, opts, in_dim, "pool")
+        if "mode" not in opts:
+            raise ConfigError(f"Network layer '{name}': 'mode' is required ('max' or 'avg').")
+        self.mode = one_of(name, opts, "mode", ("max", "avg"), None)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        frames, valid = self._windows(x, lengths)
+        valid = valid[..., None]
+        count = tf.reduce_sum(tf.cast(valid, x.dtype), axis=1)  # (T_out, B, 1)
+        if self.mode == "avg":
+            return tf.reduce_sum(frames, axis=1) / tf.maximum(count, 1.0)
+        lowest = tf.fill(tf.shape(frames), x.dtype.min)
+        y = tf.reduce_max(tf.where(valid, frames, lowest), axis=1)
+        return tf.where(count > 0, y, tf.zeros_like(y))
