@@ -4,7 +4,8 @@ Only the layers that ``output``, a loss layer or an ``is_output_layer`` layer de
 RETURNN), in dependency order; every layer of the dict is still checked, so a typo in an unused layer is
 reported too. Internally the network runs time-major (T, B, F): the fused LSTM kernel wants that, and
 returned outputs are transposed back to (B, T, F) only where someone reads them (``tf.function`` prunes
-the rest).
+the rest). Each layer's sequence lengths travel with it (``Layer.out_lengths``; conv and pool may change
+them) and come back as ``"<layer>:lengths"`` (B,), int32, e.g. for a CTC loss on a downsampled output.
 """
 
 from __future__ import annotations
