@@ -45,3 +45,7 @@ class Layer(tf.Module):
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         return x
+
+    def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        """The sequence lengths of the output for inputs of ``lengths``; layers that subsample override."""
+        return lengths
