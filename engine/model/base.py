@@ -99,6 +99,11 @@ class SeqModel(tf.Module):
         """Whether the order of frames matters (RETURNN chunks the training data only then)."""
         return True
 
+    def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        """The lengths of ``"output"`` for inputs of ``lengths`` (B,): what the forward task lays its file
+        out by before it runs the model. The same as the input's unless a layer subsamples time."""
+        return lengths
+
     def named_variables(self) -> dict[str, tf.Variable]:
         """All variables by a stable name (same names and order on every rank), for checkpoints."""
         raise NotImplementedError

@@ -131,6 +131,20 @@ class NetworkModel(SeqModel):
     def recurrent(self) -> bool:
         return any(self.specs[name].cls in RECURRENT_CLASSES for name in self.order)
 
+    def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        seq_lengths = {"data": tf.cast(lengths, tf.int32)}
+        for name, layer in self.layers.items():
+            source = self.specs[name].sources[0]
+            if isinstance(layer, TimeChunking):  # chunks are no sequences; check_time_axes keeps
+                seq_lengths[name] = None  # "output" off their time axis
+            elif isinstance(layer, TimeUnchunking):
+                seq_lengths[name] = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
+            elif seq_lengths[source] is not None:
+                seq_lengths[name] = layer.out_lengths(seq_lengths[source])
+            else:
+                seq_lengths[name] = None
+        return seq_lengths["output"]
+
     def named_variables(self) -> dict[str, tf.Variable]:
         return {
             f"{name}/{key}": var for name, layer in self.layers.items() for key, var in layer.params.items()

@@ -1,12 +1,13 @@
 """``task = "forward"``: run the model over the ``eval`` dataset and write its outputs to ``output_file``.
 
-One output frame per input frame, sequences in the corpus' original order. The sequence lengths are
-known before anything is forwarded, so rank 0 lays the whole file out first (``hdf_rows``: under a
-temporary name beside ``output_file``) and every rank then writes its shard's rows straight into it, all
-at once: no part files, nothing merged afterwards (the merge had been rank 0 alone re-reading and
-re-writing every rank's output while the others waited). When every rank has written, rank 0 renames
-the file to ``output_file``; after an error it removes it. All ranks write into the one file, so
-``output_file`` must be on storage that all ranks share.
+Sequences in the corpus' original order, each with as many frames as the model's ``output`` has for it:
+one per input frame, or fewer after layers that subsample time (``SeqModel.output_lengths``). The
+sequence lengths are known before anything is forwarded, so rank 0 lays the whole file out first
+(``hdf_rows``: under a temporary name beside ``output_file``) and every rank then writes its shard's rows
+straight into it, all at once: no part files, nothing merged afterwards (the merge had been rank 0
+alone re-reading and re-writing every rank's output while the others waited). When every rank has
+written, rank 0 renames the file to ``output_file``; after an error it removes it. All ranks write into
+the one file, so ``output_file`` must be on storage that all ranks share.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import tensorflow as tf
 
 from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset, dataset_from_config, generate_batches
@@ -22,6 +24,7 @@ from engine.distributed import Communicator, agree_on_failure, broadcast_initial
 from engine.runtime import log
 from engine.runtime.atomic_file import commit, create_temp_beside, discard
 from engine.runtime.errors import ConfigError, DataError, EngineError
+from engine.model.base import SeqModel
 from engine.tasks.evaluate import load_model_for_inference
 from engine.training.report import EpochReport
 from engine.training.step import Steps
@@ -33,21 +36,27 @@ class OutputLayout:
 
     corpus_idx: np.ndarray  # the epoch's corpus indices, sorted: the file's sequence order
     first_row: dict[int, int]  # corpus index -> its first frame in ``inputs``
-    lengths: np.ndarray  # frames per sequence, in file order
+    lengths: np.ndarray  # output frames per sequence, in file order
     tags: list[str]
 
     @classmethod
-    def of(cls, dataset: Dataset) -> OutputLayout:
+    def of(cls, dataset: Dataset, model: SeqModel) -> OutputLayout:
         """From the dataset's current epoch order (every rank computes the same)."""
         column = dataset.data_keys.index("data")
         order = np.asarray(dataset.order)
-        lengths_by_idx = dict(zip(order.tolist(), dataset.epoch_seq_lengths()[:, column].tolist()))
+        input_lengths = dataset.epoch_seq_lengths()[:, column].astype(np.int32)
+        output_lengths = np.asarray(model.output_lengths(tf.constant(input_lengths))).astype(np.int64)
+        lengths_by_idx = dict(zip(order.tolist(), output_lengths.tolist()))
         tags_by_idx = {int(idx): dataset.get_seq_tag(i) for i, idx in enumerate(order)}
         corpus_idx = np.array(sorted(lengths_by_idx), dtype=np.int64)
         lengths = np.array([lengths_by_idx[i] for i in corpus_idx.tolist()], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         return cls(corpus_idx, dict(zip(corpus_idx.tolist(), starts.tolist())), lengths,
                    [tags_by_idx[i] for i in corpus_idx.tolist()])
+
+    def lengths_of(self, corpus_idx: np.ndarray) -> np.ndarray:
+        rows = np.searchsorted(self.corpus_idx, np.asarray(corpus_idx, np.int64))
+        return self.lengths[rows]
 
 
 def forward_shard(steps: Steps, dataset: Dataset, writer: RowWriter, layout: OutputLayout,
@@ -57,16 +66,19 @@ def forward_shard(steps: Steps, dataset: Dataset, writer: RowWriter, layout: Out
     done = 0
     for batch in generate_batches(dataset, batching, shard_rank=rank, shard_size=size, shard_by="frames"):
         with report.computing():
-            outputs = steps.forward(batch)
-        lengths = batch.lengths["data"]
-        if len(lengths) and outputs.shape[1] < lengths.max():
-            raise EngineError(f"forward: the model's output has {outputs.shape[1]} frames for an input of "
-                              f"{lengths.max()}; forward writes one output frame per input frame.")
+            outputs, lengths = steps.forward(batch)
+        expected = layout.lengths_of(batch.corpus_seq_idx)
+        if not np.array_equal(lengths, expected) or (len(lengths) and outputs.shape[1] < lengths.max()):
+            raise EngineError(
+                f"forward: the model's output has lengths {lengths.tolist()} (and {outputs.shape[1]} frames) "
+                f"for inputs of {batch.lengths['data'].tolist()}, but its output_lengths() gave "
+                f"{expected.tolist()}; a model from get_model that changes the number of frames must "
+                "define output_lengths(lengths) to match (docs/config-and-cli.md).")
         for i, corpus_idx in enumerate(batch.corpus_seq_idx):
             writer.write(layout.first_row[int(corpus_idx)], outputs[i, :lengths[i]])
         done += batch.num_seqs
         report.steps += 1
-        report.scores.frames += float(lengths.sum())
+        report.scores.frames += float(batch.lengths["data"].sum())  # input frames: the rate of the work
     report.finish()
     return done
 
@@ -115,7 +127,7 @@ def run_forward(config: Config) -> None:
     agree_on_failure(comm, error)
     broadcast_initial(comm, list(model.variables))
     out_dim = steps.output_dim()
-    layout = OutputLayout.of(dataset)
+    layout = OutputLayout.of(dataset, model)
     tmp, offset = _create_output(comm, output_file, layout, out_dim)
     log.info(f"forward: {len(layout.lengths)} sequences, {int(layout.lengths.sum())} frames, on {comm.size} "
              f"rank(s), into {output_file}")

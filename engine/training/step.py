@@ -171,7 +171,8 @@ class Steps:
         return self._scores(self.model.compute_losses(outputs, targets, target_lengths))
 
     def _forward_step(self, data, lengths):
-        return self.model(data, lengths, training=False)["output"]
+        outputs = self.model(data, lengths, training=False)
+        return outputs["output"], outputs.get("output:lengths", lengths)
 
     # ----- calls from the loop, with numpy batches -----
     def _data(self, batch):
@@ -199,11 +200,13 @@ class Steps:
     def eval(self, batch) -> np.ndarray:
         return self._eval(*self._inputs(batch)).numpy()
 
-    def forward(self, batch) -> np.ndarray:
-        return self._forward(*self._data(batch)).numpy()
+    def forward(self, batch) -> tuple[np.ndarray, np.ndarray]:
+        """The ``output`` layer's values (B, T', dim) and lengths (B,) for a batch."""
+        outputs, lengths = self._forward(*self._data(batch))
+        return outputs.numpy(), lengths.numpy()
 
     def output_dim(self) -> int:
         """The feature dim of the model's ``output`` layer (from a one-frame forward pass)."""
         data_spec, _ = self.model.input_signature
         data = np.zeros([1, 1] + [d for d in data_spec.shape[2:]], dtype=self._input_dtype)
-        return int(self._forward(data, np.ones([1], np.int32)).shape[-1])
+        return int(self._forward(data, np.ones([1], np.int32))[0].shape[-1])
