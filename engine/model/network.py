@@ -19,7 +19,7 @@ from engine.model.layers.base import Layer
 from engine.model.layers.dense import Copy, Linear, Softmax
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
-from engine.model.losses.regularization import l2_factor, l2_term
+from engine.model.losses.regularization import darc1_factor, darc1_term, l2_factor, l2_term
 from engine.model.spec import RECURRENT_CLASSES, LayerSpec, build_order, layer_findings, parse_network
 from engine.runtime.errors import ConfigError, DataError
 
@@ -60,10 +60,14 @@ class NetworkModel(SeqModel):
             self.layers[name] = layer
             dims[name] = layer.n_out
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
+        self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}
         self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, Softmax) and l.loss]
         if "output" in self.loss_layers:  # the main loss layer reports error and frame count
             self.loss_layers.remove("output")
             self.loss_layers.insert(0, "output")
+        if self.loss_layers and all(self.layers[n].only_on_eval for n in self.loss_layers):
+            raise ConfigError(f"Network layers {self.loss_layers}: every loss has only_on_eval, so training "
+                              "has nothing to optimise.")
 
     def _make_layer(self, name: str, spec: LayerSpec, in_dim: int, ids: bool, seed: int) -> Layer:
         if spec.cls == "linear":
@@ -137,6 +141,7 @@ class NetworkModel(SeqModel):
             outs[name], seq_lengths[name] = y, layer_lengths
             if isinstance(layer, Softmax):
                 result[f"{name}:logits"] = _batch_major(y)
+                result[f"{name}:lengths"] = layer_lengths
                 y = tf.nn.softmax(y)
             result[name] = _batch_major(y)
         return result
@@ -163,28 +168,36 @@ class NetworkModel(SeqModel):
         model_outputs: dict[str, tf.Tensor],
         targets: dict[str, tf.Tensor],
         target_lengths: dict[str, tf.Tensor],
+        training: bool = False,
     ) -> LossResult:
         if not self.loss_layers:
             raise ConfigError(
-                "The network has no layer with a loss (a 'softmax' layer with 'loss': 'ce'), "
+                "The network has no layer with a loss (a 'softmax' layer with 'loss': 'ce' or 'ctc'), "
                 "so it cannot be trained or scored."
             )
         loss = objective = error = frames = None
         for name in self.loss_layers:
             layer = self.layers[name]
+            if training and layer.only_on_eval:
+                continue
             if layer.target not in targets or layer.target not in target_lengths:
                 raise DataError(
                     f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
                     f"{sorted(targets)}."
                 )
-            ce, err, n = masked_ce_sums(
-                model_outputs[f"{name}:logits"],
-                targets[layer.target],
-                target_lengths[layer.target],
-                where=name,
-                criterion=layer.criterion,
-            )
-            scaled = layer.criterion.scale * ce
+            if layer.loss == "ctc":
+                value, err, n = layer.criterion.sums(
+                    model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"], targets[layer.target],
+                    target_lengths[layer.target], layer=name, target=layer.target, training=training)
+            else:
+                value, err, n = masked_ce_sums(
+                    model_outputs[f"{name}:logits"],
+                    targets[layer.target],
+                    target_lengths[layer.target],
+                    where=name,
+                    criterion=layer.criterion,
+                )
+            scaled = layer.criterion.scale * value
             per_frame = scaled / tf.maximum(n, 1.0)
             if loss is None:
                 loss, objective, error, frames = scaled, per_frame, err, n
@@ -192,8 +205,11 @@ class NetworkModel(SeqModel):
                 loss, objective = loss + scaled, objective + per_frame
         regularized = [l2_term(factor, self.layers[name].params.values())
                        for name, factor in self.l2.items() if factor and self.layers[name].params]
+        darc1 = [darc1_term(factor, model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"])
+                 for name, factor in self.darc1.items() if factor]
         return LossResult(loss=loss, error=error, num_frames=frames, objective=objective,
-                          regularizer=tf.add_n(regularized) if regularized else 0.0)
+                          regularizer=tf.add_n(regularized) if regularized else 0.0,
+                          data_regularizer=tf.add_n(darc1) if darc1 else 0.0)
 
 
 def _batch_major(x: tf.Tensor) -> tf.Tensor:

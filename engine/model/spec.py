@@ -18,7 +18,7 @@ from engine.runtime.errors import ConfigError
 
 _CLASS_OPTIONS = {
     "linear": {"n_out", "activation", "with_bias"},
-    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias"},
+    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval"},
     "rec": {"n_out", "unit", "direction"},
     "copy": set(),
     "dropout": set(),

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from engine.model.layers.base import Layer, glorot_variable, positive_int
 from engine.model.losses.cross_entropy import CrossEntropy
+from engine.model.losses.ctc import CtcLoss
 from engine.runtime.errors import ConfigError
 
 ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
@@ -77,7 +78,9 @@ class Softmax(Linear):
     """``softmax``: a linear layer whose call returns the logits; the network adds the probabilities.
 
     With ``loss: "ce"`` it is trained with cross-entropy against ``target`` (default ``classes``), with
-    ``loss_scale`` and ``loss_opts`` as in ``losses.CrossEntropy``.
+    ``loss_scale`` and ``loss_opts`` as in ``losses.CrossEntropy``; with ``loss: "ctc"`` by CTC
+    (``losses.CtcLoss``), and then it has one class more than the target: the blank, the last.
+    ``only_on_eval``: the loss is scored in eval only, not trained on.
     """
 
     def __init__(
@@ -92,14 +95,20 @@ class Softmax(Linear):
     ) -> None:
         self.target = opts.get("target", "classes")
         self.loss = opts.get("loss")
-        if self.loss not in (None, "ce"):
+        if self.loss not in (None, "ce", "ctc"):
             raise ConfigError(
-                f"Network layer '{name}': loss {self.loss!r} is not supported; use 'ce' (or none)."
+                f"Network layer '{name}': loss {self.loss!r} is not supported; use 'ce' or 'ctc' (or none)."
             )
+        self.only_on_eval = opts.get("only_on_eval", False)
+        if not isinstance(self.only_on_eval, bool) or (self.only_on_eval and not self.loss):
+            raise ConfigError(f"Network layer '{name}': only_on_eval must be True or False, and True needs a "
+                              f"loss; got {self.only_on_eval!r}.")
         if not self.loss and opts.get("loss_opts"):
             raise ConfigError(f"Network layer '{name}': loss_opts are given, but the layer has no loss.")
         target_dim = target_dims.get(self.target) if isinstance(self.target, str) else None
-        n_out = opts.get("n_out", target_dim)
+        # the blank: one class more than the target (RETURNN's CtcLoss.get_auto_output_layer_dim)
+        out_dim = target_dim + 1 if self.loss == "ctc" and target_dim is not None else target_dim
+        n_out = opts.get("n_out", out_dim)
         if n_out is None:
             raise ConfigError(
                 f"Network layer '{name}': 'n_out' is not given and target {self.target!r} is not a known "
@@ -110,12 +119,15 @@ class Softmax(Linear):
                 f"Network layer '{name}': loss target {self.target!r} is not a data stream; "
                 f"known targets: {sorted(target_dims)}."
             )
-        if self.loss and n_out != target_dim:
+        if self.loss and n_out != out_dim:
+            blank = " plus 1 for the ctc loss's blank" if self.loss == "ctc" else ""
             raise ConfigError(
                 f"Network layer '{name}': n_out {n_out} does not match the dim {target_dim} of "
-                f"its target {self.target!r}."
+                f"its target {self.target!r}{blank}."
             )
-        self.criterion = CrossEntropy.from_layer_options(name, opts, n_out)
+        self.criterion: CrossEntropy | CtcLoss = (
+            CtcLoss.from_layer_options(name, opts) if self.loss == "ctc"
+            else CrossEntropy.from_layer_options(name, opts, n_out))
         super().__init__(
             name,
             {**opts, "n_out": n_out, "activation": None},
