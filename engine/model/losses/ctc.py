@@ -7,6 +7,7 @@ score = sum of -log p / sum of target lengths, and the label error = summed edit
 decoded labels to the targets / sum of target lengths. ``CtcLoss.sums`` returns the three sums, so ranks
 can add them before dividing.
 
+An empty target scores -log p(blank in every frame) (TF's op, and so RETURNN, refuses it).
 A sequence is unalignable when it has fewer frames than its labels need (a label repeated at once needs
 a blank between the two). TF's op then fails or returns inf; here it is a ``DataError`` naming the
 sequences, or with ``ctc_opts`` ``ignore_longer_outputs_than_inputs`` such sequences add 0 to the loss
@@ -140,12 +141,21 @@ class CtcLoss:
                 "labels needing frames:", tf.boolean_mask(needed, unalignable),
                 "(shorten the targets, subsample less, or set loss_opts ctc_opts "
                 "ignore_longer_outputs_than_inputs=True to give them loss 0)."])
-        # unalignable sequences get no labels in the op (a finite value, no inf in the gradient) and 0 loss
-        loss_lengths = tf.where(unalignable, 0, loss_lengths)
+        # TF's op refuses empty targets and has no finite value for unalignable ones: both get one dummy
+        # label in the op (finite, so no inf or NaN reaches the gradient) and their own value here
+        empty = tf.equal(loss_lengths, 0)
+        dummy = unalignable | empty
+        padded = tf.pad(loss_labels, [[0, 0], [0, 1]])
         per_seq = tf.compat.v1.nn.ctc_loss(
-            sparse_labels(loss_labels, loss_lengths), logits, lengths, time_major=False,
-            ctc_merge_repeated=self.ctc_merge_repeated, ignore_longer_outputs_than_inputs=False)
-        loss = tf.reduce_sum(tf.where(unalignable, tf.zeros_like(per_seq), per_seq))
+            sparse_labels(tf.where(dummy[:, None], tf.zeros_like(padded), padded),
+                          tf.where(dummy, 1, loss_lengths)),
+            logits, lengths, time_major=False, ctc_merge_repeated=self.ctc_merge_repeated,
+            ignore_longer_outputs_than_inputs=True)  # a dummy label longer than its frames: 0
+        frames = tf.sequence_mask(lengths, tf.shape(logits)[1])
+        log_blank = tf.nn.log_softmax(logits)[:, :, blank]
+        all_blank = -tf.reduce_sum(tf.where(frames, log_blank, tf.zeros_like(log_blank)), axis=1)
+        per_seq = tf.where(unalignable, tf.zeros_like(per_seq), tf.where(empty, all_blank, per_seq))
+        loss = tf.reduce_sum(per_seq)
         if training or self.beam_width <= 1:
             hyp, hyp_lengths = greedy_labels(logits, lengths, blank)
         else:
