@@ -294,3 +294,54 @@ def test_ctc_merge_repeated_false_and_preprocess_collapse_are_passed_to_the_op()
     no_merge = model_for(ctc_network(loss_opts={"ctc_opts": {"ctc_merge_repeated": False}}))
     _, c = losses(no_merge, x, [5], [[1, 2]], [2])
     assert np.isfinite(c.loss.numpy()) and c.loss.numpy() != a.loss.numpy()
+
+
+def edit_distance_network(**loss_opts):
+    return {"ctc": {"class": "softmax", "loss": "ctc", "from": "data"},
+            "output": {"class": "copy", "from": "ctc", "loss": "edit_distance", "only_on_eval": True,
+                       "loss_opts": {"ctc_decode": True, **loss_opts}}}
+
+
+def test_layers_after_a_softmax_see_its_probabilities():
+    model = model_for({"sm": {"class": "softmax", "n_out": 4, "from": "data"},
+                       "output": {"class": "copy", "from": "sm"}})
+    outputs = model(tf.constant(np.random.RandomState(0).randn(1, 3, 4).astype("float32")), tf.constant([3]))
+    np.testing.assert_allclose(outputs["output"].numpy().sum(-1), 1.0, rtol=1e-6)
+    assert outputs["output:lengths"].numpy().tolist() == [3]
+
+
+def test_edit_distance_decodes_the_copied_ctc_output_and_maps_labels():
+    paths = [[0, 3, 1, 1, 3, 2], [2, 2, 3, 2, 3, 3]]  # decode to 0 1 2 and 2 2
+    x = np.stack([onehot_logits(p) for p in paths]) * 2.0
+    model = model_for(edit_distance_network())
+    model.layers["ctc"].params["W"].assign(np.eye(4, dtype=np.float32))
+    targets, target_lengths = [[0, 2, 0], [2, 2, 1]], [2, 3]  # 1 insertion, 1 deletion
+    _, result = losses(model, x, [6, 6], targets, target_lengths)
+    assert result.error.numpy() == 2.0 and result.num_frames.numpy() == 5.0
+    assert result.loss.numpy() > 0  # the ctc layer's loss; edit_distance adds nothing
+    _, trained = losses(model, x, [6, 6], targets, target_lengths, training=True)
+    assert trained.error.numpy() == 2.0  # in training the main layer is 'ctc' (greedy: the same labels)
+    np.testing.assert_allclose(trained.loss.numpy(), result.loss.numpy(), rtol=1e-6)
+    # label_map 1 -> 2: the hyp 0 2 2 against 0 2 is 1 error, 2 2 against 2 2 2 is 1 error
+    mapped = model_for(edit_distance_network(label_map={1: 2}))
+    mapped.layers["ctc"].params["W"].assign(np.eye(4, dtype=np.float32))
+    _, result = losses(mapped, x, [6, 6], targets, target_lengths)
+    assert result.error.numpy() == 2.0
+    _, result = losses(mapped, x, [6, 6], [[0, 1, 1], [2, 2, 0]], [3, 2])  # 0 2 2 vs 0 2 2; 2 2 vs 2 2
+    assert result.error.numpy() == 0.0
+
+
+@pytest.mark.parametrize("loss_opts,message", [
+    ({"ctc_decode": False}, "needs loss_opts ctc_decode True here"),
+    ({"ctc_decode": True, "label_map": {1: "a"}}, "label_map must be a dict of label id -> label id"),
+    ({"ctc_decode": True, "beam_width": 4}, r"loss_opts \['beam_width'\] are not supported for the "
+                                            r"'edit_distance' loss"),
+])
+def test_edit_distance_options_are_checked(loss_opts, message):
+    network = edit_distance_network()
+    network["output"]["loss_opts"] = loss_opts
+    with pytest.raises(ConfigError, match=message):
+        model_for(network)
+    with pytest.raises(ConfigError, match=r"input dim, but it is 3"):
+        model_for({"output": {"class": "copy", "loss": "edit_distance", "loss_opts": {"ctc_decode": True}},
+                   "x": {"class": "softmax", "loss": "ce", "from": "data"}}, input_dim=3)

@@ -48,7 +48,7 @@ class NetworkModel(SeqModel):
         self.order = build_order(self.specs)
         check_time_axes(self.specs, self.order,
                         [n for n in self.order
-                         if self.specs[n].cls == "softmax" and self.specs[n].opts.get("loss")])
+                         if self.specs[n].cls in ("softmax", "copy") and self.specs[n].opts.get("loss")])
         self.random_seed = random_seed
         self.twice_differentiable = twice_differentiable
         dims = {"data": input_dim}
@@ -61,7 +61,7 @@ class NetworkModel(SeqModel):
             dims[name] = layer.n_out
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
         self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}
-        self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, Softmax) and l.loss]
+        self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, (Softmax, Copy)) and l.loss]
         if "output" in self.loss_layers:  # the main loss layer reports error and frame count
             self.loss_layers.remove("output")
             self.loss_layers.insert(0, "output")
@@ -83,7 +83,7 @@ class NetworkModel(SeqModel):
             return TimeChunking(name, spec.opts, in_dim)
         if spec.cls == "time_unchunking":
             return TimeUnchunking(name, spec.opts, in_dim, self.layers.get(spec.opts.get("chunking_layer")))
-        return Copy(in_dim)
+        return Copy(name, spec.opts, in_dim, self.target_dims)
 
     def _takes_ids(self, spec: LayerSpec) -> bool:
         """Sparse ``data`` straight into a weight matrix: a row lookup (embedding), not a one-hot matmul."""
@@ -138,12 +138,12 @@ class NetworkModel(SeqModel):
                 layer_lengths = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
             else:
                 y = layer(x, layer_lengths, training)
-            outs[name], seq_lengths[name] = y, layer_lengths
-            if isinstance(layer, Softmax):
+            if isinstance(layer, Softmax):  # later layers see the probabilities, as in RETURNN
                 result[f"{name}:logits"] = _batch_major(y)
-                result[f"{name}:lengths"] = layer_lengths
                 y = tf.nn.softmax(y)
+            outs[name], seq_lengths[name] = y, layer_lengths
             result[name] = _batch_major(y)
+            result[f"{name}:lengths"] = layer_lengths
         return result
 
     def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
@@ -185,7 +185,11 @@ class NetworkModel(SeqModel):
                     f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
                     f"{sorted(targets)}."
                 )
-            if layer.loss == "ctc":
+            if layer.loss == "edit_distance":
+                value, err, n = layer.criterion.sums(
+                    model_outputs[name], model_outputs[f"{name}:lengths"], targets[layer.target],
+                    target_lengths[layer.target], layer=name, target=layer.target)
+            elif layer.loss == "ctc":
                 value, err, n = layer.criterion.sums(
                     model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"], targets[layer.target],
                     target_lengths[layer.target], layer=name, target=layer.target, training=training)

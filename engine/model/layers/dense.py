@@ -10,6 +10,7 @@ import tensorflow as tf
 from engine.model.layers.base import Layer, glorot_variable, positive_int
 from engine.model.losses.cross_entropy import CrossEntropy
 from engine.model.losses.ctc import CtcLoss
+from engine.model.losses.edit_distance import EditDistance
 from engine.runtime.errors import ConfigError
 
 ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
@@ -40,7 +41,35 @@ def _embed_rows(weights: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
 
 
 class Copy(Layer):
-    """``copy`` and ``dropout``: the (concatenated, maybe dropped-out) input itself."""
+    """``copy`` and ``dropout``: the (concatenated, maybe dropped-out) input itself.
+
+    A ``copy`` layer may carry the ``edit_distance`` loss (``losses.EditDistance``) against ``target``
+    (default ``classes``); its input then has the target's dim + 1 (the CTC blank last)."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int, target_dims: dict[str, int]) -> None:
+        super().__init__(in_dim)
+        self.loss = opts.get("loss")
+        self.target = opts.get("target", "classes")
+        self.only_on_eval = opts.get("only_on_eval", False)
+        self.criterion = None
+        if not self.loss:
+            if opts.get("loss_opts") or self.only_on_eval:
+                raise ConfigError(f"Network layer '{name}': loss_opts or only_on_eval are given, but the "
+                                  "layer has no loss.")
+            return
+        if self.loss != "edit_distance":
+            raise ConfigError(f"Network layer '{name}': loss {self.loss!r} is not supported on a copy layer; "
+                              "use 'edit_distance' (or a softmax layer for 'ce' and 'ctc').")
+        if not isinstance(self.only_on_eval, bool):
+            raise ConfigError(f"Network layer '{name}': only_on_eval must be True or False.")
+        target_dim = target_dims.get(self.target) if isinstance(self.target, str) else None
+        if target_dim is None:
+            raise ConfigError(f"Network layer '{name}': loss target {self.target!r} is not a data stream; "
+                              f"known targets: {sorted(target_dims)}.")
+        if in_dim != target_dim + 1:
+            raise ConfigError(f"Network layer '{name}': the edit_distance loss with ctc_decode needs the "
+                              f"target's dim {target_dim} + 1 (the blank) as input dim, but it is {in_dim}.")
+        self.criterion = EditDistance.from_layer_options(name, opts)
 
 
 class Linear(Layer):
