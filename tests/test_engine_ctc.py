@@ -93,3 +93,18 @@ def test_global_frames_with_ctc_equals_one_process_on_the_union_batch(tmp_path, 
     np.testing.assert_array_equal(exact[0]["params"], exact[1]["params"])
     assert not np.allclose(exact[0]["params"], exact[0]["after_step"][0])  # it did train
     np.testing.assert_allclose(exact[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
+
+
+def test_an_unalignable_sequence_stops_rnn_py_with_a_data_error(tmp_path):
+    from engine.datasets import DataKeyInfo, HDFWriter
+
+    path = tmp_path / "bad.hdf"
+    with HDFWriter(str(path), {"data": DataKeyInfo(dim=5), "classes": DataKeyInfo(dim=4, sparse=True)}) as w:
+        w.insert("ok", {"data": np.zeros([6, 5], np.float32), "classes": np.array([0, 1], np.int32)})
+        w.insert("bad", {"data": np.zeros([3, 5], np.float32), "classes": np.array([2, 2, 1], np.int32)})
+    r = run_rnn([config_file(tmp_path, (str(path), str(path)), num_epochs=1)], timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "Network layer 'output' (ctc loss, target 'classes'): sequences with fewer frames than their " \
+           "labels need" in r.stdout + r.stderr
+    assert "Count: 1 batch positions: 1 frames: 3 labels needing frames: 4" in r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
