@@ -252,6 +252,9 @@ def test_the_check_inside_a_graph_becomes_the_same_data_error():
     assert isinstance(error, DataError)
     assert "Network layer 'output' (ctc loss, target 'classes')" in str(error)
     assert "Count: 1 batch positions: 0 frames: 2 labels needing frames: 3" in str(error)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:  # an id the CTC op itself rejects
+        scores(tf.zeros([1, 2, 4]), tf.constant([[3, 1]]), tf.constant([2]))
+    assert "target 'classes' holds ids outside [0, 3)" in str(data_error_from(caught.value.message))
 
 
 def test_options_that_change_the_labels():

@@ -114,10 +114,10 @@ class CtcLoss:
         blank = logits.shape[-1] - 1
         valid = tf.sequence_mask(target_lengths, tf.shape(targets)[1])
         bad_id = valid & ((targets < 0) | (targets >= blank))
-        require(tf.logical_not(tf.reduce_any(bad_id)), [
+        targets = require(tf.logical_not(tf.reduce_any(bad_id)), [
             f"Network layer '{layer}' (ctc loss): target {target!r} holds ids outside [0, {blank}) (its dim "
             f"is {blank}; the layer's last class {blank} is the blank); batch positions:",
-            tf.where(tf.reduce_any(bad_id, axis=1))[:, 0], "ids:", tf.boolean_mask(targets, bad_id)])
+            tf.where(tf.reduce_any(bad_id, axis=1))[:, 0], "ids:", tf.boolean_mask(targets, bad_id)], targets)
         labels, label_lengths = targets, target_lengths
         if self.auto_clip_target_len:  # as RETURNN: at most one label fewer than frames
             label_lengths = tf.minimum(label_lengths, tf.maximum(lengths - 1, 0))
@@ -133,14 +133,14 @@ class CtcLoss:
             needed += tf.reduce_sum(tf.cast(repeats, tf.int32), axis=1)
         unalignable = needed > lengths
         if not self.ignore_longer_outputs_than_inputs:
-            require(tf.logical_not(tf.reduce_any(unalignable)), [
+            lengths = require(tf.logical_not(tf.reduce_any(unalignable)), [
                 f"Network layer '{layer}' (ctc loss, target {target!r}): sequences with fewer frames than "
                 "their labels need (a label repeated at once needs a blank between) cannot be aligned. "
                 "Count:", tf.reduce_sum(tf.cast(unalignable, tf.int32)), "batch positions:",
                 tf.where(unalignable)[:, 0], "frames:", tf.boolean_mask(lengths, unalignable),
                 "labels needing frames:", tf.boolean_mask(needed, unalignable),
                 "(shorten the targets, subsample less, or set loss_opts ctc_opts "
-                "ignore_longer_outputs_than_inputs=True to give them loss 0)."])
+                "ignore_longer_outputs_than_inputs=True to give them loss 0)."], lengths)
         # TF's op refuses empty targets and has no finite value for unalignable ones: both get one dummy
         # label in the op (finite, so no inf or NaN reaches the gradient) and their own value here
         empty = tf.equal(loss_lengths, 0)

@@ -16,13 +16,15 @@ from engine.runtime.errors import DataError
 MARKER = "[engine DataError]"
 
 
-def require(ok: tf.Tensor, parts: list) -> None:
-    """``parts`` (str or tensors) make up the message; it should name the layer and the target."""
+def require(ok: tf.Tensor, parts: list, guarded: tf.Tensor) -> tf.Tensor:
+    """``parts`` (str or tensors) make up the message; it should name the layer and the target. Returns
+    ``guarded`` as computed after the check, so that ops that would fail on bad input run after it."""
     if tf.executing_eagerly():
         if not bool(ok):
             raise DataError(" ".join(_text(p) for p in parts))
-        return
-    tf.debugging.Assert(ok, [MARKER] + parts, summarize=64)
+        return guarded
+    with tf.control_dependencies([tf.debugging.Assert(ok, [MARKER] + parts, summarize=64)]):
+        return tf.identity(guarded)
 
 
 def _text(part) -> str:

@@ -65,10 +65,10 @@ class EditDistance:
         targets = tf.cast(targets, tf.int32)
         valid = tf.sequence_mask(target_lengths, tf.shape(targets)[1])
         bad_id = valid & ((targets < 0) | (targets >= blank))
-        require(tf.logical_not(tf.reduce_any(bad_id)), [
+        targets = require(tf.logical_not(tf.reduce_any(bad_id)), [
             f"Network layer '{layer}' (edit_distance loss): target {target!r} holds ids outside "
             f"[0, {blank}); batch positions:", tf.where(tf.reduce_any(bad_id, axis=1))[:, 0],
-            "ids:", tf.boolean_mask(targets, bad_id)])
+            "ids:", tf.boolean_mask(targets, bad_id)], targets)
         logits = output if self.output_in_log_space else tf.math.log(tf.maximum(output, 1e-30))
         hyp, hyp_lengths = beam_labels(logits, lengths, BEAM_WIDTH)
         hyp, ref = self._map(hyp), self._map(targets)
