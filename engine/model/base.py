@@ -19,14 +19,18 @@ class LossResult(NamedTuple):
     """Scalar float32 tensors for one batch (a NamedTuple, so it can leave a ``tf.function``).
 
     ``loss``: sum over loss layers of ``loss_scale`` * loss (cross-entropy with the layer's
-    ``loss_opts``) summed over non-padded frames.
-    ``error``: frame errors (argmax != target) of the main loss layer, summed over non-padded frames.
-    ``num_frames``: non-padded frames of the main loss layer's target.
+    ``loss_opts`` summed over non-padded frames; CTC: -log p summed over sequences).
+    ``error``: of the main loss layer: frame errors (argmax != target) summed over non-padded frames;
+    CTC: the edit distances of the decoded labels to the targets, summed.
+    ``num_frames``: what the main loss layer's scores are divided by: the non-padded frames of its
+    target, for CTC its target labels (RETURNN's normalisation of both).
     ``objective``: what to differentiate for one batch on its own: each loss layer's ``loss_scale`` *
-    cross-entropy averaged over its own frames, summed over layers. With one loss layer it equals
+    loss divided by its own count, summed over layers. With one loss layer it equals
     ``loss / num_frames``.
     ``regularizer``: the layers' ``L2`` terms (not normalised by frames; ``Steps`` decides how it
     enters the differentiated quantity), 0 without any.
+    ``data_regularizer``: the layers' ``darc1`` terms: like ``regularizer``, but they depend on the
+    batch, so every rank adds its own (and ``decouple_constraints`` leaves them in).
     """
 
     loss: tf.Tensor
@@ -34,6 +38,7 @@ class LossResult(NamedTuple):
     num_frames: tf.Tensor
     objective: tf.Tensor
     regularizer: tf.Tensor | float = 0.0
+    data_regularizer: tf.Tensor | float = 0.0
 
 
 def masked_ce_sums(
@@ -69,7 +74,8 @@ class SeqModel(tf.Module):
 
     ``__call__(data, lengths, training)`` takes batch-major ``data`` ((B, T, input_dim) float32, or (B, T)
     int32 class ids when ``input_sparse``) and ``lengths`` (B,) int32, and returns a dict of layer outputs
-    (B, T, dim); it contains at least ``"output"``. Softmax layers add ``"<name>:logits"``.
+    (B, T, dim); it contains at least ``"output"``. Softmax layers add ``"<name>:logits"`` and
+    ``"<name>:lengths"`` (B,) (their frames, which subsampling may have made fewer than the input's).
     """
 
     def __init__(
@@ -136,5 +142,8 @@ class SeqModel(tf.Module):
         model_outputs: dict[str, tf.Tensor],
         targets: dict[str, tf.Tensor],
         target_lengths: dict[str, tf.Tensor],
+        training: bool = False,
     ) -> LossResult:
+        """``training``: for the train step (losses with ``only_on_eval`` are left out, and CTC's label
+        error decodes greedily)."""
         raise NotImplementedError

@@ -134,6 +134,7 @@ class CustomModel(SeqModel):
         model_outputs: dict[str, tf.Tensor],
         targets: dict[str, tf.Tensor],
         target_lengths: dict[str, tf.Tensor],
+        training: bool = False,
     ) -> LossResult:
         ce, err, n = masked_ce_sums(
             model_outputs["output:logits"], targets[TARGET], target_lengths[TARGET], where="get_model output"

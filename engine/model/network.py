@@ -24,7 +24,7 @@ from engine.model.layers.elementwise import Activation, Combine
 from engine.model.layers.norm import LayerNorm
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
-from engine.model.losses.regularization import l2_factor, l2_term
+from engine.model.losses.regularization import darc1_factor, darc1_term, l2_factor, l2_term
 from engine.model.spec import RECURRENT_CLASSES, LayerSpec, build_order, layer_findings, parse_network
 from engine.runtime.errors import ConfigError, DataError
 
@@ -54,7 +54,8 @@ class NetworkModel(SeqModel):
         self.specs = parse_network(network)
         enforce(layer_findings(self.specs, ignored), "The network")
         self.order = build_order(self.specs)
-        losses = [n for n in self.order if self.specs[n].cls == "softmax" and self.specs[n].opts.get("loss")]
+        losses = [n for n in self.order
+                  if self.specs[n].cls in ("softmax", "copy") and self.specs[n].opts.get("loss")]
         resampling = [n for n in self.order if self.specs[n].cls in ("conv", "pool")
                       and not window_options(n, self.specs[n].opts, self.specs[n].cls).keeps_time]
         check_time_axes(self.specs, self.order, losses, resampling=resampling,
@@ -74,10 +75,14 @@ class NetworkModel(SeqModel):
             self.layers[name] = layer
             dims[name] = layer.n_out
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
-        self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, Softmax) and l.loss]
+        self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}
+        self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, (Softmax, Copy)) and l.loss]
         if "output" in self.loss_layers:  # the main loss layer reports error and frame count
             self.loss_layers.remove("output")
             self.loss_layers.insert(0, "output")
+        if self.loss_layers and all(self.layers[n].only_on_eval for n in self.loss_layers):
+            raise ConfigError(f"Network layers {self.loss_layers}: every loss has only_on_eval, so training "
+                              "has nothing to optimise.")
 
     def _make_layer(self, name: str, spec: LayerSpec, in_dim: int, ids: bool, seed: int) -> Layer:
         if spec.cls == "linear":
@@ -105,7 +110,7 @@ class NetworkModel(SeqModel):
             return PositionalEncoding(name, spec.opts, in_dim, spec.sources)
         if spec.cls == "self_attention":
             return SelfAttention(name, spec.opts, in_dim, random_seed=seed)
-        return Copy(in_dim)
+        return Copy(name, spec.opts, in_dim, self.target_dims)
 
     def _check_dense_input(self, name: str, spec: LayerSpec) -> None:
         dense = spec.cls in _DENSE_INPUT or (spec.cls == "positional_encoding"
@@ -187,12 +192,12 @@ class NetworkModel(SeqModel):
             else:
                 y = layer(x, layer_lengths, training)
                 layer_lengths = layer.out_lengths(layer_lengths)
-            outs[name], seq_lengths[name] = y, layer_lengths
-            result[f"{name}:lengths"] = layer_lengths
-            if isinstance(layer, Softmax):
+            if isinstance(layer, Softmax):  # later layers see the probabilities, as in RETURNN
                 result[f"{name}:logits"] = _batch_major(y)
                 y = tf.nn.softmax(y)
+            outs[name], seq_lengths[name] = y, layer_lengths
             result[name] = _batch_major(y)
+            result[f"{name}:lengths"] = layer_lengths
         return result
 
     def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
@@ -221,28 +226,40 @@ class NetworkModel(SeqModel):
         model_outputs: dict[str, tf.Tensor],
         targets: dict[str, tf.Tensor],
         target_lengths: dict[str, tf.Tensor],
+        training: bool = False,
     ) -> LossResult:
         if not self.loss_layers:
             raise ConfigError(
-                "The network has no layer with a loss (a 'softmax' layer with 'loss': 'ce'), "
+                "The network has no layer with a loss (a 'softmax' layer with 'loss': 'ce' or 'ctc'), "
                 "so it cannot be trained or scored."
             )
         loss = objective = error = frames = None
         for name in self.loss_layers:
             layer = self.layers[name]
+            if training and layer.only_on_eval:
+                continue
             if layer.target not in targets or layer.target not in target_lengths:
                 raise DataError(
                     f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
                     f"{sorted(targets)}."
                 )
-            ce, err, n = masked_ce_sums(
-                model_outputs[f"{name}:logits"],
-                targets[layer.target],
-                target_lengths[layer.target],
-                where=name,
-                criterion=layer.criterion,
-            )
-            scaled = layer.criterion.scale * ce
+            if layer.loss == "edit_distance":
+                value, err, n = layer.criterion.sums(
+                    model_outputs[name], model_outputs[f"{name}:lengths"], targets[layer.target],
+                    target_lengths[layer.target], layer=name, target=layer.target)
+            elif layer.loss == "ctc":
+                value, err, n = layer.criterion.sums(
+                    model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"], targets[layer.target],
+                    target_lengths[layer.target], layer=name, target=layer.target, training=training)
+            else:
+                value, err, n = masked_ce_sums(
+                    model_outputs[f"{name}:logits"],
+                    targets[layer.target],
+                    target_lengths[layer.target],
+                    where=name,
+                    criterion=layer.criterion,
+                )
+            scaled = layer.criterion.scale * value
             per_frame = scaled / tf.maximum(n, 1.0)
             if loss is None:
                 loss, objective, error, frames = scaled, per_frame, err, n
@@ -250,8 +267,11 @@ class NetworkModel(SeqModel):
                 loss, objective = loss + scaled, objective + per_frame
         regularized = [l2_term(factor, self.layers[name].params.values())
                        for name, factor in self.l2.items() if factor and self.layers[name].params]
+        darc1 = [darc1_term(factor, model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"])
+                 for name, factor in self.darc1.items() if factor]
         return LossResult(loss=loss, error=error, num_frames=frames, objective=objective,
-                          regularizer=tf.add_n(regularized) if regularized else 0.0)
+                          regularizer=tf.add_n(regularized) if regularized else 0.0,
+                          data_regularizer=tf.add_n(darc1) if darc1 else 0.0)
 
 
 def _batch_major(x: tf.Tensor) -> tf.Tensor:

@@ -18,9 +18,9 @@ from engine.runtime.errors import ConfigError
 
 _CLASS_OPTIONS = {
     "linear": {"n_out", "activation", "with_bias"},
-    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias"},
+    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval"},
     "rec": {"n_out", "unit", "direction"},
-    "copy": set(),
+    "copy": {"loss", "target", "loss_scale", "loss_opts", "only_on_eval"},
     "dropout": set(),
     "time_chunking": {"chunk_size", "chunk_step"},
     "time_unchunking": {"chunking_layer"},
@@ -143,7 +143,8 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     roots = [
         n
         for n, s in specs.items()
-        if n == "output" or s.opts.get("is_output_layer") or (s.cls == "softmax" and s.opts.get("loss"))
+        if n == "output" or s.opts.get("is_output_layer")
+        or (s.cls in ("softmax", "copy") and s.opts.get("loss"))
     ]
     order: list[str] = []
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from engine.distributed.strategy import Strategy
 from engine.model.base import SeqModel
+from engine.model.losses.data_checks import data_error_from
 from engine.runtime.errors import ConfigError, DataError, EngineError
 from engine.training.update.updater import Updater
 
@@ -71,6 +72,9 @@ class _CompiledStep:
                 raise raised from None
             raise
         except tf.errors.InvalidArgumentError as exc:
+            data_error = data_error_from(exc.message)  # a check of the batch inside the graph failed
+            if data_error is not None:
+                raise data_error from None
             found = _NUMERICS_FOUND.search(exc.message)
             if found is None:
                 raise
@@ -133,7 +137,7 @@ class Steps:
         with tf.GradientTape() if maximize else contextlib.nullcontext() as outer:
             with tf.GradientTape() as tape:
                 outputs = self.model(data, lengths, training=True, seed=model_seed)
-                losses = self.model.compute_losses(outputs, targets, target_lengths)
+                losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
                 differentiated = self._differentiated(losses)
             local = tape.gradient(differentiated, self.params)
         present = [g is not None for g in local]  # a variable without a gradient is not updated
@@ -149,12 +153,12 @@ class Steps:
         """The loss whose gradient is reduced: the frame average (the loss sum in global_frames mode, where
         the strategy divides by all ranks' frames) plus the L2 terms at RETURNN's weight relative to the
         summed loss; in global_frames mode the L2 terms enter once for all ranks, not once per rank. With
-        decouple_constraints the L2 terms are left out: the updater applies them as weight decay."""
-        if self.decoupled_l2:
-            return losses.loss if self.strategy.differentiates_loss_sum else losses.objective
+        decouple_constraints the L2 terms are left out: the updater applies them as weight decay. The
+        darc1 terms depend on each rank's batch: every rank adds its own, in every mode."""
+        regularizer = 0.0 if self.decoupled_l2 else losses.regularizer
         if self.strategy.differentiates_loss_sum:
-            return losses.loss + losses.regularizer * self.strategy.regularizer_share
-        return losses.objective + losses.regularizer / tf.maximum(losses.num_frames, 1.0)
+            return losses.loss + regularizer * self.strategy.regularizer_share + losses.data_regularizer
+        return losses.objective + (regularizer + losses.data_regularizer) / tf.maximum(losses.num_frames, 1.0)
 
     def _grad_norm_gradient(self, outer, local, grads, scores):
         """d||G||/dw for the reduced gradient G: each rank's Hessian-vector product with G/||G||, reduced

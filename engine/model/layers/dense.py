@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from engine.model.layers.base import Layer, dense_gather, glorot_variable, positive_int
 from engine.model.losses.cross_entropy import CrossEntropy
+from engine.model.losses.ctc import CtcLoss
+from engine.model.losses.edit_distance import EditDistance
 from engine.runtime.errors import ConfigError
 
 ACTIVATIONS: dict[Any, Callable[[tf.Tensor], tf.Tensor] | None] = {
@@ -52,7 +54,35 @@ def activation_option(layer: str, opts: dict) -> Any:
 
 
 class Copy(Layer):
-    """``copy`` and ``dropout``: the (concatenated, maybe dropped-out) input itself."""
+    """``copy`` and ``dropout``: the (concatenated, maybe dropped-out) input itself.
+
+    A ``copy`` layer may carry the ``edit_distance`` loss (``losses.EditDistance``) against ``target``
+    (default ``classes``); its input then has the target's dim + 1 (the CTC blank last)."""
+
+    def __init__(self, name: str, opts: dict, in_dim: int, target_dims: dict[str, int]) -> None:
+        super().__init__(in_dim)
+        self.loss = opts.get("loss")
+        self.target = opts.get("target", "classes")
+        self.only_on_eval = opts.get("only_on_eval", False)
+        self.criterion = None
+        if not self.loss:
+            if opts.get("loss_opts") or self.only_on_eval:
+                raise ConfigError(f"Network layer '{name}': loss_opts or only_on_eval are given, but the "
+                                  "layer has no loss.")
+            return
+        if self.loss != "edit_distance":
+            raise ConfigError(f"Network layer '{name}': loss {self.loss!r} is not supported on a copy layer; "
+                              "use 'edit_distance' (or a softmax layer for 'ce' and 'ctc').")
+        if not isinstance(self.only_on_eval, bool):
+            raise ConfigError(f"Network layer '{name}': only_on_eval must be True or False.")
+        target_dim = target_dims.get(self.target) if isinstance(self.target, str) else None
+        if target_dim is None:
+            raise ConfigError(f"Network layer '{name}': loss target {self.target!r} is not a data stream; "
+                              f"known targets: {sorted(target_dims)}.")
+        if in_dim != target_dim + 1:
+            raise ConfigError(f"Network layer '{name}': the edit_distance loss with ctc_decode needs the "
+                              f"target's dim {target_dim} + 1 (the blank) as input dim, but it is {in_dim}.")
+        self.criterion = EditDistance.from_layer_options(name, opts)
 
 
 class Linear(Layer):
@@ -86,7 +116,9 @@ class Softmax(Linear):
     """``softmax``: a linear layer whose call returns the logits; the network adds the probabilities.
 
     With ``loss: "ce"`` it is trained with cross-entropy against ``target`` (default ``classes``), with
-    ``loss_scale`` and ``loss_opts`` as in ``losses.CrossEntropy``.
+    ``loss_scale`` and ``loss_opts`` as in ``losses.CrossEntropy``; with ``loss: "ctc"`` by CTC
+    (``losses.CtcLoss``), and then it has one class more than the target: the blank, the last.
+    ``only_on_eval``: the loss is scored in eval only, not trained on.
     """
 
     def __init__(
@@ -101,14 +133,20 @@ class Softmax(Linear):
     ) -> None:
         self.target = opts.get("target", "classes")
         self.loss = opts.get("loss")
-        if self.loss not in (None, "ce"):
+        if self.loss not in (None, "ce", "ctc"):
             raise ConfigError(
-                f"Network layer '{name}': loss {self.loss!r} is not supported; use 'ce' (or none)."
+                f"Network layer '{name}': loss {self.loss!r} is not supported; use 'ce' or 'ctc' (or none)."
             )
+        self.only_on_eval = opts.get("only_on_eval", False)
+        if not isinstance(self.only_on_eval, bool) or (self.only_on_eval and not self.loss):
+            raise ConfigError(f"Network layer '{name}': only_on_eval must be True or False, and True needs a "
+                              f"loss; got {self.only_on_eval!r}.")
         if not self.loss and opts.get("loss_opts"):
             raise ConfigError(f"Network layer '{name}': loss_opts are given, but the layer has no loss.")
         target_dim = target_dims.get(self.target) if isinstance(self.target, str) else None
-        n_out = opts.get("n_out", target_dim)
+        # the blank: one class more than the target (RETURNN's CtcLoss.get_auto_output_layer_dim)
+        out_dim = target_dim + 1 if self.loss == "ctc" and target_dim is not None else target_dim
+        n_out = opts.get("n_out", out_dim)
         if n_out is None:
             raise ConfigError(
                 f"Network layer '{name}': 'n_out' is not given and target {self.target!r} is not a known "
@@ -119,12 +157,15 @@ class Softmax(Linear):
                 f"Network layer '{name}': loss target {self.target!r} is not a data stream; "
                 f"known targets: {sorted(target_dims)}."
             )
-        if self.loss and n_out != target_dim:
+        if self.loss and n_out != out_dim:
+            blank = " plus 1 for the ctc loss's blank" if self.loss == "ctc" else ""
             raise ConfigError(
                 f"Network layer '{name}': n_out {n_out} does not match the dim {target_dim} of "
-                f"its target {self.target!r}."
+                f"its target {self.target!r}{blank}."
             )
-        self.criterion = CrossEntropy.from_layer_options(name, opts, n_out)
+        self.criterion: CrossEntropy | CtcLoss = (
+            CtcLoss.from_layer_options(name, opts) if self.loss == "ctc"
+            else CrossEntropy.from_layer_options(name, opts, n_out))
         super().__init__(
             name,
             {**opts, "n_out": n_out, "activation": None},
