@@ -43,6 +43,8 @@ _section(
     ("dev", "any", None, "dev dataset, scored after every epoch (same forms as train)"),
     ("eval", "any", None, "eval dataset (task eval and forward)"),
     ("output_file", "str", None, "forward task: HDF file to write"),
+    ("forward_greedy_labels", "bool", False,
+     "forward task, ctc output: also write the best-path labels (target key 'greedy')"),
 )
 _section(
     "datasets",
@@ -66,6 +68,8 @@ _section(
     ("network", "any", None, "layer dict (linear, rec, softmax, dropout, copy)"),
     ("get_model", "any", None, "config function returning a Keras model or tf.Module"),
     ("get_network", "any", None, "config function get_network(epoch=...) returning a layer dict"),
+    ("model_loss", "str", "ce", "get_model's loss against 'classes': ce | ctc"),
+    ("model_loss_opts", "any", None, "get_model's ctc loss: the loss_opts of a softmax layer's ctc loss"),
     ("random_seed", "int", 42,
      "seeds the initial parameters, dropout, gradient noise and the train data's order (42: RETURNN's)"),
     ("device", "str", "", "cpu | gpu", "GPU when present"),

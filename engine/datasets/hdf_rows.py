@@ -45,6 +45,23 @@ def create_rows_file(path: str, tags: Sequence[str], lengths: np.ndarray, dim: i
     return offset
 
 
+def add_target(path: str, key: str, sequences: Sequence[np.ndarray], dim: int, labels: Sequence[str]) -> None:
+    """Add the sparse target ``key`` (one int32 array per sequence, in file order) to a file
+    ``create_rows_file`` laid out: its lengths become ``seqLengths``' second column (the dummy one)."""
+    with h5py.File(path, "r+") as f:
+        lengths = f["seqLengths"][:]
+        if len(sequences) != len(lengths) or lengths.shape[1] != 2:
+            raise DataError(f"'{path}': {len(sequences)} sequences of target {key!r} for a file of "
+                            f"{len(lengths)} sequences and {lengths.shape[1]} length columns.")
+        lengths[:, 1] = [len(seq) for seq in sequences]
+        f["seqLengths"][:] = lengths
+        values = np.concatenate([np.zeros(0, np.int32)] + [np.asarray(seq, np.int32) for seq in sequences])
+        f.create_dataset(f"targets/data/{key}", data=values)
+        f.require_group("targets/size").attrs[key] = np.array([dim, 1], dtype=np.int32)
+        names = np.array(list(labels), dtype=object)
+        f.require_group("targets/labels").create_dataset(key, data=names, dtype=_STR)
+
+
 class RowWriter:
     """Writes rows of ``dim`` floats into the ``inputs`` block of a file ``create_rows_file`` laid out."""
 

@@ -105,6 +105,11 @@ class SeqModel(tf.Module):
         """Whether the order of frames matters (RETURNN chunks the training data only then)."""
         return True
 
+    @property
+    def ctc_output(self) -> bool:
+        """Whether ``"output"`` is trained with the ctc loss (its last class is the blank)."""
+        return False
+
     def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
         """The lengths of ``"output"`` for inputs of ``lengths`` (B,): what the forward task lays its file
         out by before it runs the model. The same as the input's unless a layer subsamples time."""

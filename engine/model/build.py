@@ -54,7 +54,8 @@ def build_model(
         return NetworkModel(network, ignored=ignored, twice_differentiable=twice, **dims)
     get_model = config.value("get_model")
     if callable(get_model):
-        return CustomModel(get_model, epoch=epoch, **dims)
+        return CustomModel(get_model, epoch=epoch, loss=config.value("model_loss") or "ce",
+                           loss_opts=config.value("model_loss_opts"), **dims)
     get_network = config.value("get_network")
     if callable(get_network):
         network = get_network(epoch=epoch)

@@ -5,11 +5,20 @@ Calling convention (keyword arguments only; accept ``**kwargs`` for forward comp
     def get_model(*, input_dim, output_dim, input_sparse, target_dims, random_seed, epoch, **kwargs):
         return keras_model_or_tf_module
 
-``output_dim`` is the dim of the ``classes`` target. The returned object is called as
-``model(data, training=training)``, plus ``lengths=lengths`` when its ``call`` (Keras) or ``__call__``
-(``tf.Module``) takes a ``lengths`` argument; ``data`` and ``lengths`` are as for ``SeqModel``. It must
-return the **logits** for ``classes``, (B, T, output_dim), or a dict with them under ``"output"``. The
-loss is frame-averaged cross-entropy against ``classes`` over the non-padded frames.
+The config key ``model_loss`` picks the loss against the ``classes`` target:
+
+- ``"ce"`` (default): frame-averaged cross-entropy over the non-padded frames; ``output_dim`` is the dim
+  of ``classes`` and the model gives one output frame per input frame.
+- ``"ctc"``: the ``ctc`` loss of a softmax layer (``engine/model/losses/ctc.py``, with ``model_loss_opts``
+  as that layer's ``loss_opts``); ``output_dim`` is the dim of ``classes`` + 1, the blank being the last.
+  The model may subsample time.
+
+The returned object is called as ``model(data, training=training)``, plus ``lengths=lengths`` when its
+``call`` (Keras) or ``__call__`` (``tf.Module``) takes a ``lengths`` argument; ``data`` and ``lengths``
+are as for ``SeqModel``. It returns the **logits**, (B, T', output_dim): alone, as a pair
+``(logits, out_lengths)``, or as a dict ``{"output": logits, "lengths": out_lengths}``. Without
+``out_lengths`` the output has the input's lengths. A model that changes the number of frames defines
+``output_lengths(lengths) -> out_lengths`` too: the forward task lays its file out by it before running.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
+from engine.model.losses.ctc import CtcLoss
 from engine.runtime.errors import ConfigError
 
 TARGET = "classes"
@@ -55,7 +65,10 @@ class CustomModel(SeqModel):
         target_dims: dict[str, int],
         random_seed: int,
         epoch: int = 1,
+        loss: str = "ce",
+        loss_opts: dict | None = None,
     ) -> None:
+        """``loss``, ``loss_opts``: the config's ``model_loss`` and ``model_loss_opts``."""
         super().__init__(
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="custom"
         )
@@ -64,10 +77,17 @@ class CustomModel(SeqModel):
                 f"get_model: the data has no '{TARGET}' target to train against "
                 f"(targets: {sorted(target_dims)})."
             )
+        if loss not in ("ce", "ctc"):
+            raise ConfigError(f"Config key 'model_loss' must be 'ce' or 'ctc', got {loss!r}.")
+        if loss == "ce" and loss_opts:
+            raise ConfigError("Config key 'model_loss_opts' is given, but model_loss 'ce' takes none.")
+        self.ctc = CtcLoss.from_layer_options("get_model output", {"loss_opts": loss_opts}) if loss == "ctc" \
+            else None
+        output_dim = target_dims[TARGET] + (1 if self.ctc else 0)
         tf.keras.utils.set_random_seed(random_seed)  # Keras initialisers draw from the global seed
         kwargs = dict(
             input_dim=input_dim,
-            output_dim=target_dims[TARGET],
+            output_dim=output_dim,
             input_sparse=input_sparse,
             target_dims=dict(target_dims),
             random_seed=random_seed,
@@ -87,14 +107,16 @@ class CustomModel(SeqModel):
             )
         self._pass_lengths = _accepts(getattr(self.model, "call", self.model.__call__), "lengths")
         self._pass_training = _accepts(getattr(self.model, "call", self.model.__call__), "training")
-        dummy_shape = [1, 1] if input_sparse else [1, 1, input_dim]
+        frames = 32  # enough for a model that subsamples time to give an output
+        dummy_shape = [1, frames] if input_sparse else [1, frames, input_dim]
         outputs = self(
-            tf.zeros(dummy_shape, tf.int32 if input_sparse else tf.float32), tf.ones([1], tf.int32)
+            tf.zeros(dummy_shape, tf.int32 if input_sparse else tf.float32), tf.constant([frames], tf.int32)
         )
-        if outputs["output"].shape[-1] != target_dims[TARGET]:
+        if outputs["output"].shape[-1] != output_dim:
+            blank = " + 1 (the ctc blank)" if self.ctc else ""
             raise ConfigError(
                 f"get_model: the model's output has dim {outputs['output'].shape[-1]}, but target "
-                f"'{TARGET}' has dim {target_dims[TARGET]}."
+                f"'{TARGET}' has dim {target_dims[TARGET]}{blank}."
             )
         self._named = self._name_variables()
         if not any(v.trainable for v in self._named.values()):
@@ -116,7 +138,7 @@ class CustomModel(SeqModel):
         return {TARGET}
 
     def named_variables(self) -> dict[str, tf.Variable]:
-        return self._named
+        return dict(self._named)  # tf.Module tracking wraps the attribute; callers want a plain dict
 
     def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
                  seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
@@ -126,8 +148,23 @@ class CustomModel(SeqModel):
         if self._pass_lengths:
             kwargs["lengths"] = lengths
         out = self.model(data, **kwargs)
-        logits = out["output"] if isinstance(out, dict) else out
-        return {"output": tf.nn.softmax(logits), "output:logits": logits}
+        out_lengths = lengths
+        if isinstance(out, dict):
+            logits, out_lengths = out["output"], out.get("lengths", lengths)
+        elif isinstance(out, (tuple, list)):
+            logits, out_lengths = out
+        else:
+            logits = out
+        return {"output": tf.nn.softmax(logits), "output:logits": logits,
+                "output:lengths": tf.cast(out_lengths, tf.int32)}
+
+    @property
+    def ctc_output(self) -> bool:
+        return self.ctc is not None
+
+    def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        own = getattr(self.model, "output_lengths", None)
+        return lengths if own is None else tf.cast(own(lengths), tf.int32)
 
     def compute_losses(
         self,
@@ -136,7 +173,12 @@ class CustomModel(SeqModel):
         target_lengths: dict[str, tf.Tensor],
         training: bool = False,
     ) -> LossResult:
-        ce, err, n = masked_ce_sums(
-            model_outputs["output:logits"], targets[TARGET], target_lengths[TARGET], where="get_model output"
-        )
-        return LossResult(loss=ce, error=err, num_frames=n, objective=ce / tf.maximum(n, 1.0))
+        if self.ctc:
+            value, err, n = self.ctc.sums(
+                model_outputs["output:logits"], model_outputs["output:lengths"], targets[TARGET],
+                target_lengths[TARGET], layer="get_model output", target=TARGET, training=training)
+            value = self.ctc.scale * value
+        else:
+            value, err, n = masked_ce_sums(model_outputs["output:logits"], targets[TARGET],
+                                           target_lengths[TARGET], where="get_model output")
+        return LossResult(loss=value, error=err, num_frames=n, objective=value / tf.maximum(n, 1.0))

@@ -136,6 +136,10 @@ class NetworkModel(SeqModel):
     def recurrent(self) -> bool:
         return any(self.specs[name].cls in RECURRENT_CLASSES for name in self.order)
 
+    @property
+    def ctc_output(self) -> bool:
+        return isinstance(self.layers["output"], Softmax) and self.layers["output"].loss == "ctc"
+
     def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
         seq_lengths = {"data": tf.cast(lengths, tf.int32)}
         for name, layer in self.layers.items():

@@ -19,12 +19,13 @@ import tensorflow as tf
 
 from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset, dataset_from_config, generate_batches
-from engine.datasets.hdf_rows import RowWriter, create_rows_file
+from engine.datasets.hdf_rows import RowWriter, add_target, create_rows_file
 from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
 from engine.runtime import log
 from engine.runtime.atomic_file import commit, create_temp_beside, discard
 from engine.runtime.errors import ConfigError, DataError, EngineError
 from engine.model.base import SeqModel
+from engine.model.losses.decoding import greedy_labels
 from engine.tasks.evaluate import load_model_for_inference
 from engine.training.report import EpochReport
 from engine.training.step import Steps
@@ -60,8 +61,10 @@ class OutputLayout:
 
 
 def forward_shard(steps: Steps, dataset: Dataset, writer: RowWriter, layout: OutputLayout,
-                  batching: BatchOptions, rank: int, size: int) -> int:
-    """Forward this rank's share of ``dataset`` into its rows; returns the number of sequences."""
+                  batching: BatchOptions, rank: int, size: int,
+                  greedy_labels_of: dict[int, np.ndarray] | None = None) -> int:
+    """Forward this rank's share of ``dataset`` into its rows; returns the number of sequences.
+    ``greedy_labels_of``: filled with corpus index -> the best-path labels of a ctc output."""
     report = EpochReport(f"forward '{os.path.basename(writer.path)}'")
     done = 0
     for batch in generate_batches(dataset, batching, shard_rank=rank, shard_size=size, shard_by="frames"):
@@ -76,6 +79,11 @@ def forward_shard(steps: Steps, dataset: Dataset, writer: RowWriter, layout: Out
                 "define output_lengths(lengths) to match (docs/config-and-cli.md).")
         for i, corpus_idx in enumerate(batch.corpus_seq_idx):
             writer.write(layout.first_row[int(corpus_idx)], outputs[i, :lengths[i]])
+        if greedy_labels_of is not None:  # the blank is the last class; argmax of probabilities = of logits
+            labels, label_lengths = (t.numpy() for t in greedy_labels(
+                tf.constant(outputs), tf.constant(lengths), outputs.shape[-1] - 1))
+            for i, corpus_idx in enumerate(batch.corpus_seq_idx):
+                greedy_labels_of[int(corpus_idx)] = labels[i, :label_lengths[i]]
         done += batch.num_seqs
         report.steps += 1
         report.scores.frames += float(batch.lengths["data"].sum())  # input frames: the rate of the work
@@ -118,6 +126,9 @@ def run_forward(config: Config) -> None:
                               "chunked (its own 'chunking', or 'chunk_eval'); remove the chunking for "
                               "forwarding.")
         model, epoch = load_model_for_inference(config, comm, dataset)
+        if config.bool("forward_greedy_labels") and not model.ctc_output:
+            raise ConfigError("forward_greedy_labels is set, but the model's 'output' has no ctc loss: "
+                              "best-path labels need the ctc blank (the output's last class).")
         dataset.init_seq_order(max(epoch, 1))
         batching = BatchOptions.from_config(config, train=False)
         steps = Steps(model)
@@ -132,20 +143,27 @@ def run_forward(config: Config) -> None:
     log.info(f"forward: {len(layout.lengths)} sequences, {int(layout.lengths.sum())} frames, on {comm.size} "
              f"rank(s), into {output_file}")
     written, error = 0, None
+    greedy = {} if config.bool("forward_greedy_labels") else None
     try:
         writer = RowWriter(tmp, offset, out_dim)
         try:
-            written = forward_shard(steps, dataset, writer, layout, batching, comm.rank, comm.size)
+            written = forward_shard(steps, dataset, writer, layout, batching, comm.rank, comm.size, greedy)
         finally:
             writer.close()  # this rank's rows are on disk
     except EngineError as exc:
         error = exc
     _agree_or_discard(comm, error, tmp)  # also waits until every rank has written
+    greedy_parts = comm.gather_object(greedy, root=0) if greedy is not None else None
     if comm.rank == 0:
         try:
+            if greedy_parts is not None:
+                merged = {idx: seq for part in greedy_parts for idx, seq in part.items()}
+                add_target(tmp, "greedy", [merged[int(i)] for i in layout.corpus_idx], out_dim - 1,
+                           dataset.labels.get("classes", []))
             commit(tmp, output_file)
-        except OSError as exc:
-            error = DataError(f"Cannot finish the output file '{output_file}': {exc}.")
+        except (OSError, EngineError) as exc:
+            error = exc if isinstance(exc, EngineError) else DataError(
+                f"Cannot finish the output file '{output_file}': {exc}.")
     _agree_or_discard(comm, error, tmp)
     total = int(comm.allreduce([np.array([written], np.int64)], "sum")[0][0])
     log.info(f"forward: wrote {total} sequences to {output_file}")
