@@ -1,7 +1,9 @@
 """Batches: grouping an epoch's sequences, padding them, sharding over ranks, prefetching.
 
-``batch_size`` bounds the padded frames of a batch (``max_len * num_seqs``, for every key), ``max_seqs``
-its sequence count; sequences longer than ``max_seq_length`` are skipped (counted in the log), and a
+``batch_size`` bounds the padded frames of a batch (``max_len * num_seqs``, for every key of the dataset,
+each padded to its own longest sequence), ``max_seqs`` its sequence count; sequences longer than
+``max_seq_length`` (an int for every key, a dict per key, or ``-n`` for ``{"classes": n}``, as in RETURNN)
+are skipped (counted in the log), and a
 sequence longer than ``batch_size`` on its own gets a batch of its own (with a warning), as in RETURNN.
 The batch list depends only on the epoch order and the lengths, so every rank computes the same list;
 with ``shard_size`` N, rank r materialises batches r, r+N, ... and reads only their sequences (training:
@@ -78,6 +80,8 @@ def _length_limits(dataset: Dataset, keys: list[str], max_seq_length: int | dict
     """Per batched key the maximum length (0: none)."""
     if not max_seq_length:
         return np.zeros(len(keys), np.int64)
+    if isinstance(max_seq_length, int) and not isinstance(max_seq_length, bool) and max_seq_length < 0:
+        max_seq_length = {"classes": -max_seq_length}  # RETURNN's shorthand for a limit on the targets
     if isinstance(max_seq_length, dict):
         unknown = set(max_seq_length) - set(dataset.data_keys)
         if unknown:
@@ -157,21 +161,27 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     keys = list(dataset.data_keys if keys is None else keys)
     for key in keys:
         dataset.key_info(key)  # a DataError naming the dataset's keys
-    columns = [dataset.data_keys.index(key) for key in keys]
-    lengths = dataset.epoch_seq_lengths()[:, columns]
     where = f"{dataset.name}, epoch {dataset.epoch}"
     chunking = dataset.chunking if recurrent else None
     if chunking is None and dataset.chunking is not None:
         log.debug(f"{where}: non-recurrent network, chunking ignored.")
+    # As in RETURNN, whole sequences are planned on the lengths of all of the dataset's keys (a key the
+    # network does not read still counts against batch_size and max_seq_length); chunks on the keys cut.
+    plan_keys = dataset.data_keys if chunking is None else keys
+    all_lengths = dataset.epoch_seq_lengths()
+    lengths = all_lengths[:, [dataset.data_keys.index(key) for key in keys]]
+    plan_lengths = all_lengths[:, [dataset.data_keys.index(key) for key in plan_keys]]
     pieces = (whole_sequences(lengths) if chunking is None
               else cut_into_chunks(lengths, keys, chunking, owner=dataset.name))
-    limits = _length_limits(dataset, keys, options.max_seq_length)
-    parts = (_frame_balanced_parts(pieces.lengths, shard_size) if shard_by == "frames"
-             else [np.arange(len(pieces.lengths))])
+    if chunking is not None:
+        plan_lengths = pieces.lengths
+    limits = _length_limits(dataset, plan_keys, options.max_seq_length)
+    parts = (_frame_balanced_parts(plan_lengths, shard_size) if shard_by == "frames"
+             else [np.arange(len(plan_lengths))])
     batches, skipped, oversized = [], 0, 0
     for part in parts:  # one part for "batches"; the plan of every rank's part for "frames" (lengths only)
         planned, part_skipped, part_oversized = plan_batches(
-            pieces.lengths[part], batch_size=options.batch_size, max_seqs=options.max_seqs, limits=limits)
+            plan_lengths[part], batch_size=options.batch_size, max_seqs=options.max_seqs, limits=limits)
         batches.append([part[b] for b in planned])
         skipped += part_skipped
         oversized += part_oversized
