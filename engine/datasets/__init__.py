@@ -15,7 +15,7 @@ from engine.datasets.streams import DataDims, data_dims
 
 __all__ = [
     "Batch", "BatchOptions", "BatchPrefetcher", "DATASET_CLASSES", "DataDims", "DataKeyInfo", "Dataset",
-    "DummyDataset", "HDFDataset", "HDFWriter", "LabelFramesDataset", "NpzDataset", "Task12AXDataset", "create_dataset",
-    "data_dims", "dataset_from_cli_arg", "dataset_from_config", "generate_batches", "parse_byte_size",
-    "plan_batches",
+    "DummyDataset", "HDFDataset", "HDFWriter", "LabelFramesDataset", "NpzDataset", "Task12AXDataset",
+    "create_dataset", "data_dims", "dataset_from_cli_arg", "dataset_from_config", "generate_batches",
+    "parse_byte_size", "plan_batches",
 ]
