@@ -1,4 +1,5 @@
-"""The data side: datasets (HDF, NumPy, generated), the HDF writer, ordering, batching.
+"""The data side: datasets (HDF, NumPy, generated), the HDF writer, ordering, batching, and audio files
+read as log-mel features (audio.py, log_mel.py) for corpora made from speech.
 
 No TensorFlow here: the engine hands the padded NumPy batches to the model.
 

@@ -51,7 +51,8 @@ class BatchOptions:
 
     @classmethod
     def from_config(cls, config: Any, *, train: bool) -> BatchOptions:
-        """Training needs ``batch_size``; eval and forward default to 5000 and never skip long sequences."""
+        """Training needs ``batch_size``; eval and forward default to 5000 and never skip long sequences
+        (the dev scoring within training takes the training's ``max_seq_length``: ``tasks/train.py``)."""
         if train and not config.has("batch_size"):
             raise ConfigError("Config key 'batch_size' is required for training: the maximum number of "
                               "padded frames (max_len * num_seqs) per batch and rank, e.g. "
