@@ -293,3 +293,17 @@ def test_config_max_seq_length_forms_reach_the_plan():
     for value in (-30, {"classes": 30}, 35):
         config = Config({"batch_size": 100, "max_seq_length": value})
         assert BatchOptions.from_config(config, train=True).max_seq_length == value
+
+
+def test_frame_wise_loss_on_label_targets_is_a_clear_error(tmp_path):
+    config = tmp_path / "ce_on_labels.py"
+    config.write_text(
+        "task = 'train'\n"
+        "train = {'class': 'LabelFramesDataset', 'num_seqs': 8, 'fixed_random_seed': 1}\n"
+        "network = {'output': {'class': 'softmax', 'loss': 'ce', 'from': 'data'}}\n"
+        "batch_size = 400\nnum_epochs = 1\n")
+    r = run_rnn([str(config)])
+    assert r.returncode != 0
+    message = [line for line in (r.stdout + r.stderr).splitlines() if "error:" in line]
+    assert len(message) == 1 and "Loss of layer 'output' is frame-wise" in message[0], r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr

@@ -36,6 +36,7 @@ def _dense(grads, params) -> list:
 # the two ways TensorFlow says that an op (here: one inside a gradient) has no gradient of its own
 _NO_SECOND_GRADIENT = re.compile(r"gradient registry has no entry for: (\w+)|No gradient defined for "
                                  r"operation\s*'[^']*' \(op type: (\w+)\)")
+_LOSS_CHECK_FAILED = re.compile(r"assertion failed: \[(Loss of layer .*?)\] \[Condition")
 _NUMERICS_FOUND = re.compile(r"!!! (Detected Infinity or NaN in output \d+ of graph op \"[^\"]*\")")
 
 
@@ -71,6 +72,9 @@ class _CompiledStep:
                 raise raised from None
             raise
         except tf.errors.InvalidArgumentError as exc:
+            check = _LOSS_CHECK_FAILED.search(exc.message)
+            if check is not None:  # a loss checking its data (tf.debugging.assert_*), e.g. target lengths
+                raise DataError(check.group(1).replace("\\'", "'") + ".") from None
             found = _NUMERICS_FOUND.search(exc.message)
             if found is None:
                 raise
