@@ -11,20 +11,20 @@ task = "train"
 train = {"class": "HDFDataset", "files": ["data/speech/train.hdf"], "seq_ordering": "laplace:.100"}
 dev = {"class": "HDFDataset", "files": ["data/speech/dev.hdf"]}
 cache_size = "0"  # read straight from the file: with several ranks a cache would be copied per rank
-batch_size = 5000
+batch_size = 2500
 max_seqs = 40
 
 network = {
-    "lstm0_fw": {"class": "rec", "unit": "NativeLstm2", "n_out": 96, "direction": 1, "from": "data"},
-    "lstm0_bw": {"class": "rec", "unit": "NativeLstm2", "n_out": 96, "direction": -1, "from": "data"},
+    "lstm0_fw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": 1, "from": "data"},
+    "lstm0_bw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": -1, "from": "data"},
     "lstm0_pool": {"class": "pool", "mode": "max", "padding": "same", "pool_size": (2,),
                    "from": ["lstm0_fw", "lstm0_bw"]},
-    "lstm1_fw": {"class": "rec", "unit": "NativeLstm2", "n_out": 96, "direction": 1, "from": "lstm0_pool"},
-    "lstm1_bw": {"class": "rec", "unit": "NativeLstm2", "n_out": 96, "direction": -1, "from": "lstm0_pool"},
+    "lstm1_fw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": 1, "from": "lstm0_pool"},
+    "lstm1_bw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": -1, "from": "lstm0_pool"},
     "lstm1_pool": {"class": "pool", "mode": "max", "padding": "same", "pool_size": (2,),
                    "from": ["lstm1_fw", "lstm1_bw"]},
-    "lstm2_fw": {"class": "rec", "unit": "NativeLstm2", "n_out": 96, "direction": 1, "from": "lstm1_pool"},
-    "lstm2_bw": {"class": "rec", "unit": "NativeLstm2", "n_out": 96, "direction": -1, "from": "lstm1_pool"},
+    "lstm2_fw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": 1, "from": "lstm1_pool"},
+    "lstm2_bw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": -1, "from": "lstm1_pool"},
     # CTC: 10 digit words plus the blank, which RETURNN's ctc loss puts last (index 10)
     "output": {"class": "softmax", "loss": "ctc", "from": ["lstm2_fw", "lstm2_bw"], "target": "classes"},
 }
@@ -34,5 +34,5 @@ learning_rate = 0.002
 gradient_clip_global_norm = 5.0
 learning_rate_control = "newbob_multi_epoch"
 newbob_multi_num_epochs = 1
-num_epochs = 12
+num_epochs = 8
 model = "out/speech_ctc/model"
