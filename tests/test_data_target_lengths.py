@@ -71,8 +71,15 @@ def corpus(tmp_path_factory, lengths):
     return write_corpus(tmp_path_factory.mktemp("own_lengths") / "corpus.hdf", lengths)
 
 
-def test_hdf_keeps_each_keys_lengths(corpus, lengths):
-    ds = HDFDataset(corpus)
+@pytest.mark.parametrize("cache_size", [0, "20K", "10M"])
+def test_hdf_keeps_each_keys_lengths(corpus, lengths, cache_size):
+    ds = HDFDataset(corpus, cache_size=cache_size, seq_ordering="random")
+    ds.init_seq_order(1)
+    # whatever the order, sequence i (by tag) keeps its own pair of lengths
+    by_tag = {ds.get_seq_tag(k): tuple(row) for k, row in enumerate(ds.epoch_seq_lengths().tolist())}
+    assert by_tag == {f"seq-{i}": row for i, row in enumerate(lengths)}
+    ds.close()
+    ds = HDFDataset(corpus, cache_size=cache_size)
     ds.init_seq_order(1)
     assert ds.epoch_seq_lengths().tolist() == [list(row) for row in lengths]
     for i, (n_data, n_classes) in enumerate(lengths):
