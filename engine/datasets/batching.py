@@ -78,7 +78,7 @@ class Batch:
 
 
 def _length_limits(dataset: Dataset, keys: list[str], max_seq_length: int | dict | None) -> np.ndarray:
-    """Per batched key the maximum length (0: none)."""
+    """Per planned key (``keys``) the maximum length (0: none)."""
     if not max_seq_length:
         return np.zeros(len(keys), np.int64)
     if isinstance(max_seq_length, int) and not isinstance(max_seq_length, bool) and max_seq_length < 0:
@@ -92,8 +92,8 @@ def _length_limits(dataset: Dataset, keys: list[str], max_seq_length: int | dict
     else:
         limits = [max_seq_length] * len(keys)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in limits):
-        raise ConfigError(f"max_seq_length must be an integer >= 0 or a dict of them, "
-                          f"got {max_seq_length!r}.")
+        raise ConfigError(f"max_seq_length must be an integer (a negative -n limits only 'classes', to n) "
+                          f"or a dict of data key -> integer >= 0, got {max_seq_length!r}.")
     return np.array(limits, np.int64)
 
 
