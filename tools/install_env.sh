@@ -39,10 +39,10 @@ step "install TensorFlow ($tf_spec), NumPy, h5py, pytest"
 have "import tensorflow, h5py, pytest, numpy" \
   || "$vpy" -m pip install -q "$tf_spec" "$numpy_spec" h5py pytest
 
-step "install TensorBoard, tqdm and matplotlib (curves, progress bars, learning-curve plots)"
-# TensorFlow 2.15 brings TensorBoard; newer ones no longer do.
-have "import tensorboard, tqdm, matplotlib" \
-  || "$vpy" -m pip install -q tensorboard tqdm matplotlib "$numpy_spec"
+step "install TensorBoard, tqdm, matplotlib and soundfile (curves, progress bars, plots, audio_to_hdf)"
+# TensorFlow 2.15 brings TensorBoard; newer ones no longer do. The soundfile wheel ships libsndfile.
+have "import tensorboard, tqdm, matplotlib, soundfile" \
+  || "$vpy" -m pip install -q tensorboard tqdm matplotlib soundfile "$numpy_spec"
 
 step "install Open MPI (PyPI wheel) and mpi4py"
 have "import mpi4py.MPI" && [ -x "$venv/bin/mpirun" ] \
@@ -82,7 +82,7 @@ step "done"
 "$vpy" - <<'PY'
 import importlib
 for name in ("tensorflow", "numpy", "h5py", "mpi4py", "horovod", "tensorboard", "tqdm", "matplotlib",
-             "flake8"):
+             "soundfile", "flake8"):
     try:
         print(f"  {name:<12} {importlib.import_module(name).__version__}")
     except ImportError:

@@ -55,7 +55,7 @@ _section(
     ("batch_size", "int", None, "max padded frames per batch (max_len * num_seqs), per rank",
      "required for train; 5000 for eval/forward"),
     ("max_seqs", "int", -1, "max sequences per batch (-1: no limit)"),
-    ("max_seq_length", "any", 0, "skip longer training sequences (0: no limit; int or per-key dict)"),
+    ("max_seq_length", "any", 0, "skip longer train and dev sequences (0: none; int, per-key dict, -n)"),
     ("batching", "str", None, "default seq_ordering of the train dataset"),
     ("cache_size", "any", None, 'HDF cache bytes ("0": read from file; suffixes K/M/G)'),
     ("chunking", "any", None,

@@ -1,7 +1,9 @@
 """Batches: grouping an epoch's sequences, padding them, sharding over ranks, prefetching.
 
-``batch_size`` bounds the padded frames of a batch (``max_len * num_seqs``, for every key), ``max_seqs``
-its sequence count; sequences longer than ``max_seq_length`` are skipped (counted in the log), and a
+``batch_size`` bounds the padded frames of a batch (``max_len * num_seqs``, for every key of the dataset,
+each padded to its own longest sequence), ``max_seqs`` its sequence count; sequences longer than
+``max_seq_length`` (an int for every key, a dict per key, or ``-n`` for ``{"classes": n}``, as in RETURNN)
+are skipped (counted in the log), and a
 sequence longer than ``batch_size`` on its own gets a batch of its own (with a warning), as in RETURNN.
 The batch list depends only on the epoch order and the lengths, so every rank computes the same list;
 with ``shard_size`` N, rank r materialises batches r, r+N, ... and reads only their sequences (training:
@@ -49,7 +51,8 @@ class BatchOptions:
 
     @classmethod
     def from_config(cls, config: Any, *, train: bool) -> BatchOptions:
-        """Training needs ``batch_size``; eval and forward default to 5000 and never skip long sequences."""
+        """Training needs ``batch_size``; eval and forward default to 5000 and never skip long sequences
+        (the dev scoring within training takes the training's ``max_seq_length``: ``tasks/train.py``)."""
         if train and not config.has("batch_size"):
             raise ConfigError("Config key 'batch_size' is required for training: the maximum number of "
                               "padded frames (max_len * num_seqs) per batch and rank, e.g. "
@@ -75,9 +78,11 @@ class Batch:
 
 
 def _length_limits(dataset: Dataset, keys: list[str], max_seq_length: int | dict | None) -> np.ndarray:
-    """Per batched key the maximum length (0: none)."""
+    """Per planned key (``keys``) the maximum length (0: none)."""
     if not max_seq_length:
         return np.zeros(len(keys), np.int64)
+    if isinstance(max_seq_length, int) and not isinstance(max_seq_length, bool) and max_seq_length < 0:
+        max_seq_length = {"classes": -max_seq_length}  # RETURNN's shorthand for a limit on the targets
     if isinstance(max_seq_length, dict):
         unknown = set(max_seq_length) - set(dataset.data_keys)
         if unknown:
@@ -87,8 +92,8 @@ def _length_limits(dataset: Dataset, keys: list[str], max_seq_length: int | dict
     else:
         limits = [max_seq_length] * len(keys)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in limits):
-        raise ConfigError(f"max_seq_length must be an integer >= 0 or a dict of them, "
-                          f"got {max_seq_length!r}.")
+        raise ConfigError(f"max_seq_length must be an integer (a negative -n limits only 'classes', to n) "
+                          f"or a dict of data key -> integer >= 0, got {max_seq_length!r}.")
     return np.array(limits, np.int64)
 
 
@@ -157,21 +162,27 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     keys = list(dataset.data_keys if keys is None else keys)
     for key in keys:
         dataset.key_info(key)  # a DataError naming the dataset's keys
-    columns = [dataset.data_keys.index(key) for key in keys]
-    lengths = dataset.epoch_seq_lengths()[:, columns]
     where = f"{dataset.name}, epoch {dataset.epoch}"
     chunking = dataset.chunking if recurrent else None
     if chunking is None and dataset.chunking is not None:
         log.debug(f"{where}: non-recurrent network, chunking ignored.")
+    # As in RETURNN, whole sequences are planned on the lengths of all of the dataset's keys (a key the
+    # network does not read still counts against batch_size and max_seq_length); chunks on the keys cut.
+    plan_keys = dataset.data_keys if chunking is None else keys
+    all_lengths = dataset.epoch_seq_lengths()
+    lengths = all_lengths[:, [dataset.data_keys.index(key) for key in keys]]
+    plan_lengths = all_lengths[:, [dataset.data_keys.index(key) for key in plan_keys]]
     pieces = (whole_sequences(lengths) if chunking is None
               else cut_into_chunks(lengths, keys, chunking, owner=dataset.name))
-    limits = _length_limits(dataset, keys, options.max_seq_length)
-    parts = (_frame_balanced_parts(pieces.lengths, shard_size) if shard_by == "frames"
-             else [np.arange(len(pieces.lengths))])
+    if chunking is not None:
+        plan_lengths = pieces.lengths
+    limits = _length_limits(dataset, plan_keys, options.max_seq_length)
+    parts = (_frame_balanced_parts(plan_lengths, shard_size) if shard_by == "frames"
+             else [np.arange(len(plan_lengths))])
     batches, skipped, oversized = [], 0, 0
     for part in parts:  # one part for "batches"; the plan of every rank's part for "frames" (lengths only)
         planned, part_skipped, part_oversized = plan_batches(
-            pieces.lengths[part], batch_size=options.batch_size, max_seqs=options.max_seqs, limits=limits)
+            plan_lengths[part], batch_size=options.batch_size, max_seqs=options.max_seqs, limits=limits)
         batches.append([part[b] for b in planned])
         skipped += part_skipped
         oversized += part_oversized

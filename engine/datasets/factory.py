@@ -19,13 +19,13 @@ from engine.config.key_check import IGNORED, NO_EFFECT, Finding, Scope, classify
 from engine.config.loader import Config
 from engine.config.no_effect import DATASET_OPTIONS as NO_EFFECT_OPTIONS
 from engine.datasets.base import Dataset
-from engine.datasets.generated import DummyDataset, Task12AXDataset
+from engine.datasets.generated import DummyDataset, LabelFramesDataset, Task12AXDataset
 from engine.datasets.hdf_reader import HDFDataset
 from engine.datasets.npz import NpzDataset
 from engine.runtime.errors import DataError
 
 DATASET_CLASSES: dict[str, type[Dataset]] = {
-    cls.__name__: cls for cls in (HDFDataset, NpzDataset, Task12AXDataset, DummyDataset)}
+    cls.__name__: cls for cls in (HDFDataset, NpzDataset, Task12AXDataset, DummyDataset, LabelFramesDataset)}
 _ALIASES = {"cache_byte_size": "cache_size", "partitionEpoch": "partition_epoch"}  # RETURNN's old names
 ORDER_SEED_STRIDE = 1_000_003  # a prime above any epoch count: one random_seed never meets another's epochs
 

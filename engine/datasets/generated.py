@@ -125,3 +125,63 @@ class DummyDataset(Dataset):
         if key == "data":
             return features.copy()
         return np.argmax(features @ self._weights, axis=1).astype(np.int32)
+
+
+class LabelFramesDataset(InMemoryDataset):
+    """A label sequence rendered as frames, for sequence training (CTC): targets shorter than the input.
+
+    Each sequence is ``min_labels``..``max_labels`` labels drawn from ``num_labels``; every label becomes
+    ``min_frames``..``max_frames`` frames of its own fixed random pattern (dim ``input_dim``) plus Gaussian
+    noise (``noise``), with 1-2 frames of silence (noise only) before, between and after the labels, so
+    that a repeated label stays two labels. ``data``: dense float32 ``(T, input_dim)``; ``classes``: the
+    labels, sparse ``(L,)`` with their own length. Not a RETURNN class: this engine's test corpus.
+    """
+
+    def __init__(self, num_seqs: int = 100, num_labels: int = 5, input_dim: int = 8, min_labels: int = 1,
+                 max_labels: int = 6, min_frames: int = 2, max_frames: int = 5, noise: float = 0.3,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        _check_positive(self.name, num_seqs=num_seqs, num_labels=num_labels, input_dim=input_dim,
+                        min_labels=min_labels, max_labels=max_labels, min_frames=min_frames,
+                        max_frames=max_frames)
+        if min_labels > max_labels or min_frames > max_frames:
+            raise DataError(f"{self.name}: need min_labels <= max_labels and min_frames <= max_frames, got "
+                            f"{min_labels}..{max_labels} labels and {min_frames}..{max_frames} frames.")
+        if not isinstance(noise, (int, float)) or isinstance(noise, bool) or noise < 0:
+            raise DataError(f"{self.name}: noise must be a number >= 0, got {noise!r}.")
+        self.num_seqs_total, self.num_labels, self.input_dim = num_seqs, num_labels, input_dim
+        self.label_range, self.frame_range = (min_labels, max_labels), (min_frames, max_frames)
+        self.noise = noise
+        # the label patterns are one fixed task; only the sequences change with the epoch's seed
+        patterns = np.random.RandomState(1234).standard_normal((num_labels, input_dim))
+        self.patterns = patterns.astype(np.float32)
+        self.labels = {"classes": [f"L{i}" for i in range(num_labels)]}
+        self._seed = None
+        self._prepare_full_epoch(1)
+
+    def _prepare_full_epoch(self, full_epoch: int) -> None:
+        seed = epoch_seed(full_epoch, fixed_random_seed=self.fixed_random_seed,
+                          random_seed_offset=self.random_seed_offset)
+        if seed == self._seed:
+            return
+        rng = np.random.RandomState(seed)
+        feats, labels = zip(*(self.render(rng) for _ in range(self.num_seqs_total)))
+        lengths = np.array([[len(f), len(lab)] for f, lab in zip(feats, labels)], np.int64)
+        keys = {"data": DataKeyInfo(dim=self.input_dim),
+                "classes": DataKeyInfo(dim=self.num_labels, sparse=True)}
+        self._set_corpus(keys, {"data": np.concatenate(feats), "classes": np.concatenate(labels)}, lengths,
+                         [f"labelframes-{seed}-{i}" for i in range(self.num_seqs_total)])
+        self._seed = seed
+
+    def render(self, rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
+        """One sequence: (frames ``(T, input_dim)`` float32, labels ``(L,)`` int32)."""
+        num = rng.randint(self.label_range[0], self.label_range[1] + 1)
+        labels = rng.randint(0, self.num_labels, size=num)
+        pieces = [np.zeros((rng.randint(1, 3), self.input_dim), np.float32)]
+        for label in labels:
+            duration = rng.randint(self.frame_range[0], self.frame_range[1] + 1)
+            pieces.append(np.repeat(self.patterns[label:label + 1], duration, axis=0))
+            pieces.append(np.zeros((rng.randint(1, 3), self.input_dim), np.float32))
+        frames = np.concatenate(pieces)
+        frames += self.noise * rng.standard_normal(frames.shape).astype(np.float32)
+        return frames, labels.astype(np.int32)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from engine.model.losses.cross_entropy import CrossEntropy
+from engine.model.losses.data_checks import require
 from engine.runtime.errors import DataError
 
 
@@ -58,6 +59,13 @@ def masked_ce_sums(
             f"Loss of layer '{where}': the target must be sparse class ids of shape "
             f"(batch, time), but it has shape {labels.shape}."
         )
+    # a frame-wise loss needs one target per output frame; targets with their own lengths (labels for
+    # CTC) would otherwise end in a shape error deep inside TensorFlow
+    labels = require(  # checked before any op that combines the two
+        tf.equal(tf.shape(labels)[1], tf.shape(logits)[1]),
+        [f"Loss of layer '{where}' is frame-wise: its target must have one entry per output frame, but the "
+         "target's padded length differs from the output's (a target with its own lengths, such as a "
+         "label sequence, needs a sequence loss like 'ctc')."], labels)
     mask = tf.sequence_mask(lengths, tf.shape(logits)[1])
     safe_labels = tf.where(mask, labels, tf.zeros_like(labels))
     ce = (criterion or CrossEntropy()).frame_losses(logits, safe_labels)

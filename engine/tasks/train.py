@@ -2,6 +2,7 @@
 resuming and stopping on request: ``engine/training/checkpoints/policy.py``)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from engine.config.loader import Config
@@ -35,7 +36,11 @@ class Trainer:
             raise ConfigError("Config key 'train' is missing: task 'train' needs a train dataset.")
         self.dev_data = dataset_from_config(config, "dev")
         self.train_batching = BatchOptions.from_config(config, train=True)
-        self.eval_batching = BatchOptions.from_config(config, train=False)
+        eval_batching = BatchOptions.from_config(config, train=False)
+        # RETURNN scores `dev` within training with the training's max_seq_length (its sequences that are
+        # longer are skipped, as in training); task eval and forward use every sequence.
+        self.eval_batching = dataclasses.replace(eval_batching,
+                                                 max_seq_length=self.train_batching.max_seq_length)
         dims = data_dims(config, self.train_data)
         self.model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                                  target_dims=dims.target_dims)
