@@ -15,8 +15,11 @@ from helpers import ROOT, child_env, run_mpi
 
 CONFIG = str(ROOT / "configs" / "12ax.py")
 EPOCHS = 3
-# 12000 sequences: about 4 s an epoch on 2 ranks here, so a signal sent when epoch 1 ends lands in epoch 2
+# 12000 sequences: 150 steps and about 4 s an epoch on 2 ranks here. A mid-epoch checkpoint every 50 steps
+# tells the tests when epoch 2 is under way (saving changes no result): a signal sent when
+# model.002.step* appears lands in the middle of epoch 2.
 TRAIN_ARGS = ["++model", "out/12ax/model", "++num_epochs", str(EPOCHS), "++distributed_backend", "mpi",
+              "++checkpoint_interval", "50",
               "++train", "{'class': 'Task12AXDataset', 'num_seqs': 12000, 'fixed_random_seed': 1, "
               "'seq_ordering': 'random'}"]
 
@@ -51,6 +54,16 @@ def wait_for_line(path: Path, pattern: str, timeout: float) -> str:
             return text
         time.sleep(0.2)
     raise AssertionError(f"no line matching {pattern!r} in {path} within {timeout} s:\n{text}")
+
+
+def wait_for_file(folder: Path, pattern: str, timeout: float) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(folder.glob(pattern))
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no {pattern} in {folder} within {timeout} s")
 
 
 @pytest.fixture(scope="session")

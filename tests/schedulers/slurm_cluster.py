@@ -85,7 +85,8 @@ class SlurmCluster:
                                          slurmd_port=free_port()))
         f = self.folder
         self._spawn(["munged", "-F", "--force", f"--key-file={key}", f"--socket={f}/munge.sock",
-                     f"--pid-file={f}/munged.pid", f"--log-file={f}/munged.log", f"--seed-file={f}/munge.seed"])
+                     f"--pid-file={f}/munged.pid", f"--log-file={f}/munged.log",
+                     f"--seed-file={f}/munge.seed"])
         if not self._wait(lambda: (f / "munge.sock").exists(), 10):
             return f"munged did not start: {self.tail('munged.log')}"
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
-from schedulers.conftest import CONFIG, EPOCHS, TRAIN_ARGS, assert_bitwise_equal, job_env, wait_for_line
+from schedulers.conftest import CONFIG, EPOCHS, TRAIN_ARGS, assert_bitwise_equal, job_env, wait_for_file
 from schedulers.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.scheduler, pytest.mark.mpi]
@@ -60,7 +60,7 @@ def test_sigusr1_mid_epoch_saves_exits_99_and_the_requeued_job_resumes_bitwise(
         reference_model):
     job = submit(slurm, tmp_path, [SBATCH_TRAIN, CONFIG, "2", *TRAIN_ARGS])
     log_path = tmp_path / "log" / f"train-12ax.{job}.out"
-    wait_for_line(log_path, r"^epoch 1 score:", timeout=240)
+    wait_for_file(tmp_path / "out" / "12ax", "model.002.step*", timeout=240)
     # what SLURM sends at --signal=B:USR1@N before the time limit, sent now: to the batch shell only
     r = slurm.command("scancel", "--signal=USR1", "--batch", job)
     assert r.returncode == 0, r.stderr
