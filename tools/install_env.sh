@@ -64,8 +64,11 @@ if [ "$with_horovod" = 1 ] && [ "$flavor" = gpu ]; then
   # 2.15's CUDA 12 runtime: NCCL needs a CUDA 12 toolkit's nvcc (HOROVOD_CUDA_HOME, or nvcc on PATH,
   # e.g. a cluster's `module load cuda/12.2`). NCCL itself comes from the nvidia-nccl-cu12 wheel.
   cuda_home=${HOROVOD_CUDA_HOME:-}
-  if [ -z "$cuda_home" ] && command -v nvcc >/dev/null; then cuda_home=$(dirname "$(dirname "$(command -v nvcc)")"); fi
-  nvcc_version=$([ -n "$cuda_home" ] && "$cuda_home/bin/nvcc" --version 2>/dev/null | grep -o 'release [0-9.]*' || true)
+  if [ -z "$cuda_home" ] && command -v nvcc >/dev/null; then
+    cuda_home=$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")")
+  fi
+  nvcc_version=$([ -n "$cuda_home" ] && "$cuda_home/bin/nvcc" --version 2>/dev/null \
+                 | grep -o 'release [0-9.]*' || true)
   if [[ "$nvcc_version" == "release 12."* ]]; then
     step "build Horovod 0.28.1 from source with TensorFlow, MPI and NCCL (nvcc $nvcc_version in $cuda_home)"
     if ! grep -q "\[X\] NCCL" <<<"$("$venv/bin/horovodrun" --check-build 2>/dev/null)"; then
@@ -89,7 +92,8 @@ if [ "$with_horovod" = 1 ] && [ "$flavor" = gpu ]; then
     want_nccl=1
   else
     step "build Horovod 0.28.1 from source with TensorFlow and MPI (no CUDA 12 nvcc: without NCCL)"
-    echo "install_env.sh: warning: no CUDA 12 nvcc (${nvcc_version:-none found}; set HOROVOD_CUDA_HOME to a" \
+    found=$([ -n "$nvcc_version" ] && echo "$cuda_home/bin/nvcc is $nvcc_version" || echo "none found")
+    echo "install_env.sh: warning: no CUDA 12 nvcc ($found; set HOROVOD_CUDA_HOME to a" \
       "CUDA 12 toolkit): Horovod is built without NCCL; on GPUs its collectives go through MPI in host" \
       "memory. Rerun with HOROVOD_CUDA_HOME set to build it with NCCL." >&2
     if ! have "import horovod.tensorflow"; then
