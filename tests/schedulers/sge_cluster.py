@@ -101,6 +101,11 @@ h_vmem                INFINITY
 """
 
 
+def one_line(text: str) -> str:
+    """A command's output for a skip reason, which is one line."""
+    return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
 def debconf_answers(host: str) -> str:
     """What the gridengine packages ask on install: the master host, the cell, and whether to configure."""
     lines = []
@@ -135,7 +140,7 @@ class SgeCluster:
         if self.qconf("-sh").returncode != 0:
             self._daemon("/usr/sbin/sge_qmaster")
             if not self._wait(lambda: self.qconf("-sh").returncode == 0, 30):
-                return f"sge_qmaster does not answer: {self.qconf('-sh').stderr.strip()}"
+                return f"sge_qmaster does not answer: {one_line(self.qconf('-sh').stderr)}"
         for why in (self._configure(), self._start_execd()):
             if why:
                 return why
@@ -178,7 +183,7 @@ class SgeCluster:
             path = Path(folder) / "global"  # -Mconf takes the configuration's name from the file's
             path.write_text(text)
             r = self.qconf(flag, str(path))
-        return None if r.returncode == 0 else f"qconf {flag}: {(r.stdout + r.stderr).strip()}"
+        return None if r.returncode == 0 else f"qconf {flag}: {one_line(r.stdout + r.stderr)}"
 
     @staticmethod
     def _edit(conf: str, values: dict[str, str]) -> str:
@@ -202,7 +207,7 @@ class SgeCluster:
         for flag, text in steps:
             if text is None:
                 r = self.qconf(flag, self.host)
-                why = None if r.returncode == 0 else f"qconf {flag}: {(r.stdout + r.stderr).strip()}"
+                why = None if r.returncode == 0 else f"qconf {flag}: {one_line(r.stdout + r.stderr)}"
             else:
                 why = self._load(flag, text)
             if why:
@@ -213,7 +218,7 @@ class SgeCluster:
         if not self.queue_ready():
             self._daemon("/usr/sbin/sge_execd")
         if not self._wait(self.queue_ready, 60):
-            state = self.command("qstat", "-f").stdout.strip()
+            state = " | ".join(self.command("qstat", "-f").stdout.strip().splitlines())
             return f"the queue {QUEUE}@{self.host} does not take jobs: {state}"
         return None
 
