@@ -4,10 +4,13 @@ execd started, and configured with qconf for this host: root may run jobs, the s
 second, a queue `test.q` of 2 slots with a 10 s `notify` time and no load thresholds (a busy shared
 machine must not put it in alarm state), and a parallel environment `mpi` with `control_slaves TRUE` and
 `$fill_up`. Unlike the SLURM cluster this cell is the system's one (/var/lib/gridengine): ``stop()``
-deletes the jobs and stops the daemons it started."""
+deletes this user's jobs and stops the daemons it started. Meant for a test machine: it changes the
+cell's configuration (`min_uid`, the scheduler's interval), so do not run it where a real cell serves
+users."""
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import socket
 import subprocess
@@ -243,7 +246,7 @@ class SgeCluster:
         return self._wait(lambda: self.job_state(job_id) is None, timeout)
 
     def stop(self) -> None:
-        self.command("qdel", "-f", "-u", "*")
+        self.command("qdel", "-f", "-u", pwd.getpwuid(os.getuid()).pw_name)  # this user's jobs only
         if "/usr/sbin/sge_execd" in self.started:
             self.qconf("-ke", self.host)
         if "/usr/sbin/sge_qmaster" in self.started:
