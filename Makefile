@@ -10,13 +10,18 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install install-latest demo demo-speech blstm sanity lint test test-stable test-latest bench clean
+.PHONY: install install-latest demo demo-speech blstm sanity lint test test-stable test-latest test-schedulers bench clean
 
-install: $(VENV)/.installed
+# GPU=1 (make install GPU=1, make demo GPU=1, ...): the CUDA build of TensorFlow 2.15 and Horovod in
+# $(VENV) (tools/install_env.sh, flavour gpu; README "GPU install"). Use another VENV to keep both.
+FLAVOR := $(if $(GPU),gpu,stable)
+INSTALLED := $(VENV)/.installed$(if $(GPU),-gpu)
+
+install: $(INSTALLED)
 install-latest: $(VENV_LATEST)/.installed
 
-$(VENV)/.installed: tools/install_env.sh setup.cfg pyproject.toml
-	bash tools/install_env.sh $(VENV) stable
+$(INSTALLED): tools/install_env.sh setup.cfg pyproject.toml
+	bash tools/install_env.sh $(VENV) $(FLAVOR)
 	touch $@
 
 $(VENV_LATEST)/.installed: tools/install_env.sh setup.cfg pyproject.toml
@@ -56,6 +61,12 @@ test-stable: install
 
 test-latest: install-latest
 	$(VENV_LATEST)/bin/pytest -m tf_latest tests
+
+# Jobs submitted to real SLURM and Grid Engine daemons on this machine (tests/schedulers; installs
+# slurm-wlm, munge and gridengine with apt-get when missing, as root; about 6 minutes). A test whose
+# scheduler cannot be installed or started skips with the reason.
+test-schedulers: install
+	ENGINE_SCHEDULER_TESTS=1 $(VENV)/bin/pytest tests/schedulers
 
 # All benchmarks, one after the other (about an hour on 2 cores; docs/performance.md): medians of
 # interleaved runs with ranges, and a verdict line per target. Run it on a quiet machine.

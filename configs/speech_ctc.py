@@ -26,11 +26,16 @@ network = {
     "lstm2_fw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": 1, "from": "lstm1_pool"},
     "lstm2_bw": {"class": "rec", "unit": "NativeLstm2", "n_out": 64, "direction": -1, "from": "lstm1_pool"},
     # CTC: 10 digit words plus the blank, which RETURNN's ctc loss puts last (index 10)
-    "output": {"class": "softmax", "loss": "ctc", "from": ["lstm2_fw", "lstm2_bw"], "target": "classes"},
+    "output": {"class": "softmax", "loss": "ctc", "from": ["lstm2_fw", "lstm2_bw"], "target": "classes",
+               "darc1": 1e-4},
+    # the label error by beam search, scored on dev only (training reports the ctc loss's greedy one)
+    "edit_distance": {"class": "copy", "from": "output", "loss": "edit_distance", "target": "classes",
+                      "loss_opts": {"ctc_decode": True}, "only_on_eval": True},
 }
 
-optimizer = {"class": "adam"}
+nadam = True
 learning_rate = 0.002
+gradient_noise = 0.01
 gradient_clip_global_norm = 5.0
 learning_rate_control = "newbob_multi_epoch"
 newbob_multi_num_epochs = 1

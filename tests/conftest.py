@@ -4,6 +4,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402  (after the environment variable, which TensorFlow reads on import)
 
+# The scheduler tests install and start SLURM and Grid Engine daemons: only `make test-schedulers` runs them.
+if os.environ.get("ENGINE_SCHEDULER_TESTS") != "1":
+    collect_ignore = ["schedulers"]
+
 
 @pytest.fixture
 def timeline_stopped():

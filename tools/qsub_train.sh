@@ -62,7 +62,9 @@ job_setup
 make_hostfile_dir  # sets hostfile_dir
 hostfile=$hostfile_dir/hostfile
 "$PYTHON" "$ENGINE_ROOT/tools/make_hostfile.py" --sge "$PE_HOSTFILE" --ranks "$num_ranks" -o "$hostfile"
-echo "job ${JOB_ID:-?} on $(hostname): $num_ranks ranks on $(cut -d' ' -f1 "$hostfile" | paste -sd' ')" >&2
+# RESTARTED: 1 when SGE runs the job again (rescheduled after exit status 99); it then resumes
+echo "job ${JOB_ID:-?} on $(hostname): $num_ranks ranks on $(cut -d' ' -f1 "$hostfile" | paste -sd' ')" \
+  "(restarted ${RESTARTED:-0})" >&2
 status=0
 job_mpirun "$hostfile" "$num_ranks" "$config" "$@" || status=$?
 if [ "$status" = 99 ]; then

@@ -63,7 +63,9 @@ shift 2
 [ -n "${SLURM_JOB_NODELIST:-}" ] || die "\$SLURM_JOB_NODELIST is not set: --run is the job body that" \
   "runs inside a SLURM allocation; submit with: tools/sbatch_train.sh CONFIG NUM_RANKS"
 job_setup
-echo "job ${SLURM_JOB_ID:-?} on $(hostname): $num_ranks ranks on $SLURM_JOB_NODELIST" >&2
+# SLURM_RESTART_COUNT: how often SLURM requeued the job (after a stop on request it resumes)
+echo "job ${SLURM_JOB_ID:-?} on $(hostname): $num_ranks ranks on $SLURM_JOB_NODELIST" \
+  "(restart ${SLURM_RESTART_COUNT:-0})" >&2
 status=0
 case ${LAUNCHER:-mpirun} in
   srun)

@@ -70,6 +70,10 @@ def select_device(config: ConfigView) -> None:
         if device.startswith("gpu"):
             raise ConfigError("Config key 'device' is 'gpu', but TensorFlow sees no GPU "
                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}).")
+        if not gpus and not device and tf.test.is_built_with_cuda():
+            # the GPU install on a machine without one (or with none left visible): it still trains
+            log.info("TensorFlow is built with CUDA but sees no GPU (CUDA_VISIBLE_DEVICES="
+                     f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): this rank computes on the CPU")
         tf.config.set_visible_devices([], "GPU")
         return
     comm, host = process.communicator(), socket.gethostname()
