@@ -76,6 +76,7 @@ bench: install
 	$(PY) benchmarks/bench_lstm.py
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_returnn.py
+	$(PY) benchmarks/bench_ctc.py
 	$(PY) benchmarks/bench_forward.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_chaos.py
 
