@@ -34,7 +34,7 @@ network = {
 }
 
 nadam = True
-learning_rate = 0.002
+learning_rate = 0.005
 gradient_noise = 0.01
 gradient_clip_global_norm = 5.0
 learning_rate_control = "newbob_multi_epoch"
