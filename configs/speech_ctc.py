@@ -11,7 +11,7 @@ task = "train"
 train = {"class": "HDFDataset", "files": ["data/speech/train.hdf"], "seq_ordering": "laplace:.100"}
 dev = {"class": "HDFDataset", "files": ["data/speech/dev.hdf"]}
 cache_size = "0"  # read straight from the file: with several ranks a cache would be copied per rank
-batch_size = 2500
+batch_size = 1500
 max_seqs = 40
 
 network = {
@@ -39,5 +39,5 @@ gradient_noise = 0.01
 gradient_clip_global_norm = 5.0
 learning_rate_control = "newbob_multi_epoch"
 newbob_multi_num_epochs = 1
-num_epochs = 8
+num_epochs = 10
 model = "out/speech_ctc/model"
