@@ -35,6 +35,8 @@ demo: install
 # BLSTM-CTC on spoken digits: synthesises the corpus with espeak-ng when missing (about 15 s, 13 MB),
 # then trains with 2 ranks.
 demo-speech: install
+	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null; } || true
 	[ -f data/speech/train.hdf ] && [ -f data/speech/dev.hdf ] || $(PY) demos/make_speech_corpus.py --out data/speech
 	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/speech_ctc.py ++use_horovod 1
 
