@@ -84,9 +84,15 @@ def test_epoch_lines_count_input_frames_and_the_scores_divide_by_target_labels(t
     assert labels < frames[1] / 2  # so a count of labels cannot pass for one of frames
     line = re.search(r"^train epoch 1: ([\d.]+) frames/sec \((\d+) frames", r.stdout, re.M)
     assert line and int(line.group(2)) == frames[0], (frames, r.stdout)
-    assert float(line.group(1)) > 0
+    rate = float(line.group(1))
     line = re.search(r"^epoch 1 'dev' eval: [\d.]+ frames/sec \((\d+) frames", r.stdout, re.M)
     assert line and int(line.group(1)) == frames[1], (frames, r.stdout)
+    # TensorBoard and the run summary show the same rate of input frames
+    from test_monitor_training import read_curves
+
+    ((_, logged),) = read_curves(tmp_path / "out" / "tensorboard")["epoch/frames_per_sec"]
+    assert rate > 0 and logged == pytest.approx(rate, abs=0.051)
+    assert re.search(rf"^ +1 +\S+ +{rate:.1f} ", r.stdout, re.M), r.stdout
 
     params = read_checkpoint(str(tmp_path / "out" / "model.001")).groups["params"]
     (weights,) = [v for k, v in params.items() if v.ndim == 2]
