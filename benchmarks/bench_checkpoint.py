@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from engine.config.loader import Config  # noqa: E402
 from engine.datasets import BatchOptions, DummyDataset  # noqa: E402
 from engine.distributed.local_backend import LocalCommunicator  # noqa: E402
+from engine.distributed.protocol import SCORE_NAMES  # noqa: E402
 from engine.distributed.strategy import StepPlan, Strategy  # noqa: E402
 from engine.model import build_model  # noqa: E402
 from engine.runtime import log  # noqa: E402
@@ -75,7 +76,7 @@ def measure(name: str, folder: str, saves: int) -> tuple[str, int, int, list[flo
     seconds = []
     for step in range(1, saves + 1):
         start = time.perf_counter()
-        checkpoints.at_step_boundary(StepPlan(checkpoint=True), step, np.zeros(3))
+        checkpoints.at_step_boundary(StepPlan(checkpoint=True), step, np.zeros(len(SCORE_NAMES)))
         seconds.append(time.perf_counter() - start)
     path = [f for f in os.listdir(folder) if f.startswith(f"{name}.001.step")]
     size = os.path.getsize(os.path.join(folder, path[0]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import sys
 
@@ -207,3 +208,46 @@ def test_a_damaged_learning_rate_file_is_named_with_the_way_out_and_removing_it_
     output = train(folder, values(folder))
     assert f"resuming in epoch 3 at global step 26 from {folder / 'net.003.step26'}" in output, output
     assert set(read_history_file(str(lr_file))) == {1, 2, 3}  # rewritten from the checkpoint's copy
+
+
+def keep_score_columns(path, width: int) -> None:
+    """Cut the mid-epoch score sums to their first ``width`` columns (3: as written before the input
+    frames were counted)."""
+    with h5py.File(path, "a") as f:
+        scores = f["resume/scores"][()]
+        assert scores.shape == (1, 4)  # loss, error, count, input frames
+        del f["resume/scores"]
+        f["resume/scores"] = scores[:, :width]
+
+
+def epoch_lines(output: str, epoch: int) -> tuple[str, str]:
+    """The epoch's frame count and its score line."""
+    frames = re.search(rf"^train epoch {epoch}: [\d.]+ frames/sec \((\d+) frames", output, re.M)
+    score = re.search(rf"^epoch {epoch} score: (\S+) error: (\S+) ", output, re.M)
+    assert frames and score, output
+    return frames.group(1), score.groups()
+
+
+def test_a_mid_epoch_checkpoint_without_input_frames_resumes_as_one_with_them(folder, tmp_path):
+    """Older checkpoints hold [loss, error, count]; with ce the input frames equal the count, so the
+    resumed epoch reports what a resume from a current checkpoint reports: all the epoch's frames."""
+    from engine.datasets import create_dataset
+
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    keep_score_columns(old / "net.003.step26", 3)
+    current, before = train(folder, values(folder)), train(old, values(old))
+    assert "resuming in epoch 3 at global step 26" in before and "Traceback" not in before, before
+    assert epoch_lines(before, 3) == epoch_lines(current, 3)
+    dataset = create_dataset(values(folder)["train"])
+    dataset.init_seq_order(3)
+    assert int(epoch_lines(before, 3)[0]) == dataset.epoch_seq_lengths()[:, 0].sum()
+
+
+def test_mid_epoch_scores_of_another_width_are_a_damaged_checkpoint(folder, capsys):
+    keep_score_columns(folder / "net.003.step26", 2)
+    point, _ = choose(folder)
+    assert (point.start_epoch, point.path) == (3, str(folder / "net.002"))
+    err = capsys.readouterr().err
+    assert "net.003.step26' cannot be used: its group 'resume' has 'scores' of shape (1, 2), not (ranks, 4)" \
+        in err, err

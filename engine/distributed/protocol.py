@@ -121,11 +121,13 @@ def reduce_scores(comm: Communicator, scores: dict[str, float]) -> dict[str, flo
     return {k: float(v) for k, v in zip(keys, total[:-1])}
 
 
-SCORE_NAMES = ("loss", "error", "frames")
+# What a step's score vector holds, in order: the loss and error sums, what they are divided by (frames
+# for a frame-wise loss, target labels for ctc) and the input frames (the data lengths: what rates count).
+SCORE_NAMES = ("loss", "error", "count", "frames")
 
 
 def sum_score_vectors(comm: Communicator, scores: np.ndarray) -> np.ndarray:
-    """A [loss sum, error sum, frames] vector summed over all ranks."""
+    """A [loss sum, error sum, count, input frames] vector summed over all ranks."""
     totals = reduce_scores(comm, dict(zip(SCORE_NAMES, map(float, scores))))
     return np.array([totals[name] for name in SCORE_NAMES])
 

@@ -112,7 +112,7 @@ class Strategy:
         pass
 
     def end_epoch(self, params: Sequence[Any], local_scores: np.ndarray) -> np.ndarray:
-        """The epoch's [loss sum, error sum, frames] to report."""
+        """The epoch's [loss sum, error sum, count, input frames] to report."""
         return local_scores
 
 
@@ -152,7 +152,7 @@ class GradAllreduce(Strategy):
         if self.normalization == "global_frames":
             import tensorflow as tf
 
-            frames = tf.maximum(reduced_scores[2], 1.0)  # all ranks' frames: the union batch's
+            frames = tf.maximum(reduced_scores[2], 1.0)  # all ranks' count (frames, ctc: labels)
             return [g / frames for g in summed]
         return list(summed)
 

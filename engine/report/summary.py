@@ -26,7 +26,7 @@ from engine.report.clock import hms
 
 @dataclass
 class EpochRecord:
-    """One trained epoch: wall time, train frames, time in compute / collectives / waiting for data
+    """One trained epoch: wall time, train input frames, time in compute / collectives / waiting for data
     (seconds), and its scores as the learning-rate file names them (``train_score``, ``dev_score``, ...)."""
 
     epoch: int

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.datasets import BatchOptions, BatchPrefetcher, Dataset, generate_batches
 from engine.distributed.backend import Communicator
-from engine.distributed.protocol import agree_on_failure, sum_score_vectors
+from engine.distributed.protocol import SCORE_NAMES, agree_on_failure, sum_score_vectors
 from engine.distributed.strategy import NO_REQUESTS, Strategy
 from engine.report import phases
 from engine.report.timeline import EVAL, STEP
@@ -81,7 +81,7 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     report = EpochReport(f"epoch {epoch} '{name}' eval")
     start = phases.now()
     dataset.init_seq_order(epoch)
-    local_scores, error = np.zeros(3), None
+    local_scores, error = np.zeros(len(SCORE_NAMES)), None
     try:
         planned = generate_batches(dataset, batching, shard_rank=comm.rank, shard_size=comm.size,
                                    shard_by="frames", keys=steps.batch_keys, recurrent=steps.model.recurrent)
@@ -98,5 +98,5 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     report.scores.add(sum_score_vectors(comm, local_scores) if comm.size > 1 else local_scores)
     report.finish()
     phases.record(f"eval {name}", EVAL, start, phases.now(), epoch=epoch, seqs=report.seqs)
-    log.debug(f"{name}: {report.scores.frames:.0f} frames on {comm.size} rank(s)")
+    log.debug(f"{name}: {report.scores.frames:.0f} input frames on {comm.size} rank(s)")
     return report

@@ -26,6 +26,7 @@ import numpy as np
 
 from engine.config.loader import Config
 from engine.distributed.backend import Communicator
+from engine.distributed.protocol import SCORE_NAMES
 from engine.report import timeline
 from engine.report.progress import Progress, interval_from_config
 from engine.report.summary import EpochRecord, summary_text
@@ -53,7 +54,7 @@ class RunMonitor:
         self.records: list[EpochRecord] = []
         self.global_step = 0
         self.learning_rate = 0.0
-        self._epoch_scores = np.zeros(3)  # [loss sum, error sum, frames] of the epoch so far
+        self._epoch_scores = np.zeros(len(SCORE_NAMES))  # the sums of the epoch so far
         self._steps_in_epoch = 0
         self._last_step_end = 0.0
 
@@ -93,23 +94,22 @@ class RunMonitor:
             self.progress = Progress(f"train epoch {epoch}", planned_steps, interval=self.progress_interval)
 
     def step_done(self, scores: np.ndarray) -> None:
-        """After each step, with its [loss sum, error sum, frames] (the reduced ones where the strategy
-        reduces them)."""
+        """After each step, with its [loss sum, error sum, count, input frames] (the reduced ones where the
+        strategy reduces them): scores divide by the count, rates count the input frames."""
         self.global_step += 1
         if not self.is_main:
             return
         self._steps_in_epoch += 1
         self._epoch_scores += scores
-        frames = self._epoch_scores[2]
+        loss_sum, _, count, frames = self._epoch_scores
         if self.progress is not None:
-            self.progress.update(self._steps_in_epoch, frames,
-                                 self._epoch_scores[0] / frames if frames else None)
+            self.progress.update(self._steps_in_epoch, frames, loss_sum / count if count else None)
         now = time.perf_counter()
         if self.tensorboard is not None and self.tensorboard.wants_step(self.global_step):
-            step_frames = max(float(scores[2]), 1.0)
-            self.tensorboard.step(self.global_step, score=scores[0] / step_frames,
-                                  error=scores[1] / step_frames, learning_rate=self.learning_rate,
-                                  frames_per_sec=scores[2] / max(now - self._last_step_end, 1e-9))
+            step_count = max(float(scores[2]), 1.0)
+            self.tensorboard.step(self.global_step, score=scores[0] / step_count,
+                                  error=scores[1] / step_count, learning_rate=self.learning_rate,
+                                  frames_per_sec=scores[3] / max(now - self._last_step_end, 1e-9))
         self._last_step_end = now
 
     def epoch_trained(self) -> None:

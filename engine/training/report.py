@@ -21,27 +21,31 @@ from engine.runtime import log
 
 @dataclass
 class Scores:
-    """Sums over frames, so that ranks and steps combine by adding."""
+    """Sums, so that ranks and steps combine by adding (the order of ``SCORE_NAMES``). ``count`` divides
+    the loss and error sums (frames for a frame-wise loss, target labels for ctc, as in RETURNN);
+    ``frames`` are the input frames, which every rate and frame count reports."""
 
     loss_sum: float = 0.0
     error_sum: float = 0.0
+    count: float = 0.0
     frames: float = 0.0
 
     def add(self, values: np.ndarray) -> None:
         self.loss_sum += float(values[0])
         self.error_sum += float(values[1])
-        self.frames += float(values[2])
+        self.count += float(values[2])
+        self.frames += float(values[3])
 
     def as_array(self) -> np.ndarray:
-        return np.array([self.loss_sum, self.error_sum, self.frames], dtype=np.float64)
+        return np.array([self.loss_sum, self.error_sum, self.count, self.frames], dtype=np.float64)
 
     @property
     def score(self) -> float:
-        return self.loss_sum / self.frames if self.frames else float("nan")
+        return self.loss_sum / self.count if self.count else float("nan")
 
     @property
     def error(self) -> float:
-        return self.error_sum / self.frames if self.frames else float("nan")
+        return self.error_sum / self.count if self.count else float("nan")
 
 
 class EpochReport:
@@ -88,9 +92,9 @@ class EpochReport:
         self.seqs += num_seqs
         if log.verbosity() < log.TRACE:
             return
-        frames = max(float(step_scores[2]), 1.0)
-        parts = [f"{self.name}, step {self.steps}", f"score {step_scores[0] / frames:.4f}",
-                 f"error {step_scores[1] / frames:.4f}", f"{step_seconds:.3f} sec/step",
+        count = max(float(step_scores[2]), 1.0)
+        parts = [f"{self.name}, step {self.steps}", f"score {step_scores[0] / count:.4f}",
+                 f"error {step_scores[1] / count:.4f}", f"{step_seconds:.3f} sec/step",
                  f"elapsed {hms(self.elapsed)}"]
         if self.expected_seqs:
             done = min(self.seqs / self.expected_seqs, 1.0)
@@ -100,7 +104,7 @@ class EpochReport:
         log.trace(", ".join(parts))
 
     def finish(self) -> None:
-        """The epoch line of distributed-protocol.md, then the throughput and where the time went."""
+        """The epoch line of distributed-protocol.md, then input frames per second and where the time went."""
         self.finished_after = elapsed = self.elapsed
         self.collective_seconds, self.data_wait_seconds = phases.collective_and_wait_seconds(
             self._phases_at_start, phases.totals())

@@ -126,9 +126,11 @@ class Steps:
             getattr(self, f"_{name}").trace()
 
     # ----- graph functions -----
-    def _scores(self, losses) -> tf.Tensor:
-        """A step returns [loss sum, frame-error sum, non-padded frames]: sums, so ranks add up."""
-        return tf.stack([losses.loss, losses.error, losses.num_frames])
+    def _scores(self, losses, lengths) -> tf.Tensor:
+        """A step returns [loss sum, error sum, count, input frames] (``SCORE_NAMES``): sums, so ranks add
+        up. The count divides the scores (ctc: target labels); the input frames are the rate's."""
+        input_frames = tf.reduce_sum(tf.cast(lengths, tf.float32))
+        return tf.stack([losses.loss, losses.error, losses.num_frames, input_frames])
 
     def _train_step(self, data, lengths, targets, target_lengths):
         seed = self.updater.step_seed()
@@ -141,7 +143,8 @@ class Steps:
                 differentiated = self._differentiated(losses)
             local = tape.gradient(differentiated, self.params)
         present = [g is not None for g in local]  # a variable without a gradient is not updated
-        grads, scores = self.strategy.reduce_gradients(_dense(local, self.params), self._scores(losses))
+        scores = self._scores(losses, lengths)
+        grads, scores = self.strategy.reduce_gradients(_dense(local, self.params), scores)
         extra = None
         if maximize:
             extra = [-maximize * g for g in self._grad_norm_gradient(outer, local, grads, scores)]
@@ -172,7 +175,7 @@ class Steps:
 
     def _eval_step(self, data, lengths, targets, target_lengths):
         outputs = self.model(data, lengths, training=False)
-        return self._scores(self.model.compute_losses(outputs, targets, target_lengths))
+        return self._scores(self.model.compute_losses(outputs, targets, target_lengths), lengths)
 
     def _forward_step(self, data, lengths):
         outputs = self.model(data, lengths, training=False)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
+from engine.distributed.protocol import SCORE_NAMES
 from engine.runtime.atomic_file import describe_io_error, io_errno
 from engine.runtime.errors import TRANSIENT_ERRNOS, ConfigError, TransientIOError
 
@@ -121,6 +122,9 @@ def missing_part(stored: StoredCheckpoint, mid_epoch: bool) -> str | None:
         for name in RESUME_ARRAYS:
             if len(groups["resume"].get(name, ())) != ranks:
                 return f"its group 'resume' has no {name!r} for each of its {ranks} ranks"
+        shape = np.shape(groups["resume"]["scores"])
+        if len(shape) != 2 or shape[1] not in (len(SCORE_NAMES) - 1, len(SCORE_NAMES)):  # older: 1 fewer
+            return f"its group 'resume' has 'scores' of shape {shape}, not (ranks, {len(SCORE_NAMES)})"
     return None
 
 

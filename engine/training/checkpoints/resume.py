@@ -7,9 +7,10 @@ those need no saved state), a checkpoint written here holds (attribute / group n
   learning-rate history ("learning_rate_history", JSON, used when the learning-rate file does not exist);
 - mid-epoch: "learning_rate" (the one in use) and group "resume" with per rank the train steps done in
   the epoch ("steps"), the batches of the epoch's plan trained by then ("batches_done"), the score sums
-  so far ("scores") and a fingerprint of the epoch's batch plan ("fingerprints": data order, lengths and
-  batching, so a resume into a changed corpus or config is refused instead of silently training other
-  data); the order's seed is part of the order;
+  so far ("scores": a row of ``SCORE_NAMES`` per rank; older files lack the input frames) and a
+  fingerprint of the epoch's batch plan ("fingerprints": data order, lengths and batching, so a resume
+  into a changed corpus or config is refused instead of silently training other data); the order's seed
+  is part of the order;
 - in param mode (``Strategy.keeps_rank_state``), the optimizer state of ranks 1.. ("ranks/<r>/optimizer")
   and, mid-epoch, their parameters ("ranks/<r>/params"); rank 0's are the file's main groups.
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset
+from engine.distributed.protocol import SCORE_NAMES
 from engine.distributed.strategy import Strategy
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -48,7 +50,7 @@ class EpochStart:
 
     step: int = 0  # train steps this rank has done in the epoch
     skip_batches: int = 0  # batches of the epoch's plan trained already (by all ranks)
-    scores: np.ndarray = field(default_factory=lambda: np.zeros(3))  # [loss, error, frames] sums so far
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(len(SCORE_NAMES)))  # the sums so far
     fingerprint: int | None = None  # of the plan the steps were taken from; None: nothing to check
     learning_rate: float | None = None  # the one the steps were taken with
 
@@ -168,13 +170,23 @@ def _epoch_starts(attrs: dict, resume: dict, point: ResumePoint, strategy: Strat
     steps, done, scores, prints = (resume[k] for k in ("steps", "batches_done", "scores", "fingerprints"))
     rate = float(attrs["learning_rate"])
     if saved_by == size:
-        return [EpochStart(int(steps[r]), int(done[r]), scores[r].copy(), int(prints[r]), rate)
+        return [EpochStart(int(steps[r]), int(done[r]), _score_sums(scores[r]), int(prints[r]), rate)
                 for r in range(size)]
     if attrs.get("scores_global") and strategy.scores_are_global:  # one batch plan for all ranks
         shard_size = strategy.train_shard[1]
-        return [EpochStart(int(done[0]) // shard_size, int(done[0]), scores[0].copy(), int(prints[0]), rate)
-                for _ in range(size)]
+        return [EpochStart(int(done[0]) // shard_size, int(done[0]), _score_sums(scores[0]), int(prints[0]),
+                           rate) for _ in range(size)]
     log.warning(f"{point.path} was saved in epoch {point.start_epoch} by {saved_by} ranks that did not "
                 f"train one batch plan together; with {size} ranks the epoch starts again at its first "
                 "batch.")
     return [EpochStart() for _ in range(size)]
+
+
+def _score_sums(saved: np.ndarray) -> np.ndarray:
+    """A rank's saved score sums as a vector of ``SCORE_NAMES``. Checkpoints from before the input frames
+    were counted hold [loss, error, count]; their input frames are taken to be the count, which they are
+    for frame-wise losses (with ctc the epoch's frames/sec then counts labels for the steps before)."""
+    saved = np.asarray(saved, np.float64)
+    if len(saved) == len(SCORE_NAMES) - 1:
+        return np.append(saved, saved[2])
+    return saved.copy()
