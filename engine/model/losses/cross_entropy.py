@@ -29,6 +29,18 @@ def _number(layer: str, key: str, value: Any, low: float, high: float | None = N
     return float(value)
 
 
+def loss_scale(layer: str, opts: dict, loss_opts: dict) -> float:
+    """A loss layer's ``loss_scale``, or RETURNN's other spelling ``loss_opts`` ``scale`` (not both)."""
+    scale = _number(layer, "loss_scale", opts.get("loss_scale", 1.0), float("-inf"))
+    if "scale" in loss_opts:
+        given = _number(layer, "loss_opts scale", loss_opts["scale"], float("-inf"))
+        if "loss_scale" in opts and given != scale:
+            raise ConfigError(f"Network layer '{layer}': loss_scale {scale:g} and loss_opts scale "
+                              f"{given:g} disagree; give one of them.")
+        scale = given
+    return scale
+
+
 @dataclass(frozen=True)
 class CrossEntropy:
     scale: float = 1.0
@@ -47,13 +59,7 @@ class CrossEntropy:
                               f"loss; supported: {', '.join(CE_OPTIONS)}.")
         if not isinstance(loss_opts.get("use_fused", True), bool):
             raise ConfigError(f"Network layer '{layer}': loss_opts use_fused must be True or False.")
-        scale = _number(layer, "loss_scale", opts.get("loss_scale", 1.0), float("-inf"))
-        if "scale" in loss_opts:
-            given = _number(layer, "loss_opts scale", loss_opts["scale"], float("-inf"))
-            if "loss_scale" in opts and given != scale:
-                raise ConfigError(f"Network layer '{layer}': loss_scale {scale:g} and loss_opts scale "
-                                  f"{given:g} disagree; give one of them.")
-            scale = given
+        scale = loss_scale(layer, opts, loss_opts)
         smoothing = _number(layer, "loss_opts label_smoothing", loss_opts.get("label_smoothing", 0.0),
                             0.0, 1.0)
         if smoothing and num_classes < 2:

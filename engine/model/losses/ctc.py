@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from engine.model.losses.cross_entropy import _number
+from engine.model.losses.cross_entropy import loss_scale
 from engine.model.losses.data_checks import require
 from engine.model.losses.decoding import beam_labels, collapse_repeated, edit_distances, greedy_labels, \
     sparse_labels
@@ -74,13 +74,7 @@ class CtcLoss:
                               f"'ctc' loss; it takes {', '.join(CTC_OPTIONS + tuple(_REFUSED))}.")
         # no effect on a sequence loss (RETURNN flattens frames only for frame-wise losses)
         _flag(layer, "use_flatten_frames", loss_opts.get("use_flatten_frames", True))
-        scale = _number(layer, "loss_scale", opts.get("loss_scale", 1.0), float("-inf"))
-        if "scale" in loss_opts:
-            given = _number(layer, "loss_opts scale", loss_opts["scale"], float("-inf"))
-            if "loss_scale" in opts and given != scale:
-                raise ConfigError(f"Network layer '{layer}': loss_scale {scale:g} and loss_opts scale "
-                                  f"{given:g} disagree; give one of them.")
-            scale = given
+        scale = loss_scale(layer, opts, loss_opts)
         beam = loss_opts.get("beam_width", 100)
         if isinstance(beam, bool) or not isinstance(beam, int) or beam < 0:
             raise ConfigError(f"Network layer '{layer}': loss_opts beam_width must be an int >= 0, "
