@@ -2,7 +2,7 @@
 """Sequence training (BLSTM-CTC with max-pool time reduction) side by side with RETURNN, on the spoken-digit
 corpus that ``demos/make_speech_corpus.py`` synthesises with espeak-ng: speed and dev label error.
 
-    .venv/bin/python benchmarks/bench_ctc.py [--epochs 3] [--runs 3] [--quality-epochs 8] [--corpus DIR]
+    .venv/bin/python benchmarks/bench_ctc.py [--epochs 5] [--runs 3] [--quality-epochs 8] [--corpus DIR]
 
 Both programs train one config (``NETWORK`` below: 3 BLSTM layers of 64 units, max-pool 2 after the first
 two, a ctc softmax; batch_size 2500, max_seqs 40, laplace order, Adam). It leaves out what RETURNN
@@ -14,11 +14,12 @@ this engine. RETURNN runs where ``$RETURNN_PYTHON`` or ``/tmp/returnn-venv/bin/p
 
 Speed rows: input frames/s over epochs 2..E (from the epoch lines), medians of ``--runs`` runs taking
 turns, with ranges: the engine with 1 process (default threading and 1 thread), RETURNN with 1 process
-(NativeLstm2, 1 and 2 threads), the engine with 2 ranks (grad mode, 1 thread each). Verdicts: the
-engine's best single process >= 1.5x RETURNN's best row; 2 ranks >= 1.8x the best single-process row of
-either program. Quality: one run of each program with ``--quality-epochs`` epochs and the dev set; the
-dev label error by epoch (edit distance / reference labels, beam search in eval, as both programs score
-it).
+(NativeLstm2, 1 and 2 threads), 2 single engine processes of 1 thread at once without MPI (the ceiling of
+2 ranks on this machine, as in ``bench_train.py``), the engine with 2 ranks (grad mode, 1 thread each).
+Verdicts: the engine's best single process >= 1.5x RETURNN's best row; 2 ranks >= 1.8x the best
+single-process row of either program. Quality: one run of each program with ``--quality-epochs`` epochs
+and the dev set; the dev label error by epoch (edit distance / reference labels, beam search in eval, as
+both programs score it).
 """
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ import tempfile
 
 import h5py
 
-from timing import Row, child_env, interleaved, rnn_command, run_stamped, verdict
+import threading
+
+from timing import Output, Row, child_env, interleaved, rnn_command, run_stamped, verdict
 from bench_returnn import best, rate, returnn_python
+from bench_train import ceiling_rate, epochs_rate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SINGLE_TARGET, PARALLEL_TARGET = 1.5, 1.8
@@ -99,7 +103,7 @@ def write_config(folder: str, name: str, train: str, dev: str | None, epochs: in
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quality-epochs", type=int, default=8)
     parser.add_argument("--corpus", default=os.path.join(ROOT, "data", "speech"))
@@ -118,8 +122,30 @@ def main() -> int:
 
             def measure():  # a model folder per run: a run must not meet an earlier run's checkpoints
                 config = write_config(tmp, f"engine-{len(os.listdir(tmp))}", train, None, args.epochs)
-                return rate(run_stamped(rnn_command(config, ranks, overrides, env), env), frames, args.epochs)
+                return epochs_rate(run_stamped(rnn_command(config, ranks, overrides, env), env), args.epochs)
             return Row(name, measure)
+
+        def ceiling():  # 2 single processes of 1 thread at once, no MPI: what 2 ranks could reach here
+            env = child_env(1)
+
+            def measure():
+                results: list[Output | BaseException | None] = [None, None]
+                configs = [write_config(tmp, f"engine-{len(os.listdir(tmp))}-{i}", train, None, args.epochs)
+                           for i in range(2)]
+
+                def one(index: int) -> None:
+                    try:
+                        command = rnn_command(configs[index], 1, [], env)
+                        results[index] = run_stamped(command, env, check=False)
+                    except BaseException as exc:  # reported by ceiling_rate, in the main thread
+                        results[index] = exc
+                threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                return ceiling_rate(results, args.epochs)
+            return Row("2 single processes of 1 thread at once (ceiling)", measure)
 
         def returnn(threads: int):
             env = dict(child_env(threads), DISABLE_CUDA="1")
@@ -135,9 +161,10 @@ def main() -> int:
                   engine("engine, 1 process, 1 thread", 1, 1)]
         theirs = [returnn(1), returnn(2)] if python else []
         parallel = engine("engine, 2 ranks grad, 1 thread each", 2, 1)
+        limit = ceiling()
         print(f"corpus: {train} ({frames} frames); epochs 2..{args.epochs} timed, {args.runs} runs per row, "
               "taking turns")
-        interleaved(single + theirs + [parallel], args.runs)
+        interleaved(single + theirs + [limit, parallel], args.runs)
         quality = {"engine": _dev_errors(write_config(tmp, "quality-engine", train, dev, args.quality_epochs),
                                          None, child_env(1))}
         if python:
@@ -146,7 +173,7 @@ def main() -> int:
                 python, dict(child_env(1), DISABLE_CUDA="1"))
     ours, best_single = best(single), best(single + theirs)
     print(f"\n{'run':<46} {'frames/s':>9} {'range':>13}")
-    for row in single + theirs + [parallel]:
+    for row in single + theirs + [limit, parallel]:
         print(f"{row.name:<46} {row.median:>9.0f} {row.spread():>13}")
     if theirs:
         ratio = ours.median / best(theirs).median
@@ -154,6 +181,8 @@ def main() -> int:
                       f"('{ours.name}' against '{best(theirs).name}'; target >= {SINGLE_TARGET}x)",
                       failed=single + theirs))
     ratio = parallel.median / best_single.median
+    print(f"info: the ceiling row = {limit.median / best_single.median:.2f}x the best single process; "
+          f"2 ranks = {parallel.median / limit.median:.2f}x the ceiling")
     print(verdict(ratio >= PARALLEL_TARGET, f"engine 2 ranks = {ratio:.2f}x the best single process "
                   f"('{best_single.name}'; target >= {PARALLEL_TARGET}x)",
                   failed=[parallel, *single, *theirs]))
