@@ -75,6 +75,12 @@ def main() -> None:
             time.sleep(float(opts.get("step_sleep", 0)))
             return scores
 
+        def train_accumulating(self, batch):  # accum_grad_multiple_step > 1: counted like a step
+            result = super().train_accumulating(batch)
+            trace["after_step"].append(self.checksum())
+            self.count += 1
+            return result
+
     average_parameters = ParamAverage.average_parameters
 
     def recording_average(self, params):

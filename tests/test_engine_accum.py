@@ -1,0 +1,77 @@
+"""accum_grad_multiple_step with real mpirun: k accumulated batches make one update equal to one process
+on the union of those batches (frames summed, then divided), also for an epoch's incomplete last group,
+on 1 and 2 ranks; bad values and unsupported combinations are refused naming the key."""
+import numpy as np
+import pytest
+
+from test_engine_parallel import base_config, train
+
+pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest]
+
+# unequal sequence lengths, so a mean of per-batch averages would differ from the union's average
+CORPUS = {"class": "Task12AXDataset", "num_seqs": 10, "fixed_random_seed": 5}
+FEED_FORWARD = {"hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "L2": 0.02},
+                "output": {"class": "softmax", "loss": "ce", "from": "hidden"}}
+# clipping and noise act on the update's gradient, so they must act once per group
+COMMON = dict(train=CORPUS, batch_size=10000, network=FEED_FORWARD, gradient_clip=0.5,
+              gradient_noise=0.01, gradient_clip_global_norm=2.0)
+
+
+def test_one_process_accumulation_equals_the_union_batch_including_the_last_short_group(tmp_path):
+    # 10 batches of one sequence in groups of 4: updates on 4, 4 and (at the epoch's end) 2 sequences
+    accumulated, _ = train(tmp_path, 1, base_config(max_seqs=1, accum_grad_multiple_step=4, **COMMON))
+    union, _ = train(tmp_path, 1, base_config(max_seqs=4, **COMMON))
+    per_batch, _ = train(tmp_path, 1, base_config(max_seqs=1, **COMMON))
+    assert accumulated[0]["num_steps"] == 10 and union[0]["num_steps"] == 3
+    np.testing.assert_allclose(accumulated[0]["params"], union[0]["params"], rtol=1e-5, atol=1e-6)
+    # the batches inside a group leave the parameters alone; the group's last one updates them
+    after = accumulated[0]["after_step"]
+    np.testing.assert_array_equal(after[0], after[2])
+    assert not np.array_equal(after[2], after[3])
+    np.testing.assert_array_equal(after[3], after[6])
+    assert not np.allclose(per_batch[0]["params"], union[0]["params"], rtol=1e-4, atol=1e-5)
+
+
+def test_two_ranks_global_frames_accumulation_equals_one_process_on_the_union_batch(tmp_path):
+    # 12 sequences, one per batch, 6 per rank in groups of 4: the updates see 8, then 4 sequences
+    common = {**COMMON, "train": {**CORPUS, "num_seqs": 12}}
+    ranks, _ = train(tmp_path, 2, base_config(max_seqs=1, accum_grad_multiple_step=4, use_horovod=True,
+                                              distributed_backend="mpi",
+                                              horovod_grad_normalization="global_frames", **common))
+    single, _ = train(tmp_path, 1, base_config(max_seqs=8, **common))
+    assert ranks[0]["num_steps"] == ranks[1]["num_steps"] == 6 and single[0]["num_steps"] == 2
+    np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
+    np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
+
+
+def test_two_ranks_average_mode_with_equal_lengths_equals_the_union_batch(tmp_path):
+    # 'average': the ranks' mean of each rank's group average; with equal lengths the union's average
+    # (without L2, which 'average' counts once per rank as RETURNN does)
+    network = {**FEED_FORWARD, "hidden": {**FEED_FORWARD["hidden"], "L2": 0.0}}
+    common = {**COMMON, "train": base_config()["train"], "network": network}
+    ranks, _ = train(tmp_path, 2, base_config(max_seqs=1, accum_grad_multiple_step=2, use_horovod=True,
+                                              distributed_backend="mpi", horovod_avg_grad=True, **common))
+    single, _ = train(tmp_path, 1, base_config(max_seqs=4, **common))
+    assert ranks[0]["num_steps"] == 8 and single[0]["num_steps"] == 4
+    np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
+    np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value, message", [
+    (0, "Config key 'accum_grad_multiple_step' must be an integer >= 1"),
+    (-3, "Config key 'accum_grad_multiple_step' must be an integer >= 1"),
+    (2.5, "Config key 'accum_grad_multiple_step' must be int"),
+])
+def test_bad_values_are_refused_naming_the_key(tmp_path, value, message):
+    _, r = train(tmp_path, 1, base_config(accum_grad_multiple_step=value), expect_ok=False)
+    assert r.returncode != 0
+    assert message in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_param_mode_is_refused(tmp_path):
+    config = base_config(accum_grad_multiple_step=2, use_horovod=True, horovod_reduce_type="param",
+                         distributed_backend="mpi")
+    _, r = train(tmp_path, 2, config, expect_ok=False)
+    assert r.returncode != 0
+    message = "accum_grad_multiple_step > 1 is not supported with horovod_reduce_type = 'param'"
+    assert message in r.stdout + r.stderr
