@@ -4,6 +4,7 @@ on 1 and 2 ranks; bad values and unsupported combinations are refused naming the
 import numpy as np
 import pytest
 
+import test_engine_resume as resume
 from test_engine_parallel import base_config, train
 
 pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest]
@@ -75,3 +76,23 @@ def test_param_mode_is_refused(tmp_path):
     assert r.returncode != 0
     message = "accum_grad_multiple_step > 1 is not supported with horovod_reduce_type = 'param'"
     assert message in r.stdout + r.stderr
+
+
+def test_a_stop_inside_a_group_saves_at_the_groups_end_and_resumes_bitwise(tmp_path):
+    # 6 steps per rank and epoch in groups of 4 and 2. The checkpoint due at global step 8 (epoch 2,
+    # step 2) and rank 1's SIGUSR1 in its 8th step (epoch 2, step 1) both wait for the group's end
+    # after epoch 2's step 4 (global step 10): a checkpoint never holds a half-filled accumulator.
+    def values(folder):
+        return dict(resume.config(folder, "grad"), accum_grad_multiple_step=4)
+
+    reference, _ = resume.train(tmp_path / "reference", values(tmp_path / "reference"))
+    folder = tmp_path / "stopped"
+    _, stopped = resume.train(folder, values(folder), "fail=SIGUSR1", "fail_rank=1", "fail_step=7", expect=99)
+    assert f"SIGUSR1 received by rank 1; saved checkpoint {folder}/net.002.step10 " in stopped, stopped
+    assert "(epoch 2, step 4 of the epoch)" in stopped, stopped
+    assert not (folder / "net.002.step8.index").exists() and not list(folder.glob("*step8*")), stopped
+    resumed, output = resume.train(folder, values(folder))
+    assert "train epoch 2: continuing after step 4 (8 batches of the epoch's plan done)" in output, output
+    assert [int(r["num_steps"]) for r in resumed] == [2, 2], output
+    for rank in range(2):
+        np.testing.assert_array_equal(resumed[rank]["params"], reference[rank]["params"])
