@@ -1,6 +1,7 @@
 """accum_grad_multiple_step with real mpirun: k accumulated batches make one update equal to one process
-on the union of those batches (frames summed, then divided), also for an epoch's incomplete last group,
-on 1 and 2 ranks; bad values and unsupported combinations are refused naming the key."""
+on the union of those batches (frames summed, then divided), on 1 and 2 ranks; an epoch's incomplete
+last group makes no update (as in RETURNN's PyTorch engine); a stop inside a group waits for its end;
+bad values and unsupported combinations are refused naming the key."""
 import numpy as np
 import pytest
 
@@ -18,29 +19,35 @@ COMMON = dict(train=CORPUS, batch_size=10000, network=FEED_FORWARD, gradient_cli
               gradient_noise=0.01, gradient_clip_global_norm=2.0)
 
 
-def test_one_process_accumulation_equals_the_union_batch_including_the_last_short_group(tmp_path):
-    # 10 batches of one sequence in groups of 4: updates on 4, 4 and (at the epoch's end) 2 sequences
-    accumulated, _ = train(tmp_path, 1, base_config(max_seqs=1, accum_grad_multiple_step=4, **COMMON))
-    union, _ = train(tmp_path, 1, base_config(max_seqs=4, **COMMON))
+def test_one_process_accumulation_equals_the_union_batch_and_drops_the_last_short_group(tmp_path):
+    # 10 batches of one sequence in groups of 4: updates on sequences 0-3 and 4-7; 8-9 make none
+    accumulated, out = train(tmp_path, 1, base_config(max_seqs=1, accum_grad_multiple_step=4, **COMMON,
+                                                      log_verbosity=4))
+    first_8 = {**COMMON, "train": {**CORPUS, "num_seqs": 8}}
+    union, _ = train(tmp_path, 1, base_config(max_seqs=4, **first_8))
     per_batch, _ = train(tmp_path, 1, base_config(max_seqs=1, **COMMON))
-    assert accumulated[0]["num_steps"] == 10 and union[0]["num_steps"] == 3
+    assert accumulated[0]["num_steps"] == 10 and union[0]["num_steps"] == 2
     np.testing.assert_allclose(accumulated[0]["params"], union[0]["params"], rtol=1e-5, atol=1e-6)
     # the batches inside a group leave the parameters alone; the group's last one updates them
     after = accumulated[0]["after_step"]
     np.testing.assert_array_equal(after[0], after[2])
     assert not np.array_equal(after[2], after[3])
     np.testing.assert_array_equal(after[3], after[6])
+    np.testing.assert_array_equal(after[7], accumulated[0]["params"])  # batches 8 and 9: no update
+    assert "the epoch's last 2 batch(es) of this rank form an incomplete group" in out.stdout + out.stderr
     assert not np.allclose(per_batch[0]["params"], union[0]["params"], rtol=1e-4, atol=1e-5)
 
 
 def test_two_ranks_global_frames_accumulation_equals_one_process_on_the_union_batch(tmp_path):
-    # 12 sequences, one per batch, 6 per rank in groups of 4: the updates see 8, then 4 sequences
+    # 12 sequences, one per batch, 6 per rank in groups of 4: one update sees 8 sequences (0-7, the
+    # ranks take turns), the last 2 batches of each rank make none
     common = {**COMMON, "train": {**CORPUS, "num_seqs": 12}}
     ranks, _ = train(tmp_path, 2, base_config(max_seqs=1, accum_grad_multiple_step=4, use_horovod=True,
                                               distributed_backend="mpi",
                                               horovod_grad_normalization="global_frames", **common))
-    single, _ = train(tmp_path, 1, base_config(max_seqs=8, **common))
-    assert ranks[0]["num_steps"] == ranks[1]["num_steps"] == 6 and single[0]["num_steps"] == 2
+    first_8 = {**common, "train": {**CORPUS, "num_seqs": 8}}
+    single, _ = train(tmp_path, 1, base_config(max_seqs=8, **first_8))
+    assert ranks[0]["num_steps"] == ranks[1]["num_steps"] == 6 and single[0]["num_steps"] == 1
     np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
     np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
 
@@ -79,9 +86,10 @@ def test_param_mode_is_refused(tmp_path):
 
 
 def test_a_stop_inside_a_group_saves_at_the_groups_end_and_resumes_bitwise(tmp_path):
-    # 6 steps per rank and epoch in groups of 4 and 2. The checkpoint due at global step 8 (epoch 2,
-    # step 2) and rank 1's SIGUSR1 in its 8th step (epoch 2, step 1) both wait for the group's end
-    # after epoch 2's step 4 (global step 10): a checkpoint never holds a half-filled accumulator.
+    # 6 steps per rank and epoch: a group of 4, then 2 batches without an update. The checkpoint due
+    # at global step 8 (epoch 2, step 2) and rank 1's SIGUSR1 in its 8th step (epoch 2, step 1) both
+    # wait for the group's end after epoch 2's step 4 (global step 10): a checkpoint never holds a
+    # half-filled accumulator.
     def values(folder):
         return dict(resume.config(folder, "grad"), accum_grad_multiple_step=4)
 

@@ -81,9 +81,11 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
             monitor.step_done(scores)
             step += 1
     with report.computing():
-        leftover = steps.flush() if steps.accum_steps > 1 else None  # an incomplete last group updates too
+        dropped, leftover = steps.drop_partial_group() if steps.accum_steps > 1 else (0, None)
         if leftover is not None:
             local_scores += leftover
+            log.info(f"accum_grad_multiple_step: the epoch's last {dropped} batch(es) of this rank form an "
+                     "incomplete group and make no update (as in RETURNN); their scores count")
         report.scores.add(strategy.end_epoch(steps.params, local_scores))
     monitor.epoch_trained()
     report.finish()

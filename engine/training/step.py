@@ -8,10 +8,11 @@ gradients (``gradients.py``) and updates. Random numbers (dropout, gradient nois
 (``random_seed``, the global step) and for dropout the rank, so a resumed run draws the same ones.
 
 With ``accum_grad_multiple_step`` k > 1 a batch only adds its gradient of the loss *sum* (and its score
-sums) to per-variable accumulators; after k batches (or at the epoch's end, with fewer) one reduction
-and one update use the accumulated sum, divided by the group's frames as for one batch of their union
-(in ``global_frames`` mode the strategy divides by all ranks' frames, as without accumulation). The
-layers' L2 term enters with the first batch of a group only, so it counts once per update.
+sums) to per-variable accumulators; after k batches one reduction and one update use the accumulated
+sum, divided by the group's frames as for one batch of their union (in ``global_frames`` mode the
+strategy divides by all ranks' frames, as without accumulation). The layers' L2 term enters with the
+first batch of a group only, so it counts once per update. An incomplete group at the epoch's end makes
+no update, as in RETURNN's PyTorch engine.
 """
 from __future__ import annotations
 
@@ -136,6 +137,7 @@ class Steps:
                      tf.TensorSpec([], tf.int32, name="index")]
             self._accumulate = _CompiledStep(self._accumulate_step, signature + flags)
             self._apply = _CompiledStep(self._apply_step, [])
+            self._drop = _CompiledStep(self._drop_step, [])
 
     def _checked_accum_steps(self, accum_steps) -> int:
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
@@ -164,6 +166,7 @@ class Steps:
             if name == "train" and self.accum_steps > 1:
                 self._accumulate.trace()
                 self._apply.trace()
+                self._drop.trace()
             else:
                 getattr(self, f"_{name}").trace()
 
@@ -219,6 +222,13 @@ class Steps:
         grads = [g if p else None for g, p in zip(grads, self._present)]
         self.updater.apply_gradients(grads, self.params)
         # after the reads above: a tf.function orders the operations on one variable as written
+        for acc in self._acc:
+            acc.assign(tf.zeros_like(acc))
+        self._acc_scores.assign(tf.zeros([3]))
+        return reduced
+
+    def _drop_step(self):
+        _, reduced = self.strategy.reduce_gradients([], self._acc_scores.read_value())
         for acc in self._acc:
             acc.assign(tf.zeros_like(acc))
         self._acc_scores.assign(tf.zeros([3]))
@@ -286,13 +296,18 @@ class Steps:
             return scores, None
         return scores, self.flush()
 
-    def flush(self) -> np.ndarray | None:
-        """Update with the batches accumulated so far (at the epoch's end); their reduced score sums, or
-        None when there were none. Every rank calls it at the same point, as the reduction needs."""
-        if self._pending == 0:
-            return None
+    def flush(self) -> np.ndarray:
+        """Update with the full group in the accumulators; the group's reduced score sums."""
         self._pending = 0
         return self._apply().numpy()
+
+    def drop_partial_group(self) -> tuple[int, np.ndarray | None]:
+        """At the epoch's end: forget the batches of an incomplete last group without an update, as
+        RETURNN's PyTorch engine does (it zeroes them at the next epoch's first step). Returns their
+        number and their reduced score sums (the epoch's scores count them, as RETURNN's do), or None
+        when there were none. Every rank calls it at the same point, as the reduction needs."""
+        dropped, self._pending = self._pending, 0
+        return dropped, (self._drop().numpy() if dropped else None)
 
     def eval(self, batch) -> np.ndarray:
         return self._eval(*self._inputs(batch)).numpy()
