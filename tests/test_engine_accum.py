@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import test_engine_resume as resume
-from test_engine_parallel import base_config, train
+from test_engine_parallel import BACKENDS, base_config, train
 
-pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest]
+pytestmark = pytest.mark.mpi
+tf_latest = pytest.mark.tf_latest
 
 # unequal sequence lengths, so a mean of per-batch averages would differ from the union's average
 CORPUS = {"class": "Task12AXDataset", "num_seqs": 10, "fixed_random_seed": 5}
@@ -19,6 +20,7 @@ COMMON = dict(train=CORPUS, batch_size=10000, network=FEED_FORWARD, gradient_cli
               gradient_noise=0.01, gradient_clip_global_norm=2.0)
 
 
+@tf_latest
 def test_one_process_accumulation_equals_the_union_batch_and_drops_the_last_short_group(tmp_path):
     # 10 batches of one sequence in groups of 4: updates on sequences 0-3 and 4-7; 8-9 make none
     accumulated, out = train(tmp_path, 1, base_config(max_seqs=1, accum_grad_multiple_step=4, **COMMON,
@@ -38,12 +40,13 @@ def test_one_process_accumulation_equals_the_union_batch_and_drops_the_last_shor
     assert not np.allclose(per_batch[0]["params"], union[0]["params"], rtol=1e-4, atol=1e-5)
 
 
-def test_two_ranks_global_frames_accumulation_equals_one_process_on_the_union_batch(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_global_frames_accumulation_equals_one_process_on_the_union_batch(tmp_path, backend):
     # 12 sequences, one per batch, 6 per rank in groups of 4: one update sees 8 sequences (0-7, the
     # ranks take turns), the last 2 batches of each rank make none
     common = {**COMMON, "train": {**CORPUS, "num_seqs": 12}}
     ranks, _ = train(tmp_path, 2, base_config(max_seqs=1, accum_grad_multiple_step=4, use_horovod=True,
-                                              distributed_backend="mpi",
+                                              distributed_backend=backend,
                                               horovod_grad_normalization="global_frames", **common))
     first_8 = {**common, "train": {**CORPUS, "num_seqs": 8}}
     single, _ = train(tmp_path, 1, base_config(max_seqs=8, **first_8))
@@ -52,6 +55,7 @@ def test_two_ranks_global_frames_accumulation_equals_one_process_on_the_union_ba
     np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
 
 
+@tf_latest
 def test_two_ranks_average_mode_with_equal_lengths_equals_the_union_batch(tmp_path):
     # 'average': the ranks' mean of each rank's group average; with equal lengths the union's average
     # (without L2, which 'average' counts once per rank as RETURNN does)
@@ -65,6 +69,7 @@ def test_two_ranks_average_mode_with_equal_lengths_equals_the_union_batch(tmp_pa
     np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
 
 
+@tf_latest
 @pytest.mark.parametrize("value, message", [
     (0, "Config key 'accum_grad_multiple_step' must be an integer >= 1"),
     (-3, "Config key 'accum_grad_multiple_step' must be an integer >= 1"),
@@ -76,6 +81,7 @@ def test_bad_values_are_refused_naming_the_key(tmp_path, value, message):
     assert message in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+@tf_latest
 def test_param_mode_is_refused(tmp_path):
     config = base_config(accum_grad_multiple_step=2, use_horovod=True, horovod_reduce_type="param",
                          distributed_backend="mpi")
@@ -85,6 +91,7 @@ def test_param_mode_is_refused(tmp_path):
     assert message in r.stdout + r.stderr
 
 
+@tf_latest
 def test_a_stop_inside_a_group_saves_at_the_groups_end_and_resumes_bitwise(tmp_path):
     # 6 steps per rank and epoch: a group of 4, then 2 batches without an update. The checkpoint due
     # at global step 8 (epoch 2, step 2) and rank 1's SIGUSR1 in its 8th step (epoch 2, step 1) both
