@@ -79,7 +79,7 @@ def test_all_unimplemented_keys_in_one_error_and_a_typo_is_a_warning(tmp_path, c
         batch_size = 100
         bacth_size = 200
         chunking_variance = 0.5
-        accum_grad_multiple_step = 2
+        gradient_clip_avg_norm = 2
         truncation = 50
         window = 1
         custom_dev_init_code = lambda: None
@@ -87,11 +87,11 @@ def test_all_unimplemented_keys_in_one_error_and_a_typo_is_a_warning(tmp_path, c
     with pytest.raises(ConfigError) as info:
         check_at_start(cfg)
     text = str(info.value)
-    for name in ("'chunking_variance'", "'accum_grad_multiple_step'", "'custom_dev_init_code'",
+    for name in ("'chunking_variance'", "'gradient_clip_avg_norm'", "'custom_dev_init_code'",
                  "'truncation'"):
         assert name in text, text
     assert "no effect here only -1; it is 50" in text  # harmless only at its no-op value
-    assert ("ignore_keys = ['accum_grad_multiple_step', 'chunking_variance', 'custom_dev_init_code', "
+    assert ("ignore_keys = ['chunking_variance', 'custom_dev_init_code', 'gradient_clip_avg_norm', "
             "'truncation']") in text
     err = capsys.readouterr().err
     assert "config key 'bacth_size' (did you mean 'batch_size'?)" in err and "window" not in text
@@ -101,13 +101,13 @@ def test_ignore_keys_runs_without_the_listed_names_with_one_warning(tmp_path, ca
     cfg = config(tmp_path, """
         task = "train"
         chunking_variance = 0.5
-        accum_grad_multiple_step = 2
-        ignore_keys = ["chunking_variance", "accum_grad_multiple_step"]
+        gradient_clip_avg_norm = 2
+        ignore_keys = ["chunking_variance", "gradient_clip_avg_norm"]
     """)
     check_at_start(cfg)
     err = capsys.readouterr().err
     assert err.count("Ignored as ignore_keys asks") == 1
-    assert "config key 'chunking_variance'; config key 'accum_grad_multiple_step'" in err
+    assert "config key 'chunking_variance'; config key 'gradient_clip_avg_norm'" in err
     cfg.set("ignore_keys", ["chunking_variance", "batch_size"])
     with pytest.raises(ConfigError, match="lists 'batch_size', which this engine implements"):
         check_at_start(cfg)

@@ -102,6 +102,8 @@ _section(
     ("gradient_noise", "float", 0.0,
      "add Gaussian noise with this stddev (truncated at 2x) to gradients (0: off)"),
     ("maximize_grad_norm", "float", 0.0, "add the gradient of -f * ||gradients|| (0: off)"),
+    ("accum_grad_multiple_step", "int", 1,
+     "sum the gradients of N batches, reduce and update once (normalised like their union batch)"),
     ("decouple_constraints", "bool", False,
      "layers' L2 as weight decay w -= 2 * L2 * w before each update, not as a loss term"),
     ("learning_rate_control", "str", "constant",

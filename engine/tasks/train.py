@@ -49,7 +49,8 @@ class Trainer:
         self.lr_control = LearningRateControl.from_config(config)
         self.monitor = RunMonitor(config, self.comm, self.lr_control)
         self.steps = Steps(self.model, self.updater, strategy,
-                           check_numerics=config.bool("debug_add_check_numerics_ops"))
+                           check_numerics=config.bool("debug_add_check_numerics_ops"),
+                           accum_steps=config.int("accum_grad_multiple_step"))
         self.steps.trace("train")
         self.checkpoints = Checkpointer(config, strategy, self.model, self.updater, self.lr_control)
         self.num_epochs = config.int("num_epochs")

@@ -7,6 +7,7 @@ Eval: every rank scores its shard, then one collective sums the scores.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Iterator
 
@@ -51,10 +52,17 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
     monitor.epoch_started(epoch, planned.all_shards // shard_size, steps.updater.learning_rate)
     with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
-        step = start.step
+        step, deferred_checkpoint = start.step, False
         while True:
             batch, error = _next_batch(batches)
             requests = checkpoints.requests(step) if checkpoints is not None else NO_REQUESTS
+            if step % steps.accum_steps:
+                # inside a gradient accumulation: checkpoints and stops wait for the group's end, so a
+                # checkpoint never holds a half-filled accumulator (a stop signal stays pending till then)
+                deferred_checkpoint = deferred_checkpoint or requests.checkpoint
+                requests = NO_REQUESTS
+            elif deferred_checkpoint:
+                requests, deferred_checkpoint = dataclasses.replace(requests, checkpoint=True), False
             plan = strategy.before_step(step, batch, error, requests)
             if plan is None:
                 break  # some rank is out of data: every rank ends the epoch, the pending batch is dropped
@@ -62,13 +70,22 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
                 checkpoints.at_step_boundary(plan, step, local_scores)
             t0 = time.perf_counter()
             with report.computing(), phases.span("train step", STEP, step=step + 1, seqs=batch.num_seqs):
-                scores = steps.train(batch)
+                if steps.accum_steps == 1:
+                    scores = counted = steps.train(batch)
+                else:  # counted: the group's reduced scores once it updated
+                    scores, counted = steps.train_accumulating(batch)
                 strategy.after_step(plan, steps.params)
-            local_scores += scores
+            if counted is not None:
+                local_scores += counted
             report.step_done(batch.num_seqs, scores, time.perf_counter() - t0)
             monitor.step_done(scores)
             step += 1
     with report.computing():
+        dropped, leftover = steps.drop_partial_group() if steps.accum_steps > 1 else (0, None)
+        if leftover is not None:
+            local_scores += leftover
+            log.info(f"accum_grad_multiple_step: the epoch's last {dropped} batch(es) of this rank form an "
+                     "incomplete group and make no update (as in RETURNN); their scores count")
         report.scores.add(strategy.end_epoch(steps.params, local_scores))
     monitor.epoch_trained()
     report.finish()

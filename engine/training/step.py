@@ -6,6 +6,13 @@ step's score sums to the strategy (``engine.distributed.strategy``), which reduc
 or not: the step itself never knows the data-parallel mode. The updater then post-processes the reduced
 gradients (``gradients.py``) and updates. Random numbers (dropout, gradient noise) are stateless, keyed by
 (``random_seed``, the global step) and for dropout the rank, so a resumed run draws the same ones.
+
+With ``accum_grad_multiple_step`` k > 1 a batch only adds its gradient of the loss *sum* (and its score
+sums) to per-variable accumulators; after k batches one reduction and one update use the accumulated
+sum, divided by the group's frames as for one batch of their union (in ``global_frames`` mode the
+strategy divides by all ranks' frames, as without accumulation). The layers' L2 term enters with the
+first batch of a group only, so it counts once per update. An incomplete group at the epoch's end makes
+no update, as in RETURNN's PyTorch engine.
 """
 from __future__ import annotations
 
@@ -84,10 +91,11 @@ class _CompiledStep:
 
 class Steps:
     def __init__(self, model: SeqModel, updater: Updater | None = None,
-                 strategy: Strategy | None = None, check_numerics: bool = False) -> None:
+                 strategy: Strategy | None = None, check_numerics: bool = False,
+                 accum_steps: int = 1) -> None:
         """``updater`` and ``strategy`` are needed for training only. ``check_numerics``: every op of the
         steps checks its output, and the first Inf or NaN stops training (RETURNN's
-        ``debug_add_check_numerics_ops``)."""
+        ``debug_add_check_numerics_ops``). ``accum_steps``: ``accum_grad_multiple_step``."""
         self.model = model
         self.updater = updater
         self.strategy = strategy
@@ -118,12 +126,49 @@ class Steps:
         self._eval = _CompiledStep(self._eval_step, signature)
         self._forward = _CompiledStep(self._forward_step, [data_spec, lengths_spec])
         self._input_dtype = data_spec.dtype.as_numpy_dtype
+        self.accum_steps = self._checked_accum_steps(accum_steps)
+        self._pending = 0  # batches in the accumulators
+        if self.accum_steps > 1:
+            self._acc = [tf.Variable(tf.zeros_like(v), trainable=False, name="accumulated_grad")
+                         for v in self.params]
+            self._acc_scores = tf.Variable(tf.zeros([3]), trainable=False, name="accumulated_scores")
+            self._present: list[bool] | None = None  # which variables get a gradient; set when traced
+            flags = [tf.TensorSpec([], tf.float32, name="l2_weight"),
+                     tf.TensorSpec([], tf.int32, name="index")]
+            self._accumulate = _CompiledStep(self._accumulate_step, signature + flags)
+            self._apply = _CompiledStep(self._apply_step, [])
+            self._drop = _CompiledStep(self._drop_step, [])
+
+    def _checked_accum_steps(self, accum_steps) -> int:
+        if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
+            raise ConfigError(f"Config key 'accum_grad_multiple_step' must be an integer >= 1 (the batches "
+                              f"whose gradients are summed into one update), got {accum_steps!r}.")
+        if accum_steps == 1:
+            return 1
+        if self.updater is not None and self.updater.gradient_options.maximize_norm:
+            raise ConfigError("accum_grad_multiple_step > 1 cannot be combined with maximize_grad_norm: the "
+                              "norm term needs the second derivative of the whole group's loss, which "
+                              "accumulation does not keep. Set one of them off.")
+        if len(self.model.loss_targets) > 1:
+            raise ConfigError("accum_grad_multiple_step > 1 divides the summed gradient by the frames of "
+                              "one target, but the network's losses use several targets "
+                              f"({', '.join(sorted(self.model.loss_targets))}).")
+        if self.strategy is not None and self.strategy.keeps_rank_state:
+            raise ConfigError("accum_grad_multiple_step > 1 is not supported with horovod_reduce_type = "
+                              "'param' (each rank updates alone there, so accumulating would only make its "
+                              "batches larger); use a larger batch_size, or reduce type 'grad'.")
+        return accum_steps
 
     def trace(self, *steps: str) -> None:
         """Build the graphs of ``steps`` ("train", "eval", "forward") now: the errors found while building
         them then come with the model's (before any step, where all ranks agree on failure)."""
         for name in steps:
-            getattr(self, f"_{name}").trace()
+            if name == "train" and self.accum_steps > 1:
+                self._accumulate.trace()
+                self._apply.trace()
+                self._drop.trace()
+            else:
+                getattr(self, f"_{name}").trace()
 
     # ----- graph functions -----
     def _scores(self, losses, lengths) -> tf.Tensor:
@@ -151,6 +196,46 @@ class Steps:
         grads = [g if p else None for g, p in zip(grads, present)]
         self.updater.apply_gradients(grads, self.params, extra)
         return scores
+
+    def _accumulate_step(self, data, lengths, targets, target_lengths, l2_weight, index):
+        seed = fold_in(fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank), index)
+        with tf.GradientTape() as tape:
+            outputs = self.model(data, lengths, training=True, seed=seed)
+            losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
+            regularizer = 0.0 if self.decoupled_l2 else losses.regularizer
+            # the loss sum: the group's frames are known only after its last batch
+            differentiated = (losses.loss + l2_weight * regularizer * self.strategy.regularizer_share
+                              + losses.data_regularizer)
+        local = tape.gradient(differentiated, self.params)
+        self._present = [g is not None for g in local]
+        for acc, grad in zip(self._acc, local):
+            if grad is not None:
+                acc.assign_add(tf.convert_to_tensor(grad))
+        scores = self._scores(losses)
+        self._acc_scores.assign_add(scores)
+        return scores
+
+    def _apply_step(self):
+        grads = [acc.read_value() for acc in self._acc]
+        scores = self._acc_scores.read_value()
+        if not self.strategy.differentiates_loss_sum:  # else the strategy divides by all ranks' frames
+            frames = tf.maximum(scores[2], 1.0)
+            grads = [g / frames for g in grads]
+        grads, reduced = self.strategy.reduce_gradients(grads, scores)
+        grads = [g if p else None for g, p in zip(grads, self._present)]
+        self.updater.apply_gradients(grads, self.params)
+        # after the reads above: a tf.function orders the operations on one variable as written
+        for acc in self._acc:
+            acc.assign(tf.zeros_like(acc))
+        self._acc_scores.assign(tf.zeros([3]))
+        return reduced
+
+    def _drop_step(self):
+        _, reduced = self.strategy.reduce_gradients([], self._acc_scores.read_value())
+        for acc in self._acc:
+            acc.assign(tf.zeros_like(acc))
+        self._acc_scores.assign(tf.zeros([3]))
+        return reduced
 
     def _differentiated(self, losses):
         """The loss whose gradient is reduced: the frame average (the loss sum in global_frames mode, where
@@ -203,6 +288,29 @@ class Steps:
             raise ConfigError("maximize_grad_norm differentiates the gradient, but the model has an op "
                               f"whose gradient ({op}) cannot be differentiated; set maximize_grad_norm = 0."
                               ) from None
+
+    def train_accumulating(self, batch) -> tuple[np.ndarray, np.ndarray | None]:
+        """With ``accum_steps`` > 1: add ``batch`` to the accumulators, and update when the group is full.
+        Returns this batch's own score sums, and the group's reduced score sums when it updated."""
+        first = 1.0 if self._pending == 0 else 0.0
+        scores = self._accumulate(*self._inputs(batch), np.float32(first), np.int32(self._pending)).numpy()
+        self._pending += 1
+        if self._pending < self.accum_steps:
+            return scores, None
+        return scores, self.flush()
+
+    def flush(self) -> np.ndarray:
+        """Update with the full group in the accumulators; the group's reduced score sums."""
+        self._pending = 0
+        return self._apply().numpy()
+
+    def drop_partial_group(self) -> tuple[int, np.ndarray | None]:
+        """At the epoch's end: forget the batches of an incomplete last group without an update, as
+        RETURNN's PyTorch engine does (it zeroes them at the next epoch's first step). Returns their
+        number and their reduced score sums (the epoch's scores count them, as RETURNN's do), or None
+        when there were none. Every rank calls it at the same point, as the reduction needs."""
+        dropped, self._pending = self._pending, 0
+        return dropped, (self._drop().numpy() if dropped else None)
 
     def eval(self, batch) -> np.ndarray:
         return self._eval(*self._inputs(batch)).numpy()

@@ -54,6 +54,18 @@ def main() -> None:
             return np.concatenate([v.numpy().ravel() for v in self.params]).astype(np.float64)
 
         def train(self, batch):
+            self.inject_failure()
+            scores = super().train(batch)
+            self.step_recorded()
+            return scores
+
+        def train_accumulating(self, batch):  # accum_grad_multiple_step > 1: counted like a step
+            self.inject_failure()
+            result = super().train_accumulating(batch)
+            self.step_recorded()
+            return result
+
+        def inject_failure(self):
             rank = process.rank()
             once = opts.get("fail_once")
             if rank == fail_rank and self.count == fail_step and not (once and os.path.exists(once)):
@@ -67,13 +79,13 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if fail == "stall":
                     time.sleep(600)  # alive, but never joins the step's gradient reduction
-            scores = super().train(batch)
+
+        def step_recorded(self):
             trace["after_step"].append(self.checksum())
             self.count += 1
-            if rank == 0 and self.count == 1 and "ready" in opts:
+            if process.rank() == 0 and self.count == 1 and "ready" in opts:
                 open(opts["ready"], "w").close()
             time.sleep(float(opts.get("step_sleep", 0)))
-            return scores
 
     average_parameters = ParamAverage.average_parameters
 
