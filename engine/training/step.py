@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
+from engine.distributed.protocol import SCORE_NAMES
 from engine.distributed.strategy import Strategy
 from engine.model.base import SeqModel
 from engine.model.losses.data_checks import data_error_from
@@ -131,7 +132,8 @@ class Steps:
         if self.accum_steps > 1:
             self._acc = [tf.Variable(tf.zeros_like(v), trainable=False, name="accumulated_grad")
                          for v in self.params]
-            self._acc_scores = tf.Variable(tf.zeros([3]), trainable=False, name="accumulated_scores")
+            self._acc_scores = tf.Variable(tf.zeros([len(SCORE_NAMES)]), trainable=False,
+                                           name="accumulated_scores")
             self._present: list[bool] | None = None  # which variables get a gradient; set when traced
             flags = [tf.TensorSpec([], tf.float32, name="l2_weight"),
                      tf.TensorSpec([], tf.int32, name="index")]
@@ -211,7 +213,7 @@ class Steps:
         for acc, grad in zip(self._acc, local):
             if grad is not None:
                 acc.assign_add(tf.convert_to_tensor(grad))
-        scores = self._scores(losses)
+        scores = self._scores(losses, lengths)
         self._acc_scores.assign_add(scores)
         return scores
 
@@ -227,14 +229,14 @@ class Steps:
         # after the reads above: a tf.function orders the operations on one variable as written
         for acc in self._acc:
             acc.assign(tf.zeros_like(acc))
-        self._acc_scores.assign(tf.zeros([3]))
+        self._acc_scores.assign(tf.zeros([len(SCORE_NAMES)]))
         return reduced
 
     def _drop_step(self):
         _, reduced = self.strategy.reduce_gradients([], self._acc_scores.read_value())
         for acc in self._acc:
             acc.assign(tf.zeros_like(acc))
-        self._acc_scores.assign(tf.zeros([3]))
+        self._acc_scores.assign(tf.zeros([len(SCORE_NAMES)]))
         return reduced
 
     def _differentiated(self, losses):
