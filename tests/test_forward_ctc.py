@@ -20,14 +20,15 @@ GET_MODEL = '''
 import tensorflow as tf
 
 class Subsampled(tf.Module):
-    """A dense layer on pairs of frames: half the frame rate (a frame left over is dropped)."""
+    """A dense layer on pairs of frames: half the frame rate (a frame left over is dropped). Plain
+    tf.Variables: a tf.Module does not track Keras 3 layers' variables."""
 
     def __init__(self, input_dim, output_dim):
         super().__init__()
-        self.hidden = tf.keras.layers.Dense(32, activation="tanh")
-        self.out = tf.keras.layers.Dense(output_dim)
-        self.hidden.build([None, 2 * input_dim])
-        self.out.build([None, 32])
+        self.w1 = tf.Variable(0.2 * tf.random.stateless_normal([2 * input_dim, 32], seed=[1, 2]))
+        self.b1 = tf.Variable(tf.zeros([32]))
+        self.w2 = tf.Variable(0.2 * tf.random.stateless_normal([32, output_dim], seed=[3, 4]))
+        self.b2 = tf.Variable(tf.zeros([output_dim]))
 
     def output_lengths(self, lengths):
         return lengths // 2
@@ -35,7 +36,8 @@ class Subsampled(tf.Module):
     def __call__(self, data, lengths):
         frames = tf.shape(data)[1] // 2 * 2
         pairs = tf.reshape(data[:, :frames], [tf.shape(data)[0], frames // 2, 2 * data.shape[-1]])
-        return self.out(self.hidden(pairs)), self.output_lengths(lengths)
+        hidden = tf.tanh(tf.einsum("btf,fh->bth", pairs, self.w1) + self.b1)
+        return tf.einsum("bth,ho->bto", hidden, self.w2) + self.b2, self.output_lengths(lengths)
 
 def get_model(*, input_dim, output_dim, **kwargs):
     return Subsampled(input_dim, output_dim)
