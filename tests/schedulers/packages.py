@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
+from typing import Callable
 
 
 def ensure(commands: list[str], packages: list[str], env: dict | None = None) -> str | None:
@@ -21,3 +23,13 @@ def ensure(commands: list[str], packages: list[str], env: dict | None = None) ->
             return f"`{' '.join(cmd)}` failed: {last[0]}"
     missing = [c for c in commands if not (shutil.which(c) or os.path.exists(c))]
     return f"installed {', '.join(packages)} but {', '.join(missing)} still missing" if missing else None
+
+
+def wait_until(ready: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``ready`` every half second; whether it became true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return True
+        time.sleep(0.5)
+    return False

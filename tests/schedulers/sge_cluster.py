@@ -15,10 +15,10 @@ import re
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from schedulers import packages
+from schedulers.packages import wait_until
 
 SGE_ROOT = "/var/lib/gridengine"
 ENV = {"SGE_ROOT": SGE_ROOT, "SGE_CELL": "default"}
@@ -142,7 +142,7 @@ class SgeCluster:
         self._alias_localhost()
         if self.qconf("-sh").returncode != 0:
             self._daemon("/usr/sbin/sge_qmaster")
-            if not self._wait(lambda: self.qconf("-sh").returncode == 0, 30):
+            if not wait_until(lambda: self.qconf("-sh").returncode == 0, 30):
                 return f"sge_qmaster does not answer: {one_line(self.qconf('-sh').stderr)}"
         for why in (self._configure(), self._start_execd()):
             if why:
@@ -164,15 +164,6 @@ class SgeCluster:
     def _daemon(self, path: str) -> None:
         subprocess.run([path], env=dict(os.environ, **self.env), capture_output=True, timeout=60)
         self.started.append(path)
-
-    @staticmethod
-    def _wait(ready, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ready():
-                return True
-            time.sleep(0.5)
-        return False
 
     def command(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
@@ -220,7 +211,7 @@ class SgeCluster:
     def _start_execd(self) -> str | None:
         if not self.queue_ready():
             self._daemon("/usr/sbin/sge_execd")
-        if not self._wait(self.queue_ready, 60):
+        if not wait_until(self.queue_ready, 60):
             state = " | ".join(self.command("qstat", "-f").stdout.strip().splitlines())
             return f"the queue {QUEUE}@{self.host} does not take jobs: {state}"
         return None
@@ -243,7 +234,7 @@ class SgeCluster:
         return None
 
     def wait_job_gone(self, job_id: str, timeout: float) -> bool:
-        return self._wait(lambda: self.job_state(job_id) is None, timeout)
+        return wait_until(lambda: self.job_state(job_id) is None, timeout)
 
     def stop(self) -> None:
         self.command("qdel", "-f", "-u", pwd.getpwuid(os.getuid()).pw_name)  # this user's jobs only

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from schedulers import packages
+from schedulers.packages import wait_until
 
 CONF = """\
 ClusterName=enginetest
@@ -89,11 +90,11 @@ class SlurmCluster:
         self._spawn(["munged", "-F", "--force", f"--key-file={key}", f"--socket={f}/munge.sock",
                      f"--pid-file={f}/munged.pid", f"--log-file={f}/munged.log",
                      f"--seed-file={f}/munge.seed"])
-        if not self._wait(lambda: (f / "munge.sock").exists(), 10):
+        if not wait_until(lambda: (f / "munge.sock").exists(), 10):
             return f"munged did not start: {self.tail('munged.log')}"
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)])
         self._spawn(["slurmd", "-D", "-f", str(self.conf), "-N", self.host])
-        if not self._wait(lambda: self.node_state() == "idle", 60):
+        if not wait_until(lambda: self.node_state() == "idle", 60):
             return (f"the SLURM node did not become idle (state {self.node_state()!r}): "
                     f"slurmctld: {self.tail('slurmctld.log')} slurmd: {self.tail('slurmd.log')}")
         return None
@@ -102,15 +103,6 @@ class SlurmCluster:
         log = open(self.folder / f"{cmd[0]}.out", "ab")
         self.daemons.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                              env=dict(os.environ, **self.env), start_new_session=True))
-
-    @staticmethod
-    def _wait(ready, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ready():
-                return True
-            time.sleep(0.5)
-        return False
 
     def tail(self, name: str, lines: int = 3) -> str:
         path = self.folder / name
@@ -141,7 +133,7 @@ class SlurmCluster:
     def stop(self) -> None:
         if self.daemons:
             self.command("scancel", "--full", "-u", pwd.getpwuid(os.getuid()).pw_name)
-            self._wait(lambda: not self.command("squeue", "-h").stdout.strip(), 20)
+            wait_until(lambda: not self.command("squeue", "-h").stdout.strip(), 20)
         for proc in reversed(self.daemons):  # slurmd, slurmctld, then munged
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

@@ -29,6 +29,18 @@ def _number(layer: str, key: str, value: Any, low: float, high: float | None = N
     return float(value)
 
 
+def loss_options(layer: str, opts: dict, loss: str, supported: tuple[str, ...] | None) -> dict:
+    """The layer's ``loss_opts`` dict (empty when unset); with ``supported``, other keys are refused."""
+    loss_opts = opts.get("loss_opts") or {}
+    if not isinstance(loss_opts, dict):
+        raise ConfigError(f"Network layer '{layer}': loss_opts must be a dict, got {loss_opts!r}.")
+    unknown = sorted(set(loss_opts) - set(supported)) if supported is not None else []
+    if unknown:
+        raise ConfigError(f"Network layer '{layer}': loss_opts {unknown} are not supported for the '{loss}' "
+                          f"loss; supported: {', '.join(supported)}.")
+    return loss_opts
+
+
 def loss_scale(layer: str, opts: dict, loss_opts: dict) -> float:
     """A loss layer's ``loss_scale``, or RETURNN's other spelling ``loss_opts`` ``scale`` (not both)."""
     scale = _number(layer, "loss_scale", opts.get("loss_scale", 1.0), float("-inf"))
@@ -50,13 +62,7 @@ class CrossEntropy:
     @classmethod
     def from_layer_options(cls, layer: str, opts: dict, num_classes: int) -> "CrossEntropy":
         """From ``loss_scale`` and ``loss_opts`` of the layer's options."""
-        loss_opts = opts.get("loss_opts") or {}
-        if not isinstance(loss_opts, dict):
-            raise ConfigError(f"Network layer '{layer}': loss_opts must be a dict, got {loss_opts!r}.")
-        unknown = sorted(set(loss_opts) - set(CE_OPTIONS))
-        if unknown:
-            raise ConfigError(f"Network layer '{layer}': loss_opts {unknown} are not supported for the 'ce' "
-                              f"loss; supported: {', '.join(CE_OPTIONS)}.")
+        loss_opts = loss_options(layer, opts, "ce", CE_OPTIONS)
         if not isinstance(loss_opts.get("use_fused", True), bool):
             raise ConfigError(f"Network layer '{layer}': loss_opts use_fused must be True or False.")
         scale = loss_scale(layer, opts, loss_opts)

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from engine.model.losses.cross_entropy import loss_scale
+from engine.model.losses.cross_entropy import loss_options, loss_scale
 from engine.model.losses.data_checks import require
 from engine.model.losses.decoding import beam_labels, collapse_repeated, edit_distances, greedy_labels, \
     sparse_labels
@@ -61,9 +61,7 @@ class CtcLoss:
     @classmethod
     def from_layer_options(cls, layer: str, opts: dict) -> "CtcLoss":
         """From ``loss_scale`` and ``loss_opts`` of the layer's options."""
-        loss_opts = opts.get("loss_opts") or {}
-        if not isinstance(loss_opts, dict):
-            raise ConfigError(f"Network layer '{layer}': loss_opts must be a dict, got {loss_opts!r}.")
+        loss_opts = loss_options(layer, opts, "ctc", None)  # unknown keys: below, after the refused ones
         for key, why in _REFUSED.items():
             if loss_opts.get(key) not in (None, False):
                 raise ConfigError(f"Network layer '{layer}': loss_opts {key}={loss_opts[key]!r} is not "

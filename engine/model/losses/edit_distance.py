@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from engine.model.losses.cross_entropy import _number
+from engine.model.losses.cross_entropy import _number, loss_options
 from engine.model.losses.data_checks import require
 from engine.model.losses.decoding import beam_labels, edit_distances
 from engine.runtime.errors import ConfigError
@@ -31,13 +31,7 @@ class EditDistance:
 
     @classmethod
     def from_layer_options(cls, layer: str, opts: dict) -> "EditDistance":
-        loss_opts = opts.get("loss_opts") or {}
-        if not isinstance(loss_opts, dict):
-            raise ConfigError(f"Network layer '{layer}': loss_opts must be a dict, got {loss_opts!r}.")
-        unknown = sorted(set(loss_opts) - set(EDIT_DISTANCE_OPTIONS))
-        if unknown:
-            raise ConfigError(f"Network layer '{layer}': loss_opts {unknown} are not supported for the "
-                              f"'edit_distance' loss; supported: {', '.join(EDIT_DISTANCE_OPTIONS)}.")
+        loss_opts = loss_options(layer, opts, "edit_distance", EDIT_DISTANCE_OPTIONS)
         if loss_opts.get("ctc_decode") is not True:
             raise ConfigError(f"Network layer '{layer}': the 'edit_distance' loss needs loss_opts ctc_decode "
                               "True here: without it RETURNN expects a layer whose output is sparse label "
