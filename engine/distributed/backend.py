@@ -10,6 +10,7 @@ import abc
 import contextlib
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
@@ -43,6 +44,17 @@ def tensor_bytes(tensors: Sequence[tf.Tensor]) -> int | None:
     if not all(t.shape.is_fully_defined() for t in tensors):
         return None
     return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
+
+
+class PendingReduction:
+    """A reduction started by ``Communicator.start_allreduce``: ``wait()`` returns its results;
+    ``seconds`` is how long the reduction itself ran (known once ``wait`` returned)."""
+
+    def __init__(self, results: list[np.ndarray], seconds: float) -> None:
+        self._results, self.seconds = results, seconds
+
+    def wait(self) -> list[np.ndarray]:
+        return self._results
 
 
 class Communicator(abc.ABC):
@@ -112,6 +124,15 @@ class Communicator(abc.ABC):
                           timed_as: TimedAs = None) -> list[tf.Tensor]:
         """Like ``allreduce`` for tensors; usable inside ``tf.function``. ``timed_as`` = (name, category):
         the collective is timed as that phase (``engine.report.phases``), with its bytes and tensor count."""
+
+    def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
+                        wire: str | None = None) -> PendingReduction:
+        """Start ``allreduce(arrays, op)`` and return at once where the backend can reduce in the background
+        (the caller may go on computing, but must not change ``arrays`` until ``wait()`` returned). Every
+        rank must start the same reductions in the same order. This base version reduces before it returns."""
+        start = time.perf_counter()
+        results = self.allreduce(arrays, op)
+        return PendingReduction(results, time.perf_counter() - start)
 
     @abc.abstractmethod
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:

@@ -25,6 +25,7 @@ HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param
                 "horovod_dataset_distribution", "horovod_scale_lr", "horovod_avg_grad",
                 "horovod_grad_normalization")
 BACKEND_KEY = "distributed_backend"
+PARAM_OVERLAP_KEY = "distributed_param_sync_overlap"
 STALL_KEYS = ("distributed_stall_warning", "distributed_stall_timeout", "distributed_checkpoint_timeout")
 RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
 
@@ -39,6 +40,7 @@ class DataParallelSettings:
     scale_lr: bool = False
     grad_normalization: str = "sum"
     backend_name: str = "auto"
+    param_sync_overlap: bool = False  # param mode: the average runs behind the following steps
     stall: StallLimits = StallLimits()  # when a wait for the other ranks is reported, and ends the job
 
     @classmethod
@@ -60,6 +62,7 @@ class DataParallelSettings:
             scale_lr=config.bool("horovod_scale_lr"),
             grad_normalization=_grad_normalization(config),
             backend_name=backend,
+            param_sync_overlap=config.bool(PARAM_OVERLAP_KEY),
             stall=stall,
         )
         settings._validate()
@@ -77,7 +80,8 @@ class DataParallelSettings:
                               "expected seconds > 0, or None to average by step count.")
         if self.reduce_type == "grad":
             param_only = {"horovod_param_sync_step": self.param_sync_step != 1,
-                          "horovod_param_sync_time_diff": self.param_sync_time_diff is not None}
+                          "horovod_param_sync_time_diff": self.param_sync_time_diff is not None,
+                          PARAM_OVERLAP_KEY: self.param_sync_overlap}
             for key, is_set in param_only.items():
                 if is_set:
                     raise ConfigError(f"Config key '{key}' only applies to horovod_reduce_type = 'param', "

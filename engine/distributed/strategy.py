@@ -37,8 +37,10 @@ import numpy as np
 from engine.distributed.backend import Communicator
 from engine.distributed.protocol import (StepSignal, exit_code_of, raise_on_failure, step_signal,
                                          sum_score_vectors)
+from engine.distributed.param_overlap import ParamAverager
 from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
-from engine.report.timeline import ALLREDUCE, PARAM_AVERAGE
+from engine.report.timeline import ALLREDUCE
+from engine.runtime import log
 
 
 @dataclass(frozen=True)
@@ -179,8 +181,10 @@ class ParamSyncSchedule:
 
 class ParamAverage(Strategy):
     def __init__(self, comm: Communicator, *, distribution: str, schedule: ParamSyncSchedule,
-                 scale_lr: bool = False) -> None:
+                 scale_lr: bool = False, overlap: bool = False, wire: str | None = None) -> None:
         super().__init__(comm)
+        self.averager = ParamAverager(comm, overlap=overlap, wire=wire)
+        self._at_epoch_end = False
         self.distribution = distribution
         self.schedule = schedule
         self.lr_scale = float(comm.size) if scale_lr else 1.0
@@ -191,14 +195,13 @@ class ParamAverage(Strategy):
         self.signal_every_step = distribution == "shard"
         self.keeps_rank_state = True
         self.scores_are_global = False
-        self._average: Callable[[], None] | None = None
-        self._averaged: tuple[int, ...] = ()
         self._stop_known = False  # random_seed_offset: this rank sent or received a stop notice
 
     def describe(self) -> str:
         every = (f"every {self.schedule.time_diff:g} s" if self.schedule.time_diff is not None
                  else f"every {self.schedule.step_interval} steps")
-        return f"reduce type param (parameters averaged {every} and at the end of each epoch)"
+        overlapped = ", overlapped with the following steps" if self.averager.overlap else ""
+        return f"reduce type param (parameters averaged {every}{overlapped} and at the end of each epoch)"
 
     def before_step(self, step: int, batch: Any | None, error: BaseException | None,
                     requests: StepRequests = NO_REQUESTS) -> StepPlan | None:
@@ -219,38 +222,34 @@ class ParamAverage(Strategy):
         # into one decision; without one, every rank that reaches this point has voted itself.
         if signal.param_sync:
             self.schedule.restart()
-        return StepPlan.agreed(signal, sync_params=signal.param_sync)
+        plan = StepPlan.agreed(signal, sync_params=signal.param_sync)
+        if plan.checkpoint or plan.stop_requests:
+            self.averager.finish()  # a checkpoint holds the parameters with the average started before
+        return plan
 
     def after_step(self, plan: StepPlan, params: Sequence[Any]) -> None:
         if plan.sync_params:
             self.average_parameters(params)
 
     def end_epoch(self, params: Sequence[Any], local_scores: np.ndarray) -> np.ndarray:
-        self.average_parameters(params)  # every rank holds the same parameters for dev eval and saving
+        self._at_epoch_end = True
+        try:
+            self.average_parameters(params)  # every rank holds the same parameters for dev eval and saving
+        finally:
+            self._at_epoch_end = False
         self.schedule.restart()
+        log.info(f"param mode, this epoch: {self.averager.take_stats().describe()}")
         if self.distribution != "shard":
             return local_scores  # every rank saw the whole corpus in its own order: scores stay per rank
         return sum_score_vectors(self.comm, local_scores)
 
     def average_parameters(self, params: Sequence[Any]) -> None:
-        """Replace every variable by its mean over the ranks, in one fused collective."""
-        if self._averaged != tuple(map(id, params)):
-            self._average = _compile_average(self.comm, list(params))
-            self._averaged = tuple(map(id, params))
-        self._average()
-
-
-def _compile_average(comm: Communicator, params: list) -> Callable[[], None]:
-    import tensorflow as tf
-
-    @tf.function
-    def average() -> None:
-        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average",
-                                          timed_as=("parameter average", PARAM_AVERAGE))
-        for var, value in zip(params, averaged):
-            var.assign(value)
-
-    return average
+        """Average the variables over the ranks in one fused collective: at once at the end of an epoch,
+        else overlapped with the following steps when configured (``param_overlap.py``)."""
+        if self.averager.overlap and not self._at_epoch_end:
+            self.averager.sync(params)
+        else:
+            self.averager.average_now(params)
 
 
 def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strategy:
@@ -260,4 +259,4 @@ def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strate
         return GradAllreduce(comm, normalization=settings.grad_normalization, scale_lr=settings.scale_lr)
     schedule = ParamSyncSchedule(settings.param_sync_step, settings.param_sync_time_diff)
     return ParamAverage(comm, distribution=settings.dataset_distribution, schedule=schedule,
-                        scale_lr=settings.scale_lr)
+                        scale_lr=settings.scale_lr, overlap=settings.param_sync_overlap)
