@@ -172,6 +172,9 @@ _section(
     ("horovod_avg_grad", "bool", False, "grad mode: average instead of sum (horovod_grad_normalization)"),
     ("horovod_grad_normalization", "str", None, "grad mode: sum | average | global_frames", "sum"),
     ("distributed_backend", "str", "auto", "auto | horovod | mpi"),
+    ("distributed_wire_format", "str", None,
+     "fp16 | bf16: float32 gradients (grad mode) or parameters (param mode) are cast to this dtype, "
+     "summed in it over the ranks and cast back: half the bytes on the wire, rounded sums", "float32"),
     ("distributed_stall_warning", "float", 60.0,
      "seconds a rank may wait in a collective before a warning names the ranks it waits for (0: none)"),
     ("distributed_stall_timeout", "float", 300.0,
