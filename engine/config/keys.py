@@ -175,6 +175,9 @@ _section(
     ("distributed_param_sync_overlap", "bool", False,
      "param mode: each average runs in the background while training goes on, and is applied as "
      "params += average(snapshot) - snapshot where the next one starts (docs/multi-node.md)"),
+    ("distributed_wire_format", "str", None,
+     "fp16 | bf16: float32 gradients (grad mode) or parameters (param mode) are cast to this dtype, "
+     "summed in it over the ranks and cast back: half the bytes on the wire, rounded sums", "float32"),
     ("distributed_stall_warning", "float", 60.0,
      "seconds a rank may wait in a collective before a warning names the ranks it waits for (0: none)"),
     ("distributed_stall_timeout", "float", 300.0,

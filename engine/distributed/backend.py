@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Seque
 import numpy as np
 
 from engine.distributed.watchdog import StallLimits, Watchdog
+from engine.distributed.wire import Wire
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -121,9 +122,12 @@ class Communicator(abc.ABC):
 
     @abc.abstractmethod
     def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
-                          timed_as: TimedAs = None) -> list[tf.Tensor]:
+                          timed_as: TimedAs = None, wire: Wire = None) -> list[tf.Tensor]:
         """Like ``allreduce`` for tensors; usable inside ``tf.function``. ``timed_as`` = (name, category):
-        the collective is timed as that phase (``engine.report.phases``), with its bytes and tensor count."""
+        the collective is timed as that phase (``engine.report.phases``), with its wire bytes and tensor
+        count. ``wire`` "fp16" | "bf16" (op "sum" or "average"): float32 tensors are cast to that dtype,
+        summed in it and cast back, then divided for an average (``wire.py``); a list gives one entry per
+        tensor (None: not compressed). Other dtypes are never compressed."""
 
     def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
                         wire: str | None = None) -> PendingReduction:

@@ -23,6 +23,7 @@ from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator, check_thread_level
 from engine.distributed.watchdog import StallLimits
+from engine.distributed.wire import Wire, compress, decompress, wire_per_tensor
 from engine.report import phases
 from engine.runtime.errors import DistributedError
 
@@ -61,20 +62,37 @@ class HorovodCommunicator(MPICommunicator):
         return [t.numpy() for t in results]
 
     def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
-                          timed_as: TimedAs = None) -> list[tf.Tensor]:
+                          timed_as: TimedAs = None, wire: Wire = None) -> list[tf.Tensor]:
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         if not tensors:
             return []
+        if wire_per_tensor(wire, len(tensors), op)[0] == "bf16":
+            # Horovod 0.28's allreduce op accepts no bfloat16 (its TensorFlow op lists uint8, int8, int32,
+            # int64, half, float, double): bf16 goes through the mpi backend's reduction, on mpi4py's
+            # communicator beside Horovod's, with the same result as distributed_backend = 'mpi'.
+            return super().allreduce_tensors(tensors, op, timed_as=timed_as, wire=wire)
+        # fp16: Horovod sums float16 itself (its MPI float16 op adds in float32, rounds each sum to fp16)
+        tensors, wired, fmt = compress(tensors, wire, op, as_bits=False)
         reduce = self._grouped_allreduce if self.watchdog is None else self._watched_allreduce
+        sum_first = fmt is not None and op == "average"  # divide after the cast back to float32
+
+        def run(ts: list[tf.Tensor]) -> list[tf.Tensor]:
+            return reduce(ts, "sum" if sum_first else op)
+
         if timed_as is None:
-            return reduce(tensors, op)
-        # Horovod reduces in its own thread, out of Python's sight: markers in the graph time it.
-        name, category = timed_as
-        return phases.timed_in_graph(name, category, tensors, lambda ts: reduce(ts, op),
-                                     bytes=tensor_bytes(tensors), tensors=len(tensors))
+            results = run(tensors)
+        else:  # Horovod reduces in its own thread, out of Python's sight: markers in the graph time it.
+            name, category = timed_as
+            results = phases.timed_in_graph(name, category, tensors, run,
+                                            bytes=tensor_bytes(tensors), tensors=len(tensors))
+        if not sum_first:
+            return decompress(results, wired, fmt)
+        # the uncompressed tensors of an average: divided as _grouped_allreduce divides
+        return [r / np.array(self.size, r.dtype.as_numpy_dtype) if not w else r
+                for r, w in zip(decompress(results, wired, fmt, self.size), wired)]
 
     def _watched_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """The reduction, with the graph telling the stall watchdog when it starts and ends waiting in

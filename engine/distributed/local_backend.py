@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 import numpy as np
 
 from engine.distributed.backend import Communicator, TimedAs, check_reduction
+from engine.distributed.wire import Wire, wire_per_tensor
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -22,9 +23,11 @@ class LocalCommunicator(Communicator):
         return [a.copy() for a in arrays]  # callers may write into results, as with the other backends
 
     def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
-                          timed_as: TimedAs = None) -> list[tf.Tensor]:
-        # One rank: no collective takes place, so there is no phase to time.
+                          timed_as: TimedAs = None, wire: Wire = None) -> list[tf.Tensor]:
+        # One rank: no collective takes place, so there is no phase to time, and no wire to compress
+        # for (the values stay float32, as the one-rank strategy never reduces; the argument is checked).
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
+        wire_per_tensor(wire, len(tensors), op)
         return list(tensors)
 
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:

@@ -7,6 +7,7 @@ Object collectives use mpi4py's pickle-based lower-case calls.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -18,6 +19,7 @@ from engine.distributed.backend import Communicator, TimedAs, check_reduction, e
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
+from engine.distributed.wire import Wire, compress, decompress, numpy_sum
 from engine.report import phases
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -87,6 +89,8 @@ class MPICommunicator(Communicator):
         node.Free()
         self._fusion = FusionBuffers()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+        self._wire_fusion = FusionBuffers()  # uint16 wire bits: kept apart from genuine uint16 arrays
+        self._wire_ops: dict[str, Any] = {}  # user-defined MPI ops (wire.numpy_sum), made when first used
         super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
                          watchdog_calls_mpi=self.thread_multiple)
 
@@ -94,9 +98,14 @@ class MPICommunicator(Communicator):
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
         return self._allreduce(arrays, op, "allreduce")
 
-    def _allreduce(self, arrays: Sequence[np.ndarray], op: str, name: str) -> list[np.ndarray]:
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: str, name: str, wire: str | None = None,
+                   wired: Sequence[bool] = ()) -> list[np.ndarray]:
+        """``wired``: which arrays are ``wire``-format values carried as uint16 bits; those are summed by
+        the wire's MPI op in their own fused buffer (the caller divides an average after decompressing)."""
         arrays = [np.asarray(a) for a in arrays]
-        check_reduction(op, [a.dtype for a in arrays])
+        compressed = [i for i, w in enumerate(wired) if w] if wire is not None else []
+        plain = [i for i in range(len(arrays)) if i not in set(compressed)]
+        check_reduction(op, [arrays[i].dtype for i in plain])
         comm, in_place, mpi_op = self._comm, self._mpi.IN_PLACE, self._ops[op]
         divisor = self.size if op == "average" else 0
 
@@ -106,24 +115,32 @@ class MPICommunicator(Communicator):
                 segment /= divisor  # while the segment is in cache; same rounding as the horovod backend
 
         with self._collective(name):
-            return self._fusion.run(arrays, reduce_segment)
+            if not compressed:
+                return self._fusion.run(arrays, reduce_segment)
+            results = dict(zip(plain, self._fusion.run([arrays[i] for i in plain], reduce_segment)))
+            wire_op = self._wire_op(wire)
+            summed = self._wire_fusion.run([arrays[i] for i in compressed],
+                                           lambda segment: comm.Allreduce(in_place, segment, op=wire_op))
+            results.update(zip(compressed, summed))
+        return [results[i] for i in range(len(arrays))]
 
     def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
-                          timed_as: TimedAs = None) -> list[tf.Tensor]:
+                          timed_as: TimedAs = None, wire: Wire = None) -> list[tf.Tensor]:
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         if not tensors:
             return []
+        tensors, wired, fmt = compress(tensors, wire, op, as_bits=True)
         name, category = timed_as or ("", "")
         sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors)}
 
         def reduce(*arrays: np.ndarray) -> list[np.ndarray]:
             if timed_as is None:
-                return self._allreduce(arrays, op, IN_GRAPH)
+                return self._allreduce(arrays, op, IN_GRAPH, fmt, wired)
             start = phases.now()  # the reduction runs in Python already: timed here, no markers needed
-            results = self._allreduce(arrays, op, IN_GRAPH)
+            results = self._allreduce(arrays, op, IN_GRAPH, fmt, wired)
             phases.record(name, category, start, phases.now(), **sizes)
             return results
 
@@ -132,9 +149,26 @@ class MPICommunicator(Communicator):
         # keeps these calls in program order on every rank.
         results = tf.numpy_function(reduce, tensors, [t.dtype for t in tensors], stateful=True,
                                     name="mpi_allreduce")
+        if not isinstance(results, (list, tuple)):  # eager numpy_function returns one output bare
+            results = [results]
         for result, tensor in zip(results, tensors):
             result.set_shape(tensor.shape)
-        return list(results)
+        return decompress(results, wired, fmt, self.size if op == "average" else 0)
+
+    def _wire_op(self, fmt: str) -> Any:
+        """The user-defined MPI op that sums ``fmt`` values carried as uint16 (made once: mpi4py has a
+        small fixed number of slots for Python-defined ops), freed before MPI finalises."""
+        if fmt not in self._wire_ops:
+            if not self._wire_ops:
+                atexit.register(self._free_wire_ops)
+            self._wire_ops[fmt] = self._mpi.Op.Create(numpy_sum(fmt), commute=True)
+        return self._wire_ops[fmt]
+
+    def _free_wire_ops(self) -> None:
+        if not self._mpi.Is_finalized():
+            for mpi_op in self._wire_ops.values():
+                mpi_op.Free()
+        self._wire_ops.clear()
 
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
         self._check_root(root)

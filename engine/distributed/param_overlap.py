@@ -114,8 +114,7 @@ def _compile_average(comm: Communicator, params: list, wire: str | None) -> Call
     @tf.function
     def average() -> None:
         averaged = comm.allreduce_tensors([v.read_value() for v in params], "average",
-                                          timed_as=("parameter average", PARAM_AVERAGE),
-                                          **({"wire": wire} if wire else {}))
+                                          timed_as=("parameter average", PARAM_AVERAGE), wire=wire)
         for var, value in zip(params, averaged):
             var.assign(value)
 

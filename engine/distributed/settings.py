@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.distributed.watchdog import StallLimits
+from engine.distributed.wire import WIRE_FORMATS
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -26,6 +27,7 @@ HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param
                 "horovod_grad_normalization")
 BACKEND_KEY = "distributed_backend"
 PARAM_OVERLAP_KEY = "distributed_param_sync_overlap"
+WIRE_KEY = "distributed_wire_format"
 STALL_KEYS = ("distributed_stall_warning", "distributed_stall_timeout", "distributed_checkpoint_timeout")
 RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
 
@@ -42,6 +44,7 @@ class DataParallelSettings:
     backend_name: str = "auto"
     param_sync_overlap: bool = False  # param mode: the average runs behind the following steps
     stall: StallLimits = StallLimits()  # when a wait for the other ranks is reported, and ends the job
+    wire_format: str | None = None  # distributed_wire_format: None (float32) | "fp16" | "bf16"
 
     @classmethod
     def from_config(cls, config: Any) -> DataParallelSettings:
@@ -51,8 +54,9 @@ class DataParallelSettings:
         backend = config.str(BACKEND_KEY, "auto")
         _check_choice(BACKEND_KEY, backend, CONFIG_BACKENDS)
         stall = _stall_limits(config)
+        wire_format = _wire_format(config)
         if not config.bool("use_horovod"):
-            return cls(backend_name=backend, stall=stall)
+            return cls(backend_name=backend, stall=stall, wire_format=wire_format)
         settings = cls(
             enabled=True,
             reduce_type=config.str("horovod_reduce_type"),
@@ -64,6 +68,7 @@ class DataParallelSettings:
             backend_name=backend,
             param_sync_overlap=config.bool(PARAM_OVERLAP_KEY),
             stall=stall,
+            wire_format=wire_format,
         )
         settings._validate()
         return settings
@@ -107,6 +112,21 @@ def _grad_normalization(config: Any) -> str:
                               "horovod_grad_normalization.")
         return "average"
     return normalization or "sum"
+
+
+def _wire_format(config: Any) -> str | None:
+    """``distributed_wire_format``: checked also when ``use_horovod`` is off, like distributed_backend (a
+    config that sets it is meant for multi-rank runs; with one rank it has no effect, which
+    ``strategy.build_strategy`` logs)."""
+    value = config.typed(WIRE_KEY)
+    if value is None:
+        return None
+    if value not in WIRE_FORMATS:
+        raise ConfigError(f"Config key '{WIRE_KEY}' is {value!r}; expected None (float32 on the wire) or "
+                          f"one of {', '.join(repr(c) for c in WIRE_FORMATS)}: float32 gradients (grad mode) "
+                          "or parameters (param mode) are then cast to that dtype for the reduction, summed "
+                          "in it and cast back.")
+    return value
 
 
 def _stall_limits(config: Any) -> StallLimits:

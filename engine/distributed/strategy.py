@@ -119,16 +119,18 @@ class Strategy:
 
 
 class GradAllreduce(Strategy):
-    def __init__(self, comm: Communicator, *, normalization: str = "sum", scale_lr: bool = False) -> None:
+    def __init__(self, comm: Communicator, *, normalization: str = "sum", scale_lr: bool = False,
+                 wire_format: str | None = None) -> None:
         super().__init__(comm)
         self.normalization = normalization
+        self.wire_format = wire_format  # distributed_wire_format: the gradients' dtype on the wire
         self.train_shard = (comm.rank, comm.size)
         self.lr_scale = float(comm.size) if scale_lr else 1.0
         self.differentiates_loss_sum = normalization == "global_frames"
         self.regularizer_share = 1.0 if comm.rank == 0 or not self.differentiates_loss_sum else 0.0
 
     def describe(self) -> str:
-        return f"reduce type grad ({self.normalization} of the ranks' gradients)"
+        return f"reduce type grad ({self.normalization} of the ranks' gradients{_on_wire(self.wire_format)})"
 
     def before_step(self, step: int, batch: Any | None, error: BaseException | None,
                     requests: StepRequests = NO_REQUESTS) -> StepPlan | None:
@@ -141,12 +143,21 @@ class GradAllreduce(Strategy):
         # The score sums ride along in the gradients' fused buffer: one collective per step, and every
         # rank reports the global scores.
         reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum",
-                                              timed_as=("gradient allreduce", ALLREDUCE))
+                                              timed_as=("gradient allreduce", ALLREDUCE),
+                                              wire=self.grads_wire(len(grads), with_scores=True))
         grads, scores = reduced[:-1], reduced[-1]
         return self._normalize(grads, scores), scores
 
     def reduce_extra_gradients(self, grads: list, reduced_scores: Any) -> list:
-        return self._normalize(self.comm.allreduce_tensors(list(grads), "sum"), reduced_scores)
+        summed = self.comm.allreduce_tensors(list(grads), "sum", wire=self.grads_wire(len(grads)))
+        return self._normalize(summed, reduced_scores)
+
+    def grads_wire(self, count: int, with_scores: bool = False) -> list | None:
+        """``allreduce_tensors``'s wire argument for ``count`` gradients (and the score sums after them,
+        which stay float32: they are counts and loss sums, not gradients)."""
+        if self.wire_format is None:
+            return None
+        return [self.wire_format] * count + [None] * with_scores
 
     def _normalize(self, summed: list, reduced_scores: Any) -> list:
         if self.normalization == "average":
@@ -181,11 +192,12 @@ class ParamSyncSchedule:
 
 class ParamAverage(Strategy):
     def __init__(self, comm: Communicator, *, distribution: str, schedule: ParamSyncSchedule,
-                 scale_lr: bool = False, overlap: bool = False, wire: str | None = None) -> None:
+                 scale_lr: bool = False, overlap: bool = False, wire_format: str | None = None) -> None:
         super().__init__(comm)
-        self.averager = ParamAverager(comm, overlap=overlap, wire=wire)
+        self.averager = ParamAverager(comm, overlap=overlap, wire=wire_format)
         self._at_epoch_end = False
         self.distribution = distribution
+        self.wire_format = wire_format  # distributed_wire_format: the parameters' dtype on the wire
         self.schedule = schedule
         self.lr_scale = float(comm.size) if scale_lr else 1.0
         if distribution == "shard":
@@ -201,7 +213,8 @@ class ParamAverage(Strategy):
         every = (f"every {self.schedule.time_diff:g} s" if self.schedule.time_diff is not None
                  else f"every {self.schedule.step_interval} steps")
         overlapped = ", overlapped with the following steps" if self.averager.overlap else ""
-        return f"reduce type param (parameters averaged {every}{overlapped} and at the end of each epoch)"
+        return (f"reduce type param (parameters averaged {every}{overlapped} and at the end of each epoch"
+                f"{_on_wire(self.wire_format)})")
 
     def before_step(self, step: int, batch: Any | None, error: BaseException | None,
                     requests: StepRequests = NO_REQUESTS) -> StepPlan | None:
@@ -254,9 +267,18 @@ class ParamAverage(Strategy):
 
 def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strategy:
     if not settings.enabled or comm.size == 1:  # one rank: every mode is plain training
+        if settings.wire_format is not None:
+            log.info(f"distributed_wire_format = {settings.wire_format!r} has no effect: this is a single "
+                     "process (nothing is reduced), so values stay float32")
         return Strategy(comm)
     if settings.reduce_type == "grad":
-        return GradAllreduce(comm, normalization=settings.grad_normalization, scale_lr=settings.scale_lr)
+        return GradAllreduce(comm, normalization=settings.grad_normalization, scale_lr=settings.scale_lr,
+                             wire_format=settings.wire_format)
     schedule = ParamSyncSchedule(settings.param_sync_step, settings.param_sync_time_diff)
     return ParamAverage(comm, distribution=settings.dataset_distribution, schedule=schedule,
-                        scale_lr=settings.scale_lr, overlap=settings.param_sync_overlap)
+                        scale_lr=settings.scale_lr, overlap=settings.param_sync_overlap,
+                        wire_format=settings.wire_format)
+
+
+def _on_wire(wire_format: str | None) -> str:
+    return "" if wire_format is None else f", {wire_format} on the wire"

@@ -1,0 +1,207 @@
+"""``distributed_wire_format``: the fp16/bf16 sums against independent references (TensorFlow's and numpy's
+half-precision arithmetic), the key's checking, and real 2-rank mpirun jobs on both backends: exact
+compressed reductions, and training in grad and param mode that the key changes by rounding-sized amounts."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from engine.config.loader import Config
+from engine.distributed.settings import DataParallelSettings
+from engine.distributed.wire import (bf16_bits_to_float32, bf16_sum_into, float32_to_bf16_bits, fp16_sum_into,
+                                     numpy_sum, wire_per_tensor)
+from engine.runtime.errors import ConfigError
+from helpers import ROOT, run, run_mpi, run_rnn
+
+pytestmark = pytest.mark.tf_latest
+
+SCRIPTS = ROOT / "tests" / "mpi_scripts"
+
+
+def edge_values() -> np.ndarray:
+    """Random values over float32's whole exponent range, every kind of tie, and the special values."""
+    rng = np.random.default_rng(5)
+    random_bits = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32)
+    upper = rng.integers(0, 2 ** 16, 2000, dtype=np.uint32) << 16
+    ties = np.concatenate([upper | 0x8000, upper | 0x7FFF, upper | 0x8001])  # exact ties, just below, above
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.4028235e38, -3.4028235e38, 1e-45,
+                        1.17549435e-38, 1.0, 1.00390625, 1.005859375], np.float32).view(np.uint32)
+    return np.concatenate([random_bits, ties, special]).view(np.float32)
+
+
+def tf_bf16_bits(values: np.ndarray) -> np.ndarray:
+    import tensorflow as tf
+
+    return tf.bitcast(tf.cast(tf.constant(values), tf.bfloat16), tf.uint16).numpy()
+
+
+def same_or_both_nan(got: np.ndarray, want: np.ndarray) -> bool:
+    return bool(np.all((got == want) | (np.isnan(got) & np.isnan(want))))
+
+
+def test_bf16_rounding_is_tensorflows_round_to_nearest_even():
+    values = edge_values()
+    got, want = float32_to_bf16_bits(values), tf_bf16_bits(values)
+    nan = np.isnan(values)
+    np.testing.assert_array_equal(got[~nan], want[~nan])  # bit for bit, ties to even included
+    assert np.all(np.isnan(bf16_bits_to_float32(got[nan])))  # NaN stays NaN (and keeps its sign)
+    np.testing.assert_array_equal(got[nan] >> 15, values[nan].view(np.uint32) >> 31)
+    # the ties by hand: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 (goes to the even 1); 1 + 3 * 2^-8 is
+    # halfway between 1 + 2^-7 and 1 + 2^-6 (goes to the even 1 + 2^-6); the largest float is inf
+    halfway = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 3.4028235e38], np.float32)
+    np.testing.assert_array_equal(bf16_bits_to_float32(float32_to_bf16_bits(halfway)),
+                                  np.array([1.0, 1 + 2 ** -6, np.inf], np.float32))
+
+
+def test_bf16_and_fp16_sums_equal_tensorflows_half_precision_additions():
+    import tensorflow as tf
+
+    values = edge_values()
+    rng = np.random.default_rng(6)
+    with np.errstate(invalid="ignore"):  # small addends: ties after the sum
+        others = np.concatenate([values[rng.permutation(values.size)][:-400],
+                                 values[-400:] * np.float32(2 ** -8)])
+    a, b = float32_to_bf16_bits(values), float32_to_bf16_bits(others)
+    out = b.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        bf16_sum_into(a, out)
+    want = tf.cast(tf.bitcast(tf.constant(a), tf.bfloat16) + tf.bitcast(tf.constant(b), tf.bfloat16),
+                   tf.float32).numpy()
+    # TensorFlow's kernels flush float32 subnormals to zero (bf16 shares float32's exponent range), the
+    # MPI op keeps them, as IEEE addition does: there the reference is the exact sum (float64 holds it,
+    # both addends being tiny), rounded by TensorFlow's cast
+    x, y = bf16_bits_to_float32(a).astype(np.float64), bf16_bits_to_float32(b).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = (x + y).astype(np.float32)
+    tiny = np.finfo(np.float32).tiny
+    subnormal = np.isfinite(exact) & ((np.abs(x) < tiny) | (np.abs(y) < tiny) | (np.abs(exact) < tiny))
+    assert 100 < subnormal.sum() < 0.2 * subnormal.size
+    want[subnormal] = bf16_bits_to_float32(tf_bf16_bits(exact[subnormal]))
+    assert same_or_both_nan(bf16_bits_to_float32(out), want)
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        h_a, h_b = values.astype(np.float16), others.astype(np.float16)
+    out16 = h_b.view(np.uint16).copy()
+    numpy_sum("fp16")(h_a.view(np.uint16), out16, None)  # the MPI op's function, as MPI calls it
+    want16 = (tf.constant(h_a) + tf.constant(h_b)).numpy()  # Eigen's half add, not numpy's
+    assert same_or_both_nan(out16.view(np.float16), want16)
+    direct = h_b.view(np.uint16).copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        fp16_sum_into(h_a.view(np.uint16), direct)
+    np.testing.assert_array_equal(direct, out16)
+
+
+def test_wire_argument_is_checked():
+    assert wire_per_tensor(None, 3, "max") == (None, [False] * 3)
+    assert wire_per_tensor("fp16", 2, "sum") == ("fp16", [True, True])
+    assert wire_per_tensor(["bf16", None], 2, "average") == ("bf16", [True, False])
+    assert wire_per_tensor([None, None], 2, "min") == (None, [False, False])
+    for wire, op, message in (("fp8", "sum", "unknown wire format 'fp8'"), ("fp16", "max", "not 'max'"),
+                              (["fp16", "bf16"], "sum", "one wire format per call"),
+                              (["fp16"], "sum", "1 entries for 2 tensors")):
+        with pytest.raises(ValueError, match=message):
+            wire_per_tensor(wire, 2, op)
+
+
+def test_local_backend_leaves_tensors_alone_and_checks_the_argument():
+    import tensorflow as tf
+
+    from engine.distributed.local_backend import LocalCommunicator
+
+    comm = LocalCommunicator()
+    x = tf.constant([1.0 + 2 ** -20], tf.float32)
+    assert comm.allreduce_tensors([x], "sum", wire="fp16")[0].numpy()[0] == np.float32(1.0 + 2 ** -20)
+    with pytest.raises(ValueError, match="unknown wire format"):
+        comm.allreduce_tensors([x], "sum", wire="float16")
+
+
+@pytest.mark.parametrize("use_horovod", [True, False])
+def test_settings_read_and_check_the_key(use_horovod):
+    def settings(**values):
+        return DataParallelSettings.from_config(Config({"use_horovod": use_horovod, **values}))
+
+    assert settings().wire_format is None
+    assert settings(distributed_wire_format=None).wire_format is None
+    assert settings(distributed_wire_format="fp16").wire_format == "fp16"
+    assert settings(distributed_wire_format="bf16").wire_format == "bf16"
+    for bad in ("float16", "FP16", 16):
+        with pytest.raises(ConfigError, match=r"Config key 'distributed_wire_format' is .*; expected None "
+                                              r"\(float32 on the wire\) or one of 'fp16', 'bf16'"):
+            settings(distributed_wire_format=bad)
+
+
+def test_bad_value_ends_rnn_with_one_paragraph_naming_the_key(tmp_path):
+    r = run_rnn([str(ROOT / "configs" / "12ax.py"), "++distributed_wire_format", "half",
+                 "++model", str(tmp_path / "model")], timeout=120)
+    assert r.returncode != 0
+    assert "Config key 'distributed_wire_format' is 'half'; expected None (float32 on the wire) or one " \
+           "of 'fp16', 'bf16'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# ----- real mpirun jobs -----
+BACKENDS = [pytest.param("mpi", marks=pytest.mark.tf_latest), "horovod"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_reduce_exactly_as_the_references(backend):
+    if backend == "horovod":
+        pytest.importorskip("horovod.tensorflow", reason="Horovod exists only in the TensorFlow 2.15 env")
+    r = run_mpi(2, [str(SCRIPTS / "wire_reduce.py"), "--backend", backend], timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    checks = 80 if backend == "mpi" else 78  # the horovod backend has no uint16 tensor beside the others
+    for rank in (0, 1):
+        assert f"rank {rank}: {checks} wire checks passed ({backend})" in r.stdout, r.stdout + r.stderr
+
+
+NETWORK = {"lstm": {"class": "rec", "unit": "lstm", "n_out": 8},
+           "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+
+
+def train_config(**overrides) -> dict:
+    config = {"train": {"class": "DummyDataset", "input_dim": 5, "output_dim": 3, "num_seqs": 16,
+                        "seq_len": 10, "fixed_random_seed": 7},
+              "network": NETWORK, "optimizer": {"class": "sgd"}, "learning_rate": 0.5,
+              "batch_size": 40, "num_epochs": 1, "log_verbosity": 2, "random_seed": 3}
+    config.update(overrides)
+    return config
+
+
+def train(tmp_path, ranks: int, config: dict) -> tuple[list[dict], str]:
+    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    out.mkdir()
+    args = [str(SCRIPTS / "engine_train.py"), str(out), repr(config)]
+    r = run([sys.executable, *args], timeout=180) if ranks == 1 else run_mpi(ranks, args, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return [dict(np.load(out / f"rank{k}.npz")) for k in range(ranks)], r.stdout + r.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", [{"horovod_reduce_type": "grad"},
+                                  {"horovod_reduce_type": "param", "horovod_param_sync_step": 1}])
+def test_fp16_training_differs_from_float32_by_fp16_rounding(tmp_path, mode):
+    parallel = dict(use_horovod=True, distributed_backend="mpi", **mode)
+    (fp16, _), output = train(tmp_path, 2, train_config(distributed_wire_format="fp16", **parallel))
+    (fp32, _), _ = train(tmp_path, 2, train_config(**parallel))
+    (init,), _ = train(tmp_path, 1, train_config(learning_rate=0.0))
+    assert "fp16 on the wire" in output
+    assert fp16["num_steps"] == fp32["num_steps"] == 2
+    moved = np.abs(fp32["params"] - init["params"]).max()
+    diff = np.abs(fp16["params"] - fp32["params"]).max()
+    assert moved > 1e-3  # it trained
+    assert diff > 0  # the key has an effect
+    if mode["horovod_reduce_type"] == "grad":
+        # each gradient element: 3 roundings to fp16 (two ranks' values, their sum), 2^-11 each, relative
+        # to the ranks' gradients; over 2 steps a few times 2^-11 of the parameters' movement
+        assert diff <= 8 * 2.0 ** -11 * moved, (diff, moved)
+    else:
+        # every average went through fp16: twice each parameter is an fp16 value; the parameters
+        # themselves are rounded (relative 2^-11), which float32's average is not
+        doubled = fp16["params"] * 2
+        np.testing.assert_array_equal(doubled.astype(np.float16).astype(np.float64), doubled)
+        assert not np.array_equal((fp32["params"] * 2).astype(np.float16).astype(np.float64),
+                                  fp32["params"] * 2)
+        assert diff <= 4 * 2.0 ** -11 * np.abs(fp32["params"]).max(), diff
