@@ -61,7 +61,7 @@ def wire_format_quality(formats: Sequence[str | None] = (None, "fp16", "bf16"),
             run = QualityRun(wire or "float32", seed, float(scores[-1][0]), float(scores[-1][1]), seconds)
             runs.append(run)
             if progress:
-                print(f"  {run.wire:<8} seed {seed}: dev score {run.dev_score:.4f} error {run.dev_error:.4f} "
+                print(f"  {run.wire:<8} seed {seed}: dev score {run.dev_score:.4g} error {run.dev_error:.4g} "
                       f"({seconds:.0f} s)", file=sys.stderr, flush=True)
     return runs
 
@@ -75,9 +75,9 @@ def quality_lines(runs: Sequence[QualityRun], epochs: int | None = None) -> list
     for run in runs:
         by_wire.setdefault(run.wire, []).append(run)
     for wire, group in by_wire.items():
-        cells = "  ".join(f"s{r.seed} {r.dev_score:.4f}/{r.dev_error:.4f}" for r in group)
+        cells = "  ".join(f"s{r.seed} {r.dev_score:.4g}/{r.dev_error:.4g}" for r in group)
         scores = [r.dev_score for r in group]
-        lines.append(f"  {wire:<8} {cells}   score {min(scores):.4f}..{max(scores):.4f}")
+        lines.append(f"  {wire:<8} {cells}   score {min(scores):.4g}..{max(scores):.4g}")
     reference = [r.dev_score for r in by_wire.get("float32", [])]
     for wire, group in by_wire.items():
         if wire == "float32" or not reference:
@@ -86,8 +86,8 @@ def quality_lines(runs: Sequence[QualityRun], epochs: int | None = None) -> list
         inside = all(low <= r.dev_score <= high for r in group)
         mean = sum(r.dev_score for r in group) / len(group)
         lines.append(f"{'PASS' if inside else 'MISS'}: {wire} dev scores within float32's seed-to-seed "
-                     f"spread {low:.4f}..{high:.4f} (mean {mean:.4f}, float32's "
-                     f"{sum(reference) / len(reference):.4f})")
+                     f"spread {low:.4g}..{high:.4g} (mean {mean:.4g}, float32's "
+                     f"{sum(reference) / len(reference):.4g})")
     return lines
 
 

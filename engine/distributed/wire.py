@@ -12,8 +12,10 @@ MPI has no fp16 or bf16 sum, so the ``mpi`` backend carries the wire values as u
 addition widens both operands to float32, adds, and rounds once to the wire dtype. That is the correctly
 rounded fp16/bf16 sum: float32 holds the exact sum of two such values, or rounds it only far below the
 wire dtype's last bit (where it cannot create or break a tie), and it is what Horovod's own float16 sum
-does. Throughput of one addition on one core of the test machine: fp16 ~200 MB/s, bf16 ~900 MB/s of
-wire data, above a 1 Gbit/s link's 125 MB/s (``benchmarks/wire_quality.py --op-speed`` measures it).
+does. fp16 uses numpy's float16 add (which does exactly that; faster than the same in numpy steps or a
+table lookup). Throughput on one shared core of the test machine: fp16 65-131 MB/s, bf16 265-437 MB/s of
+wire data (``benchmarks/wire_quality.py --op-speed``): far above a 100 Mbit/s link's 12.5 MB/s; at
+1 Gbit/s (125 MB/s) fp16's sum is about as fast as the link (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -119,8 +121,8 @@ def float32_to_bf16_bits(values: np.ndarray, out: np.ndarray | None = None) -> n
 
 
 def fp16_sum_into(a: np.ndarray, b: np.ndarray) -> None:
-    """b += a, fp16 values as uint16 bits, each sum rounded to fp16 (numpy's float16 add widens to
-    float32, adds and rounds once; faster than doing the same in numpy steps, or a table lookup)."""
+    """b += a, fp16 values as uint16 bits, each sum rounded to fp16 (numpy widens to float32, adds and
+    rounds once)."""
     np.add(a.view(np.float16), b.view(np.float16), out=b.view(np.float16))
 
 
