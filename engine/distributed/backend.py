@@ -10,6 +10,7 @@ import abc
 import contextlib
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
@@ -113,6 +114,37 @@ class Communicator(abc.ABC):
         """Like ``allreduce`` for tensors; usable inside ``tf.function``. ``timed_as`` = (name, category):
         the collective is timed as that phase (``engine.report.phases``), with its bytes and tensor count."""
 
+    def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
+                        wire: Optional[str] = None) -> ReductionHandle:
+        """Start reducing ``arrays`` now, wait later: ``handle.wait()`` returns what ``allreduce`` would.
+
+        The arrays are copied before this returns, so the caller may change them at once. Backends with a
+        communication thread (``mpi``) reduce while the caller goes on; the others reduce here and the
+        handle is done at once. Every rank must start the same reductions in the same order, and call no
+        other collective of the same arrays before ``wait``. ``handle.reduce_seconds`` is the reduction's
+        own time, ``handle.waited_seconds`` the time ``wait`` blocked (the part not hidden behind work).
+        ``wire``: the reduction's wire format (``allreduce_tensors``)."""
+        check_reduction(op, [np.asarray(a).dtype for a in arrays])
+        start = time.monotonic()
+        results = self.allreduce([np.array(a) for a in arrays], op, **_wire_kwargs(wire))
+        return DoneReduction(results, time.monotonic() - start)
+
+    def allreduce_tensor_buckets(self, tensors: Sequence[tf.Tensor], buckets: Sequence[Sequence[int]],
+                                 op: str = "sum", *, timed_as: TimedAs = None,
+                                 wire: Optional[str] = None) -> list[tf.Tensor]:
+        """``allreduce_tensors`` in buckets (lists of indices of ``tensors``, ``buckets.assign_buckets``),
+        each reduced as soon as its own tensors exist, while the rest of the graph still computes; the
+        results come back in the order of ``tensors``. Every index must be in exactly one bucket. This
+        default reduces bucket by bucket with ``allreduce_tensors``; ``mpi`` and ``horovod`` overlap."""
+        check_buckets(len(tensors), buckets)
+        results: list[Any] = [None] * len(tensors)
+        for bucket in buckets:
+            reduced = self.allreduce_tensors([tensors[i] for i in bucket], op, timed_as=timed_as,
+                                             **_wire_kwargs(wire))
+            for i, result in zip(bucket, reduced):
+                results[i] = result
+        return results
+
     @abc.abstractmethod
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
         """Assign ``root``'s values to the variables on every rank."""
@@ -140,6 +172,47 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def abort(self, message: str, exit_code: int = 1) -> NoReturn:
         """Print ``message`` (when not empty) and end every process of the job with ``exit_code``."""
+
+
+class ReductionHandle(abc.ABC):
+    """A reduction started by ``Communicator.start_allreduce``."""
+
+    waited_seconds: float = 0.0  # how long ``wait`` blocked its caller
+    reduce_seconds: float = 0.0  # how long the reduction itself took (once done)
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether ``wait`` would return at once."""
+
+    @abc.abstractmethod
+    def wait(self) -> list[np.ndarray]:
+        """The reduced arrays (raises the reduction's error, e.g. ``DistributedError``)."""
+
+
+class DoneReduction(ReductionHandle):
+    """A reduction that ran when it was started (backends without a communication thread)."""
+
+    def __init__(self, results: list[np.ndarray], seconds: float) -> None:
+        self.results, self.reduce_seconds = results, seconds
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> list[np.ndarray]:
+        return self.results
+
+
+def check_buckets(count: int, buckets: Sequence[Sequence[int]]) -> None:
+    """Every index of ``count`` tensors in exactly one bucket, no bucket empty."""
+    flat = sorted(i for bucket in buckets for i in bucket)
+    if flat != list(range(count)) or not all(buckets):
+        raise ValueError(f"allreduce buckets {list(map(list, buckets))} do not cover the {count} tensors "
+                         "exactly once")
+
+
+def _wire_kwargs(wire: Optional[str]) -> dict[str, str]:
+    """``wire=`` only where one is asked for, so backends without the keyword keep working."""
+    return {"wire": wire} if wire is not None else {}
 
 
 def exit_without_mpi(message: str, exit_code: int = 1) -> NoReturn:

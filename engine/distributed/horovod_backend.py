@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
+from engine.distributed.backend import TimedAs, check_buckets, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator, check_thread_level
 from engine.distributed.watchdog import StallLimits
@@ -75,6 +75,50 @@ class HorovodCommunicator(MPICommunicator):
         name, category = timed_as
         return phases.timed_in_graph(name, category, tensors, lambda ts: reduce(ts, op),
                                      bytes=tensor_bytes(tensors), tensors=len(tensors))
+
+    def allreduce_tensor_buckets(self, tensors: Sequence[tf.Tensor], buckets: Sequence[Sequence[int]],
+                                 op: str = "sum", *, timed_as: TimedAs = None,
+                                 wire: str | None = None) -> list[tf.Tensor]:
+        """One grouped allreduce per bucket: Horovod's ops are asynchronous kernels, so TensorFlow goes on
+        computing while Horovod's thread reduces a bucket (fused up to HOROVOD_FUSION_THRESHOLD, which
+        ``buckets.set_horovod_fusion_threshold`` sets from distributed_bucket_mb). ``timed_as`` times the
+        exposed part: from the moment every tensor exists to the moment every result does."""
+        import tensorflow as tf
+
+        if wire is not None:  # the wire formats (distributed_wire_format) plug in here
+            raise ValueError(f"the horovod backend's bucketed reduction has no wire format {wire!r} yet")
+        check_buckets(len(tensors), buckets)
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
+        if not tensors:
+            return []
+
+        def reduce(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+            inputs = list(inputs)
+            if self.watchdog is not None:  # watched from the first bucket's start to the last result
+                first = [inputs[i] for i in buckets[0]]
+                with tf.control_dependencies(first):
+                    entered = tf.numpy_function(self._enter_in_graph, [], tf.int8, stateful=True,
+                                                name="stall_enter")
+                with tf.control_dependencies([entered]):
+                    for i in buckets[0]:
+                        inputs[i] = tf.identity(inputs[i])
+            results: list[tf.Tensor] = [None] * len(inputs)  # type: ignore[list-item]
+            for bucket in buckets:
+                for i, result in zip(bucket, self._grouped_allreduce([inputs[i] for i in bucket], op)):
+                    results[i] = result
+            if self.watchdog is None:
+                return results
+            with tf.control_dependencies(results):
+                left = tf.numpy_function(self._leave_in_graph, [], tf.int8, stateful=True, name="stall_leave")
+            with tf.control_dependencies([left]):
+                return [tf.identity(r) for r in results]
+
+        if timed_as is None:
+            return reduce(tensors)
+        name, category = timed_as
+        return phases.timed_in_graph(name, category, tensors, reduce, gate_inputs=False,
+                                     bytes=tensor_bytes(tensors), tensors=len(tensors), buckets=len(buckets))
 
     def _watched_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """The reduction, with the graph telling the stall watchdog when it starts and ends waiting in

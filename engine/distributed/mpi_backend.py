@@ -7,14 +7,18 @@ Object collectives use mpi4py's pickle-based lower-case calls.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import Communicator, TimedAs, check_reduction, exit_without_mpi, tensor_bytes
+from engine.distributed.backend import (Communicator, TimedAs, check_buckets, check_reduction,
+                                        exit_without_mpi, tensor_bytes)
+from engine.distributed.comm_thread import Reduction, ReductionThread
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
@@ -89,6 +93,10 @@ class MPICommunicator(Communicator):
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
         super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
                          watchdog_calls_mpi=self.thread_multiple)
+        # overlapped reductions (start_allreduce, buckets) run in a thread on a communicator of their own
+        self._reducer = ReductionThread(self._comm.Dup(), self._ops, MPI.IN_PLACE, self._collective)
+        self._pending: dict[int, Reduction] = {}  # the in-graph buckets started and not yet waited for
+        self._tokens = itertools.count()
 
     # ----- tensors -----
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
@@ -132,6 +140,64 @@ class MPICommunicator(Communicator):
         # keeps these calls in program order on every rank.
         results = tf.numpy_function(reduce, tensors, [t.dtype for t in tensors], stateful=True,
                                     name="mpi_allreduce")
+        for result, tensor in zip(results, tensors):
+            result.set_shape(tensor.shape)
+        return list(results)
+
+    # ----- overlapped reductions (comm_thread.py) -----
+    def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
+                        wire: str | None = None) -> Reduction:
+        _refuse_wire(wire)
+        check_reduction(op, [np.asarray(a).dtype for a in arrays])
+        return self._reducer.start(arrays, op)
+
+    def allreduce_tensor_buckets(self, tensors: Sequence[tf.Tensor], buckets: Sequence[Sequence[int]],
+                                 op: str = "sum", *, timed_as: TimedAs = None,
+                                 wire: str | None = None) -> list[tf.Tensor]:
+        """One stateful ``numpy_function`` per bucket queues the bucket for the communication thread and
+        returns a token at once, so TensorFlow computes on while the thread reduces; one more takes all
+        tokens, waits, and returns the results. Timed as ``timed_as``: the phase is the time the step
+        waited (the exposed part); the span's arguments add the reduction's own time and its hidden part."""
+        import tensorflow as tf
+
+        _refuse_wire(wire)
+        check_buckets(len(tensors), buckets)
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
+        if not tensors:
+            return []
+        label = timed_as[0] if timed_as else "allreduce"
+        tokens = []
+        for slot, bucket in enumerate(buckets):
+            def start(*arrays: np.ndarray, slot: int = slot) -> np.int64:
+                token = next(self._tokens)
+                self._pending[token] = self._reducer.start(
+                    arrays, op, slot=(label, slot), label=f"{label} (bucket {slot + 1} of "
+                    f"{len(buckets)})", watched_as=IN_GRAPH)
+                return np.int64(token)
+
+            tokens.append(tf.numpy_function(start, [tensors[i] for i in bucket], tf.int64, stateful=True,
+                                            name="mpi_allreduce_start"))
+        order = [i for bucket in buckets for i in bucket]
+        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors), "buckets": len(buckets)}
+
+        def finish(*token_values: np.ndarray) -> list[np.ndarray]:
+            jobs = [self._pending.pop(int(t)) for t in token_values]
+            start = phases.now()
+            began = time.monotonic()
+            reduced = [result for job in jobs for result in job.wait()]
+            if timed_as is not None:
+                hidden = sum(job.hidden_seconds(began) for job in jobs)
+                total = sum(job.reduce_seconds for job in jobs)
+                phases.record(timed_as[0], timed_as[1], start, phases.now(), **sizes,
+                              reduce_s=round(total, 6), hidden_s=round(hidden, 6))
+            results: list[np.ndarray] = [None] * len(reduced)  # type: ignore[list-item]
+            for i, result in zip(order, reduced):
+                results[i] = result
+            return results
+
+        results = tf.numpy_function(finish, tokens, [t.dtype for t in tensors], stateful=True,
+                                    name="mpi_allreduce_wait")
         for result, tensor in zip(results, tensors):
             result.set_shape(tensor.shape)
         return list(results)
@@ -180,3 +246,9 @@ class MPICommunicator(Communicator):
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast: root rank {root} does not exist in a job of {self.size} ranks")
+
+
+def _refuse_wire(wire: str | None) -> None:
+    # the wire formats (distributed_wire_format) plug in here once the blocking path has them
+    if wire is not None:
+        raise ValueError(f"the mpi backend's overlapped reductions have no wire format {wire!r} yet")

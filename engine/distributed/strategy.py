@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.distributed.backend import Communicator
+from engine.distributed.buckets import FIRST_BUCKET_MB, assign_buckets
 from engine.distributed.protocol import (StepSignal, exit_code_of, raise_on_failure, step_signal,
                                          sum_score_vectors)
 from engine.distributed.settings import RANDOM_SEED_OFFSET, DataParallelSettings
@@ -117,9 +118,11 @@ class Strategy:
 
 
 class GradAllreduce(Strategy):
-    def __init__(self, comm: Communicator, *, normalization: str = "sum", scale_lr: bool = False) -> None:
+    def __init__(self, comm: Communicator, *, normalization: str = "sum", scale_lr: bool = False,
+                 bucket_mb: float = 0.0) -> None:
         super().__init__(comm)
         self.normalization = normalization
+        self.bucket_mb = bucket_mb
         self.train_shard = (comm.rank, comm.size)
         self.lr_scale = float(comm.size) if scale_lr else 1.0
         self.differentiates_loss_sum = normalization == "global_frames"
@@ -136,10 +139,22 @@ class GradAllreduce(Strategy):
         return StepPlan.agreed(signal) if signal.all_have_data or signal.stop_requests else None
 
     def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
+        if self.bucket_mb > 0:
+            return self._reduce_in_buckets(grads, scores)
         # The score sums ride along in the gradients' fused buffer: one collective per step, and every
         # rank reports the global scores.
         reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum",
                                               timed_as=("gradient allreduce", ALLREDUCE))
+        grads, scores = reduced[:-1], reduced[-1]
+        return self._normalize(grads, scores), scores
+
+    def _reduce_in_buckets(self, grads: list, scores: Any) -> tuple[list, Any]:
+        """distributed_bucket_mb > 0: buckets reduced while the backward pass goes on; the score sums,
+        known since the forward pass, ride in the first bucket."""
+        buckets = assign_buckets([_nbytes(g) for g in grads], self.bucket_mb, FIRST_BUCKET_MB)
+        buckets = [buckets[0] + [len(grads)]] + buckets[1:] if buckets else [[len(grads)]]
+        reduced = self.comm.allreduce_tensor_buckets(list(grads) + [scores], buckets, "sum",
+                                                     timed_as=("gradient allreduce", ALLREDUCE))
         grads, scores = reduced[:-1], reduced[-1]
         return self._normalize(grads, scores), scores
 
@@ -179,9 +194,10 @@ class ParamSyncSchedule:
 
 class ParamAverage(Strategy):
     def __init__(self, comm: Communicator, *, distribution: str, schedule: ParamSyncSchedule,
-                 scale_lr: bool = False) -> None:
+                 scale_lr: bool = False, bucket_mb: float = 0.0) -> None:
         super().__init__(comm)
         self.distribution = distribution
+        self.bucket_mb = bucket_mb
         self.schedule = schedule
         self.lr_scale = float(comm.size) if scale_lr else 1.0
         if distribution == "shard":
@@ -235,29 +251,41 @@ class ParamAverage(Strategy):
     def average_parameters(self, params: Sequence[Any]) -> None:
         """Replace every variable by its mean over the ranks, in one fused collective."""
         if self._averaged != tuple(map(id, params)):
-            self._average = _compile_average(self.comm, list(params))
+            self._average = _compile_average(self.comm, list(params), self.bucket_mb)
             self._averaged = tuple(map(id, params))
         self._average()
 
 
-def _compile_average(comm: Communicator, params: list) -> Callable[[], None]:
+def _compile_average(comm: Communicator, params: list, bucket_mb: float = 0.0) -> Callable[[], None]:
     import tensorflow as tf
+
+    # in buckets, the mpi backend copies the next bucket while the thread sends the one before
+    buckets = assign_buckets([_nbytes(v) for v in params], bucket_mb, FIRST_BUCKET_MB) if bucket_mb else None
 
     @tf.function
     def average() -> None:
-        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average",
-                                          timed_as=("parameter average", PARAM_AVERAGE))
+        values = [v.read_value() for v in params]
+        timed_as = ("parameter average", PARAM_AVERAGE)
+        averaged = (comm.allreduce_tensor_buckets(values, buckets, "average", timed_as=timed_as) if buckets
+                    else comm.allreduce_tensors(values, "average", timed_as=timed_as))
         for var, value in zip(params, averaged):
             var.assign(value)
 
     return average
 
 
+def _nbytes(tensor: Any) -> float:
+    """Bytes of a gradient or variable; one of unknown shape counts as infinite (a bucket of its own)."""
+    count = tensor.shape.num_elements()
+    return float("inf") if count is None else count * tensor.dtype.size
+
+
 def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strategy:
     if not settings.enabled or comm.size == 1:  # one rank: every mode is plain training
         return Strategy(comm)
     if settings.reduce_type == "grad":
-        return GradAllreduce(comm, normalization=settings.grad_normalization, scale_lr=settings.scale_lr)
+        return GradAllreduce(comm, normalization=settings.grad_normalization, scale_lr=settings.scale_lr,
+                             bucket_mb=settings.bucket_mb)
     schedule = ParamSyncSchedule(settings.param_sync_step, settings.param_sync_time_diff)
     return ParamAverage(comm, distribution=settings.dataset_distribution, schedule=schedule,
-                        scale_lr=settings.scale_lr)
+                        scale_lr=settings.scale_lr, bucket_mb=settings.bucket_mb)
