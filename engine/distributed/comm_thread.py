@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
 from engine.distributed.backend import ReductionHandle
 from engine.distributed.fusion import FusionBuffers
+from engine.report import timeline
 from engine.runtime.errors import DistributedError
 
 
@@ -35,7 +35,7 @@ class Reduction(ReductionHandle):
                  watched_as: str) -> None:
         self.buffers, self.results, self.op, self.label = buffers, results, op, label
         self.watched_as = watched_as  # the stall watchdog's name for it
-        self.started = self.finished = 0.0  # time.monotonic() of the thread's start and end of the work
+        self.started = self.finished = 0.0  # timeline.now() of the thread's start and end of the work
         self.waited_seconds = 0.0  # how long ``wait`` blocked the caller
         self.error: BaseException | None = None
         self._done = threading.Event()
@@ -46,16 +46,17 @@ class Reduction(ReductionHandle):
         return max(0.0, self.finished - self.started)
 
     def hidden_seconds(self, until: float) -> float:
-        """The part of the reduction that ran before ``until`` (a monotonic time): hidden behind work."""
+        """The part of the reduction that ran before ``until`` (a ``timeline.now()`` reading): the part
+        hidden behind the caller's work when the caller started waiting at ``until``."""
         return max(0.0, min(self.finished, until) - self.started)
 
     def done(self) -> bool:
         return self._done.is_set()
 
     def wait(self) -> list[np.ndarray]:
-        start = time.monotonic()
+        start = timeline.now()
         self._done.wait()
-        self.waited_seconds += time.monotonic() - start
+        self.waited_seconds += timeline.now() - start
         if self.error is not None:
             raise DistributedError(f"the {self.label} failed in the communication thread: "
                                    f"{type(self.error).__name__}: {self.error}") from self.error
@@ -94,13 +95,13 @@ class ReductionThread:
             job = self._queue.get()
             if job is None:
                 return
-            job.started = time.monotonic()
+            job.started = timeline.now()
             try:
                 with self._collective(job.watched_as):
                     self._reduce(job)
             except BaseException as exc:  # kept for ``wait``: the step fails with it instead of hanging
                 job.error = exc
-            job.finished = time.monotonic()
+            job.finished = timeline.now()
             job._done.set()
 
     def _reduce(self, job: Reduction) -> None:

@@ -11,7 +11,6 @@ import itertools
 import os
 import sys
 import threading
-import time
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
@@ -22,7 +21,7 @@ from engine.distributed.comm_thread import Reduction, ReductionThread
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
-from engine.report import phases
+from engine.report import phases, timeline
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -184,13 +183,14 @@ class MPICommunicator(Communicator):
         def finish(*token_values: np.ndarray) -> list[np.ndarray]:
             jobs = [self._pending.pop(int(t)) for t in token_values]
             start = phases.now()
-            began = time.monotonic()
             reduced = [result for job in jobs for result in job.wait()]
-            if timed_as is not None:
-                hidden = sum(job.hidden_seconds(began) for job in jobs)
+            if timed_as is not None:  # the phase: the exposed wait; the buckets' own spans: the timeline's
+                hidden = sum(job.hidden_seconds(start) for job in jobs)
                 total = sum(job.reduce_seconds for job in jobs)
                 phases.record(timed_as[0], timed_as[1], start, phases.now(), **sizes,
                               reduce_s=round(total, 6), hidden_s=round(hidden, 6))
+                for job in jobs:
+                    timeline.record(job.label, timed_as[1], job.started, job.finished)
             results: list[np.ndarray] = [None] * len(reduced)  # type: ignore[list-item]
             for i, result in zip(order, reduced):
                 results[i] = result

@@ -52,7 +52,8 @@ def check_equal(got: list, want: list, what: str) -> None:
     assert len(got) == len(want), what
     for i, (g, w) in enumerate(zip(got, want)):
         g = np.asarray(g)
-        assert g.dtype == w.dtype and g.shape == w.shape, f"{what}[{i}]: {g.dtype}{g.shape} vs {w.dtype}{w.shape}"
+        assert g.dtype == w.dtype and g.shape == w.shape, \
+            f"{what}[{i}]: {g.dtype}{g.shape} vs {w.dtype}{w.shape}"
         assert np.array_equal(g, w), f"{what}[{i}]: values differ"
 
 
@@ -78,7 +79,8 @@ def main() -> None:
 
             @tf.function
             def reduce(ts, use=use, op=op):
-                return comm.allreduce_tensor_buckets(ts, use, op, timed_as=("gradient allreduce", "allreduce"))
+                return comm.allreduce_tensor_buckets(ts, use, op,
+                                                     timed_as=("gradient allreduce", "allreduce"))
 
             for _ in range(3):  # the buffers' reuse across steps must not change earlier results
                 check_equal(reduce(tensors), want, f"buckets {bucket_mb}/{first_mb} {op}")
@@ -89,7 +91,8 @@ def main() -> None:
     for a in mine:
         a[...] = 0
     check_equal(handle.wait(), reference("sum", comm.size), "start_allreduce")
-    assert handle.reduce_seconds > 0 and handle.waited_seconds >= 0, (handle.reduce_seconds, handle.waited_seconds)
+    assert handle.reduce_seconds > 0 and handle.waited_seconds >= 0, \
+        (handle.reduce_seconds, handle.waited_seconds)
     handles = [comm.start_allreduce(arrays[:3], "sum"), comm.start_allreduce(arrays[3:], "sum")]
     check_equal([r for h in handles for r in h.wait()], reference("sum", comm.size), "two handles")
     checks += 2
