@@ -172,7 +172,7 @@ _section(
     ("horovod_avg_grad", "bool", False, "grad mode: average instead of sum (horovod_grad_normalization)"),
     ("horovod_grad_normalization", "str", None, "grad mode: sum | average | global_frames", "sum"),
     ("distributed_backend", "str", "auto", "auto | horovod | mpi"),
-    ("distributed_bucket_mb", "float", 4.0,
+    ("distributed_bucket_mb", "float", 1.0,
      "grad mode: MB per gradient bucket, reduced while the backward pass still runs (0: one reduction "
      "after it)"),
     ("distributed_stall_warning", "float", 60.0,

@@ -21,7 +21,7 @@ from engine.distributed.comm_thread import Reduction, ReductionThread
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
-from engine.report import phases, timeline
+from engine.report import phases
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -184,13 +184,11 @@ class MPICommunicator(Communicator):
             jobs = [self._pending.pop(int(t)) for t in token_values]
             start = phases.now()
             reduced = [result for job in jobs for result in job.wait()]
-            if timed_as is not None:  # the phase: the exposed wait; the buckets' own spans: the timeline's
+            if timed_as is not None:  # the phase is the exposed wait; its arguments tell the rest
                 hidden = sum(job.hidden_seconds(start) for job in jobs)
                 total = sum(job.reduce_seconds for job in jobs)
                 phases.record(timed_as[0], timed_as[1], start, phases.now(), **sizes,
                               reduce_s=round(total, 6), hidden_s=round(hidden, 6))
-                for job in jobs:
-                    timeline.record(job.label, timed_as[1], job.started, job.finished)
             results: list[np.ndarray] = [None] * len(reduced)  # type: ignore[list-item]
             for i, result in zip(order, reduced):
                 results[i] = result

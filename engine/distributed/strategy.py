@@ -10,7 +10,8 @@ mode runs:
 
 - ``SingleProcess``: no communication (``use_horovod`` off).
 - ``GradAllreduce``: every step signals, then reduces the gradients (with the step's score sums) in
-  one fused collective; every rank applies the same update. ``horovod_grad_normalization`` decides
+  one fused collective, or in buckets while the backward pass runs (``distributed_bucket_mb``,
+  ``buckets.py``); every rank applies the same update. ``horovod_grad_normalization`` decides
   what the reduced gradient is (see ``settings.GRAD_NORMALIZATIONS``).
 - ``ParamAverage``: every rank updates alone; the parameters are averaged when ``ParamSyncSchedule``
   says so and at the end of every epoch. With ``shard`` the ranks signal every step (they end the
