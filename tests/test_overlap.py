@@ -180,7 +180,7 @@ def test_grad_mode_reduces_in_buckets_with_the_scores_in_the_first():
             return super().allreduce_tensor_buckets(tensors, buckets, op, timed_as=timed_as, wire=wire)
 
     comm = Recording()
-    grads = [tf.ones([249_000]), tf.ones([10]), tf.ones([300_000]), tf.ones([5])]  # 0.996 MB, 40 B, 1.2 MB, 20 B
+    grads = [tf.ones([249_000]), tf.ones([10]), tf.ones([300_000]), tf.ones([5])]  # bytes: 996k, 40, 1.2M, 20
     scores = tf.constant([1.0, 2.0, 3.0, 4.0])
     strategy = GradAllreduce(comm, normalization="average", bucket_mb=1.0)
     reduced, reduced_scores = strategy.reduce_gradients(grads, scores)
