@@ -123,7 +123,14 @@ class Communicator(abc.ABC):
         handle is done at once. Every rank must start the same reductions in the same order, and call no
         other collective of the same arrays before ``wait``. ``handle.reduce_seconds`` is the reduction's
         own time, ``handle.waited_seconds`` the time ``wait`` blocked (the part not hidden behind work).
-        ``wire``: the reduction's wire format (``allreduce_tensors``)."""
+        ``wire``: the reduction's wire format (``allreduce_tensors``).
+
+        Caveat for a caller that makes other collectives while a reduction is pending (param mode's
+        overlap with the next steps): the ``mpi`` backend's thread announces its waits to the stall
+        watchdog, which tracks one wait at a time (``Watchdog.enter``/``leave``) and numbers the
+        collectives in the order they start; waits of two threads at once can leave it a stale wait or
+        numbers that differ between ranks. Give the watchdog a slot per thread before relying on it there.
+        Needs ``MPI_THREAD_MULTIPLE`` then as well (two threads inside MPI at once)."""
         check_reduction(op, [np.asarray(a).dtype for a in arrays])
         start = time.monotonic()
         results = self.allreduce([np.array(a) for a in arrays], op, **_wire_kwargs(wire))
