@@ -47,17 +47,6 @@ def tensor_bytes(tensors: Sequence[tf.Tensor]) -> int | None:
     return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
 
 
-class PendingReduction:
-    """A reduction started by ``Communicator.start_allreduce``: ``wait()`` returns its results;
-    ``seconds`` is how long the reduction itself ran (known once ``wait`` returned)."""
-
-    def __init__(self, results: list[np.ndarray], seconds: float) -> None:
-        self._results, self.seconds = results, seconds
-
-    def wait(self) -> list[np.ndarray]:
-        return self._results
-
-
 class Communicator(abc.ABC):
     """One process's view of the job: who am I, how many are we, and the collectives.
 
@@ -130,13 +119,42 @@ class Communicator(abc.ABC):
         tensor (None: not compressed). Other dtypes are never compressed."""
 
     def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
-                        wire: str | None = None) -> PendingReduction:
-        """Start ``allreduce(arrays, op)`` and return at once where the backend can reduce in the background
-        (the caller may go on computing, but must not change ``arrays`` until ``wait()`` returned). Every
-        rank must start the same reductions in the same order. This base version reduces before it returns."""
-        start = time.perf_counter()
-        results = self.allreduce(arrays, op)
-        return PendingReduction(results, time.perf_counter() - start)
+                        wire: Optional[str] = None) -> ReductionHandle:
+        """Start reducing ``arrays`` now, wait later: ``handle.wait()`` returns what ``allreduce`` would.
+
+        The arrays are copied before this returns, so the caller may change them at once. Backends with a
+        communication thread (``mpi``) reduce while the caller goes on; the others reduce here and the
+        handle is done at once. Every rank must start the same reductions in the same order, and call no
+        other collective of the same arrays before ``wait``. ``handle.reduce_seconds`` is the reduction's
+        own time, ``handle.waited_seconds`` the time ``wait`` blocked (the part not hidden behind work).
+        ``wire``: the reduction's wire format (``allreduce_tensors``).
+
+        Caveat for a caller that makes other collectives while a reduction is pending (param mode's
+        overlap with the next steps): the ``mpi`` backend's thread announces its waits to the stall
+        watchdog, which tracks one wait at a time (``Watchdog.enter``/``leave``) and numbers the
+        collectives in the order they start; waits of two threads at once can leave it a stale wait or
+        numbers that differ between ranks. Give the watchdog a slot per thread before relying on it there.
+        Needs ``MPI_THREAD_MULTIPLE`` then as well (two threads inside MPI at once)."""
+        check_reduction(op, [np.asarray(a).dtype for a in arrays])
+        start = time.monotonic()
+        results = self.allreduce([np.array(a) for a in arrays], op, **_wire_kwargs(wire))
+        return DoneReduction(results, time.monotonic() - start)
+
+    def allreduce_tensor_buckets(self, tensors: Sequence[tf.Tensor], buckets: Sequence[Sequence[int]],
+                                 op: str = "sum", *, timed_as: TimedAs = None,
+                                 wire: Optional[str] = None) -> list[tf.Tensor]:
+        """``allreduce_tensors`` in buckets (lists of indices of ``tensors``, ``buckets.assign_buckets``),
+        each reduced as soon as its own tensors exist, while the rest of the graph still computes; the
+        results come back in the order of ``tensors``. Every index must be in exactly one bucket. This
+        default reduces bucket by bucket with ``allreduce_tensors``; ``mpi`` and ``horovod`` overlap."""
+        check_buckets(len(tensors), buckets)
+        results: list[Any] = [None] * len(tensors)
+        for bucket in buckets:
+            reduced = self.allreduce_tensors([tensors[i] for i in bucket], op, timed_as=timed_as,
+                                             **_wire_kwargs(wire))
+            for i, result in zip(bucket, reduced):
+                results[i] = result
+        return results
 
     @abc.abstractmethod
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
@@ -165,6 +183,47 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def abort(self, message: str, exit_code: int = 1) -> NoReturn:
         """Print ``message`` (when not empty) and end every process of the job with ``exit_code``."""
+
+
+class ReductionHandle(abc.ABC):
+    """A reduction started by ``Communicator.start_allreduce``."""
+
+    waited_seconds: float = 0.0  # how long ``wait`` blocked its caller
+    reduce_seconds: float = 0.0  # how long the reduction itself took (once done)
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether ``wait`` would return at once."""
+
+    @abc.abstractmethod
+    def wait(self) -> list[np.ndarray]:
+        """The reduced arrays (raises the reduction's error, e.g. ``DistributedError``)."""
+
+
+class DoneReduction(ReductionHandle):
+    """A reduction that ran when it was started (backends without a communication thread)."""
+
+    def __init__(self, results: list[np.ndarray], seconds: float) -> None:
+        self.results, self.reduce_seconds = results, seconds
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> list[np.ndarray]:
+        return self.results
+
+
+def check_buckets(count: int, buckets: Sequence[Sequence[int]]) -> None:
+    """Every index of ``count`` tensors in exactly one bucket, no bucket empty."""
+    flat = sorted(i for bucket in buckets for i in bucket)
+    if flat != list(range(count)) or not all(buckets):
+        raise ValueError(f"allreduce buckets {list(map(list, buckets))} do not cover the {count} tensors "
+                         "exactly once")
+
+
+def _wire_kwargs(wire: Optional[str]) -> dict[str, str]:
+    """``wire=`` only where one is asked for, so backends without the keyword keep working."""
+    return {"wire": wire} if wire is not None else {}
 
 
 def exit_without_mpi(message: str, exit_code: int = 1) -> NoReturn:

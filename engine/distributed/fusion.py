@@ -107,3 +107,28 @@ class FusionBuffers:
                 if pos == flats[k].size:
                     k, pos = k + 1, 0
             collective(buf[start:stop])
+
+    def pack(self, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Copy the arrays into one buffer per dtype, without reducing: (the buffers, the results).
+
+        The results are views of the buffers shaped like the arrays; they hold the reduced values once
+        the buffers were reduced in place (``segments``). For a reduction that runs later, in another
+        thread, while the caller's arrays may already be gone (``comm_thread``)."""
+        arrays = [np.asarray(a) for a in arrays]
+        results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+        buffers = []
+        for dtype, indices in group_by_dtype(arrays).items():
+            flats = [arrays[i].reshape(-1) for i in indices]
+            offsets, total = self._layout(flats, dtype.itemsize)
+            buf = self._buffer(dtype, total)
+            for i, flat, offset in zip(indices, flats, offsets):
+                buf[offset:offset + flat.size] = flat
+                results[i] = buf[offset:offset + flat.size].reshape(arrays[i].shape)
+            buffers.append(buf)
+        return buffers, results
+
+    @staticmethod
+    def segments(buf: np.ndarray, segment_bytes: int = SEGMENT_BYTES) -> list[np.ndarray]:
+        """Consecutive views of ``buf`` of at most ``segment_bytes`` each (the reduction's unit)."""
+        seg = max(1, segment_bytes // buf.itemsize)
+        return [buf[start:start + seg] for start in range(0, buf.size, seg)]

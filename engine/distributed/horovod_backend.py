@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import TimedAs, check_reduction, tensor_bytes
+from engine.distributed.backend import TimedAs, check_buckets, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator, check_thread_level
 from engine.distributed.watchdog import StallLimits
@@ -77,10 +77,10 @@ class HorovodCommunicator(MPICommunicator):
         # fp16: Horovod sums float16 itself (its MPI float16 op adds in float32, rounds each sum to fp16)
         tensors, wired, fmt = compress(tensors, wire, op, as_bits=False)
         reduce = self._grouped_allreduce if self.watchdog is None else self._watched_allreduce
-        sum_first = fmt is not None and op == "average"  # divide after the cast back to float32
+        reduce_op = "sum" if fmt is not None and op == "average" else op  # divide after the cast back
 
         def run(ts: list[tf.Tensor]) -> list[tf.Tensor]:
-            return reduce(ts, "sum" if sum_first else op)
+            return reduce(ts, reduce_op)
 
         if timed_as is None:
             results = run(tensors)
@@ -88,11 +88,64 @@ class HorovodCommunicator(MPICommunicator):
             name, category = timed_as
             results = phases.timed_in_graph(name, category, tensors, run,
                                             bytes=tensor_bytes(tensors), tensors=len(tensors))
-        if not sum_first:
+        return self._decompressed(results, wired, fmt, op)
+
+    def _decompressed(self, results: list[tf.Tensor], wired: list[bool], fmt: str | None,
+                      op: str) -> list[tf.Tensor]:
+        """The fp16 sums cast back to float32; for an average, every result divided (the compressed ones
+        after the cast back, the others as _grouped_allreduce divides)."""
+        if fmt is None or op != "average":
             return decompress(results, wired, fmt)
-        # the uncompressed tensors of an average: divided as _grouped_allreduce divides
         return [r / np.array(self.size, r.dtype.as_numpy_dtype) if not w else r
                 for r, w in zip(decompress(results, wired, fmt, self.size), wired)]
+
+    def allreduce_tensor_buckets(self, tensors: Sequence[tf.Tensor], buckets: Sequence[Sequence[int]],
+                                 op: str = "sum", *, timed_as: TimedAs = None,
+                                 wire: Wire = None) -> list[tf.Tensor]:
+        """One grouped allreduce per bucket: Horovod's ops are asynchronous kernels, so TensorFlow goes on
+        computing while Horovod's thread reduces a bucket (fused up to HOROVOD_FUSION_THRESHOLD, which
+        ``buckets.set_horovod_fusion_threshold`` sets from distributed_bucket_mb). ``timed_as`` times the
+        exposed part: from the moment every tensor exists to the moment every result does. ``wire``: as
+        ``allreduce_tensors`` (fp16 through Horovod's float16 sum, bf16 through the mpi backend's)."""
+        import tensorflow as tf
+
+        check_buckets(len(tensors), buckets)
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
+        if not tensors:
+            return []
+        if wire_per_tensor(wire, len(tensors), op)[0] == "bf16":  # no bfloat16 in Horovod 0.28
+            return super().allreduce_tensor_buckets(tensors, buckets, op, timed_as=timed_as, wire=wire)
+        tensors, wired, fmt = compress(tensors, wire, op, as_bits=False)
+        reduce_op = "sum" if fmt is not None and op == "average" else op  # divide after the cast back
+
+        def reduce(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+            inputs = list(inputs)
+            if self.watchdog is not None:  # watched from the first bucket's start to the last result
+                first = [inputs[i] for i in buckets[0]]
+                with tf.control_dependencies(first):
+                    entered = tf.numpy_function(self._enter_in_graph, [], tf.int8, stateful=True,
+                                                name="stall_enter")
+                with tf.control_dependencies([entered]):
+                    for i in buckets[0]:
+                        inputs[i] = tf.identity(inputs[i])
+            results: list[tf.Tensor] = [None] * len(inputs)  # type: ignore[list-item]
+            for bucket in buckets:
+                for i, result in zip(bucket, self._grouped_allreduce([inputs[i] for i in bucket], reduce_op)):
+                    results[i] = result
+            if self.watchdog is None:
+                return results
+            with tf.control_dependencies(results):
+                left = tf.numpy_function(self._leave_in_graph, [], tf.int8, stateful=True, name="stall_leave")
+            with tf.control_dependencies([left]):
+                return [tf.identity(r) for r in results]
+
+        if timed_as is None:
+            return self._decompressed(reduce(tensors), wired, fmt, op)
+        name, category = timed_as
+        results = phases.timed_in_graph(name, category, tensors, reduce, gate_inputs=False,
+                                        bytes=tensor_bytes(tensors), tensors=len(tensors), buckets=len(buckets))
+        return self._decompressed(results, wired, fmt, op)
 
     def _watched_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """The reduction, with the graph telling the stall watchdog when it starts and ends waiting in

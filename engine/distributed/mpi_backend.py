@@ -8,6 +8,7 @@ Object collectives use mpi4py's pickle-based lower-case calls.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import sys
 import threading
@@ -15,11 +16,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import Communicator, TimedAs, check_reduction, exit_without_mpi, tensor_bytes
+from engine.distributed.backend import (Communicator, ReductionHandle, TimedAs, check_buckets,
+                                        check_reduction, exit_without_mpi, tensor_bytes)
+from engine.distributed.comm_thread import JointReduction, Reduction, ReductionThread
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
-from engine.distributed.wire import Wire, compress, decompress, numpy_sum
+from engine.distributed.wire import (Wire, compress, decompress, from_wire_bits, numpy_sum, to_wire_bits,
+                                     wire_per_tensor)
 from engine.report import phases
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -93,6 +97,10 @@ class MPICommunicator(Communicator):
         self._wire_ops: dict[str, Any] = {}  # user-defined MPI ops (wire.numpy_sum), made when first used
         super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
                          watchdog_calls_mpi=self.thread_multiple)
+        # overlapped reductions (start_allreduce, buckets) run in a thread on a communicator of their own
+        self._reducer = ReductionThread(self._comm.Dup(), self._ops, MPI.IN_PLACE, self._collective)
+        self._pending: dict[int, Reduction] = {}  # the in-graph buckets started and not yet waited for
+        self._tokens = itertools.count()
 
     # ----- tensors -----
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
@@ -169,6 +177,90 @@ class MPICommunicator(Communicator):
             for mpi_op in self._wire_ops.values():
                 mpi_op.Free()
         self._wire_ops.clear()
+
+    # ----- overlapped reductions (comm_thread.py) -----
+    def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
+                        wire: str | None = None) -> ReductionHandle:
+        arrays = [np.asarray(a) for a in arrays]
+        check_reduction(op, [a.dtype for a in arrays])
+        fmt, marked = wire_per_tensor(wire, len(arrays), op)
+        flags = [m and a.dtype == np.float32 for m, a in zip(marked, arrays)]
+        if not any(flags):
+            return self._reducer.start(arrays, op)
+        divisor = self.size if op == "average" else 0
+        bits = [to_wire_bits(a, fmt) if flag else a for a, flag in zip(arrays, flags)]
+        return JointReduction(self._start_parts(bits, flags, op, fmt), len(arrays),
+                              lambda i, r: from_wire_bits(r, fmt, divisor) if flags[i] else r)
+
+    def _start_parts(self, arrays: Sequence[np.ndarray], flags: Sequence[bool], op: str, fmt: str | None,
+                     slot: Any = None, **names: str) -> list[tuple[list[int], Reduction]]:
+        """Queue the plain arrays with ``op`` and the wire-format ones (uint16 bits, ``flags``) with the
+        format's sum, as two reductions; (indices, reduction) for each that is not empty."""
+        plain = [i for i, flag in enumerate(flags) if not flag]
+        wired = [i for i, flag in enumerate(flags) if flag]
+        parts = []
+        wire_op = self._wire_op(fmt) if fmt else None
+        for indices, part_op, mpi_op, part_slot in ((plain, op, None, slot),
+                                                    (wired, "sum", wire_op, (slot, fmt))):
+            if indices:
+                job = self._reducer.start([arrays[i] for i in indices], part_op, mpi_op=mpi_op,
+                                          slot=part_slot, **names)
+                parts.append((indices, job))
+        return parts
+
+    def allreduce_tensor_buckets(self, tensors: Sequence[tf.Tensor], buckets: Sequence[Sequence[int]],
+                                 op: str = "sum", *, timed_as: TimedAs = None,
+                                 wire: Wire = None) -> list[tf.Tensor]:
+        """One stateful ``numpy_function`` per bucket queues the bucket for the communication thread and
+        returns a token at once, so TensorFlow computes on while the thread reduces; one more takes all
+        tokens, waits, and returns the results. Timed as ``timed_as``: the phase is the time the step
+        waited (the exposed part); the span's arguments add the reduction's own time and its hidden part.
+        ``wire``: as ``allreduce_tensors`` (the compressed values travel as uint16 bits)."""
+        import tensorflow as tf
+
+        check_buckets(len(tensors), buckets)
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
+        if not tensors:
+            return []
+        tensors, wired, fmt = compress(tensors, wire, op, as_bits=True)
+        label = timed_as[0] if timed_as else "allreduce"
+        tokens = []
+        for slot, bucket in enumerate(buckets):
+            def start(*arrays: np.ndarray, slot: int = slot, bucket: Sequence[int] = bucket) -> np.int64:
+                token = next(self._tokens)
+                parts = self._start_parts(arrays, [wired[i] for i in bucket], op, fmt, slot=(label, slot),
+                                          label=f"{label} (bucket {slot + 1} of {len(buckets)})",
+                                          watched_as=IN_GRAPH)
+                self._pending[token] = JointReduction(parts, len(bucket))
+                return np.int64(token)
+
+            tokens.append(tf.numpy_function(start, [tensors[i] for i in bucket], tf.int64, stateful=True,
+                                            name="mpi_allreduce_start"))
+        order = [i for bucket in buckets for i in bucket]
+        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors), "buckets": len(buckets)}
+
+        def finish(*token_values: np.ndarray) -> list[np.ndarray]:
+            jobs = [self._pending.pop(int(t)) for t in token_values]
+            start = phases.now()
+            reduced = [result for job in jobs for result in job.wait()]
+            if timed_as is not None:  # the phase is the exposed wait; its arguments tell the rest
+                hidden = sum(job.hidden_seconds(start) for job in jobs)
+                total = sum(job.reduce_seconds for job in jobs)
+                phases.record(timed_as[0], timed_as[1], start, phases.now(), **sizes,
+                              reduce_s=round(total, 6), hidden_s=round(hidden, 6))
+            results: list[np.ndarray] = [None] * len(reduced)  # type: ignore[list-item]
+            for i, result in zip(order, reduced):
+                results[i] = result
+            return results
+
+        results = tf.numpy_function(finish, tokens, [t.dtype for t in tensors], stateful=True,
+                                    name="mpi_allreduce_wait")
+        if not isinstance(results, (list, tuple)):  # eager numpy_function returns one output bare
+            results = [results]
+        for result, tensor in zip(results, tensors):
+            result.set_shape(tensor.shape)
+        return decompress(results, wired, fmt, self.size if op == "average" else 0)
 
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
         self._check_root(root)

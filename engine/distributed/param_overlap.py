@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import Communicator, PendingReduction
+from engine.distributed.backend import Communicator, ReductionHandle
+from engine.distributed.buckets import buckets_for
 from engine.report.timeline import PARAM_AVERAGE
 
 
@@ -58,13 +59,14 @@ class ParamAverager:
     """Averages the parameters over the ranks, at once or overlapped with the following steps."""
 
     def __init__(self, comm: Communicator, *, overlap: bool = False, wire: str | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 bucket_mb: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.comm = comm
         self.overlap = overlap
         self.wire = wire
+        self.bucket_mb = bucket_mb
         self.stats = SyncStats()
         self._clock = clock
-        self._pending: tuple[PendingReduction, list[np.ndarray], Sequence[Any]] | None = None
+        self._pending: tuple[ReductionHandle, list[np.ndarray], Sequence[Any]] | None = None
         self._average: Callable[[], None] | None = None
         self._compiled_for: tuple[int, ...] = ()
 
@@ -84,18 +86,16 @@ class ParamAverager:
             return
         handle, snapshot, params = self._pending
         self._pending = None
-        start = self._clock()
         averaged = handle.wait()
-        waited = self._clock() - start
         for variable, mean, own in zip(params, averaged, snapshot):
             variable.assign_add(mean - own)
-        self.stats.add(sum(a.nbytes for a in snapshot), handle.seconds, waited)
+        self.stats.add(sum(a.nbytes for a in snapshot), handle.reduce_seconds, handle.waited_seconds)
 
     def average_now(self, params: Sequence[Any]) -> None:
         """Every rank's parameters replaced by their mean, before this call returns."""
         self.finish()
         if self._compiled_for != tuple(map(id, params)):
-            self._average = _compile_average(self.comm, list(params), self.wire)
+            self._average = _compile_average(self.comm, list(params), self.wire, self.bucket_mb)
             self._compiled_for = tuple(map(id, params))
         start = self._clock()
         self._average()
@@ -108,13 +108,19 @@ class ParamAverager:
         return stats
 
 
-def _compile_average(comm: Communicator, params: list, wire: str | None) -> Callable[[], None]:
+def _compile_average(comm: Communicator, params: list, wire: str | None,
+                     bucket_mb: float) -> Callable[[], None]:
     import tensorflow as tf
+
+    # in buckets, the mpi backend copies the next bucket while its thread sends the one before
+    buckets = buckets_for(params, bucket_mb) if bucket_mb else None
+    timed_as = ("parameter average", PARAM_AVERAGE)
 
     @tf.function
     def average() -> None:
-        averaged = comm.allreduce_tensors([v.read_value() for v in params], "average",
-                                          timed_as=("parameter average", PARAM_AVERAGE), wire=wire)
+        values = [v.read_value() for v in params]
+        averaged = (comm.allreduce_tensor_buckets(values, buckets, "average", timed_as=timed_as, wire=wire)
+                    if buckets else comm.allreduce_tensors(values, "average", timed_as=timed_as, wire=wire))
         for var, value in zip(params, averaged):
             var.assign(value)
 

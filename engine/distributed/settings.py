@@ -7,6 +7,7 @@ turns the settings into the object the training loop talks to.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param
 BACKEND_KEY = "distributed_backend"
 PARAM_OVERLAP_KEY = "distributed_param_sync_overlap"
 WIRE_KEY = "distributed_wire_format"
+BUCKET_KEY = "distributed_bucket_mb"
 STALL_KEYS = ("distributed_stall_warning", "distributed_stall_timeout", "distributed_checkpoint_timeout")
 RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
 
@@ -45,6 +47,7 @@ class DataParallelSettings:
     param_sync_overlap: bool = False  # param mode: the average runs behind the following steps
     stall: StallLimits = StallLimits()  # when a wait for the other ranks is reported, and ends the job
     wire_format: str | None = None  # distributed_wire_format: None (float32) | "fp16" | "bf16"
+    bucket_mb: float = 0.0  # distributed_bucket_mb: gradient buckets reduced during the backward pass
 
     @classmethod
     def from_config(cls, config: Any) -> DataParallelSettings:
@@ -55,8 +58,9 @@ class DataParallelSettings:
         _check_choice(BACKEND_KEY, backend, CONFIG_BACKENDS)
         stall = _stall_limits(config)
         wire_format = _wire_format(config)
+        bucket_mb = _bucket_mb(config)
         if not config.bool("use_horovod"):
-            return cls(backend_name=backend, stall=stall, wire_format=wire_format)
+            return cls(backend_name=backend, stall=stall, wire_format=wire_format, bucket_mb=bucket_mb)
         settings = cls(
             enabled=True,
             reduce_type=config.str("horovod_reduce_type"),
@@ -69,6 +73,7 @@ class DataParallelSettings:
             param_sync_overlap=config.bool(PARAM_OVERLAP_KEY),
             stall=stall,
             wire_format=wire_format,
+            bucket_mb=bucket_mb,
         )
         settings._validate()
         return settings
@@ -142,6 +147,15 @@ def _stall_limits(config: Any) -> StallLimits:
         seconds.append(value or None)
     warning, timeout, checkpoint = seconds
     return StallLimits(warning, timeout, checkpoint if timeout else None)
+
+
+def _bucket_mb(config: Any) -> float:
+    """``distributed_bucket_mb``: MB (1e6 bytes) per gradient bucket, >= 0 (0: one reduction at the end)."""
+    value = config.float(BUCKET_KEY)  # a ConfigError naming the key for a non-number
+    if value is None or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"Config key '{BUCKET_KEY}' is {value!r}; expected a size in MB >= 0 (0: reduce "
+                          "gradients in one call after the backward pass).")
+    return value
 
 
 def _check_known_keys(config: Any) -> None:

@@ -17,6 +17,7 @@ import sys
 from typing import Iterator
 
 from engine.config.loader import Config
+from engine.distributed.buckets import set_horovod_fusion_threshold
 from engine.distributed.consistency import check_config_consistency
 from engine.distributed.failure import install_failure_handler
 from engine.distributed.select import create_communicator
@@ -37,6 +38,7 @@ def start(config: Config) -> Strategy:
                           "'use_horovod' is off, so every rank would train its own model and overwrite the "
                           "others' files. Add '++use_horovod 1' for data-parallel training, or start a "
                           "single process.")
+    set_horovod_fusion_threshold(settings.bucket_mb)  # read by hvd.init, if Horovod is the backend
     with joining_deadline(settings.stall if settings.enabled else StallLimits(), env_size()):
         comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall,
                                    requested_device(config))  # tf_session_opts' device_count can say "cpu"

@@ -10,7 +10,8 @@ mode runs:
 
 - ``SingleProcess``: no communication (``use_horovod`` off).
 - ``GradAllreduce``: every step signals, then reduces the gradients (with the step's score sums) in
-  one fused collective; every rank applies the same update. ``horovod_grad_normalization`` decides
+  one fused collective, or in buckets while the backward pass runs (``distributed_bucket_mb``,
+  ``buckets.py``); every rank applies the same update. ``horovod_grad_normalization`` decides
   what the reduced gradient is (see ``settings.GRAD_NORMALIZATIONS``).
 - ``ParamAverage``: every rank updates alone; the parameters are averaged when ``ParamSyncSchedule``
   says so and at the end of every epoch. With ``shard`` the ranks signal every step (they end the
@@ -35,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.distributed.backend import Communicator
+from engine.distributed.buckets import buckets_for
 from engine.distributed.protocol import (StepSignal, exit_code_of, raise_on_failure, step_signal,
                                          sum_score_vectors)
 from engine.distributed.param_overlap import ParamAverager
@@ -120,10 +122,11 @@ class Strategy:
 
 class GradAllreduce(Strategy):
     def __init__(self, comm: Communicator, *, normalization: str = "sum", scale_lr: bool = False,
-                 wire_format: str | None = None) -> None:
+                 wire_format: str | None = None, bucket_mb: float = 0.0) -> None:
         super().__init__(comm)
         self.normalization = normalization
         self.wire_format = wire_format  # distributed_wire_format: the gradients' dtype on the wire
+        self.bucket_mb = bucket_mb
         self.train_shard = (comm.rank, comm.size)
         self.lr_scale = float(comm.size) if scale_lr else 1.0
         self.differentiates_loss_sum = normalization == "global_frames"
@@ -140,11 +143,18 @@ class GradAllreduce(Strategy):
         return StepPlan.agreed(signal) if signal.all_have_data or signal.stop_requests else None
 
     def reduce_gradients(self, grads: list, scores: Any) -> tuple[list, Any]:
-        # The score sums ride along in the gradients' fused buffer: one collective per step, and every
-        # rank reports the global scores.
-        reduced = self.comm.allreduce_tensors(list(grads) + [scores], "sum",
-                                              timed_as=("gradient allreduce", ALLREDUCE),
-                                              wire=self.grads_wire(len(grads), with_scores=True))
+        # The score sums ride along with the gradients (in the first bucket: they exist since the forward
+        # pass), so every rank reports the global scores; they stay float32 on the wire.
+        tensors = list(grads) + [scores]
+        wire = self.grads_wire(len(grads), with_scores=True)
+        timed_as = ("gradient allreduce", ALLREDUCE)
+        if self.bucket_mb > 0:
+            buckets = buckets_for(grads, self.bucket_mb)
+            buckets = [buckets[0] + [len(grads)]] + buckets[1:] if buckets else [[len(grads)]]
+            reduced = self.comm.allreduce_tensor_buckets(tensors, buckets, "sum", timed_as=timed_as,
+                                                         wire=wire)
+        else:
+            reduced = self.comm.allreduce_tensors(tensors, "sum", timed_as=timed_as, wire=wire)
         grads, scores = reduced[:-1], reduced[-1]
         return self._normalize(grads, scores), scores
 
@@ -192,9 +202,10 @@ class ParamSyncSchedule:
 
 class ParamAverage(Strategy):
     def __init__(self, comm: Communicator, *, distribution: str, schedule: ParamSyncSchedule,
-                 scale_lr: bool = False, overlap: bool = False, wire_format: str | None = None) -> None:
+                 scale_lr: bool = False, overlap: bool = False, wire_format: str | None = None,
+                 bucket_mb: float = 0.0) -> None:
         super().__init__(comm)
-        self.averager = ParamAverager(comm, overlap=overlap, wire=wire_format)
+        self.averager = ParamAverager(comm, overlap=overlap, wire=wire_format, bucket_mb=bucket_mb)
         self._at_epoch_end = False
         self.distribution = distribution
         self.wire_format = wire_format  # distributed_wire_format: the parameters' dtype on the wire
@@ -273,11 +284,11 @@ def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strate
         return Strategy(comm)
     if settings.reduce_type == "grad":
         return GradAllreduce(comm, normalization=settings.grad_normalization, scale_lr=settings.scale_lr,
-                             wire_format=settings.wire_format)
+                             wire_format=settings.wire_format, bucket_mb=settings.bucket_mb)
     schedule = ParamSyncSchedule(settings.param_sync_step, settings.param_sync_time_diff)
     return ParamAverage(comm, distribution=settings.dataset_distribution, schedule=schedule,
                         scale_lr=settings.scale_lr, overlap=settings.param_sync_overlap,
-                        wire_format=settings.wire_format)
+                        wire_format=settings.wire_format, bucket_mb=settings.bucket_mb)
 
 
 def _on_wire(wire_format: str | None) -> str:

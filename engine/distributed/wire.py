@@ -100,7 +100,23 @@ def decompress(reduced: Sequence[tf.Tensor], flags: Sequence[bool], fmt: str | N
     return out
 
 
-# ----- numpy: the wire dtypes' sums over uint16 bit patterns -----
+# ----- numpy: arrays to and from the wire, the wire dtypes' sums over uint16 bit patterns -----
+def to_wire_bits(values: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 values rounded to ``fmt`` (nearest, ties to even), as uint16 bit patterns (``compress``
+    for numpy arrays, e.g. ``start_allreduce``'s)."""
+    if fmt == "fp16":
+        return np.asarray(values, np.float32).astype(np.float16).view(np.uint16)
+    return float32_to_bf16_bits(values)
+
+
+def from_wire_bits(bits: np.ndarray, fmt: str, divisor: int = 0) -> np.ndarray:
+    """The float32 values of ``fmt`` bit patterns, divided by ``divisor`` when not 0 (``decompress``)."""
+    values = bits.view(np.float16).astype(np.float32) if fmt == "fp16" else bf16_bits_to_float32(bits)
+    if divisor:
+        values = values / np.float32(divisor)
+    return values
+
+
 def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
     return np.left_shift(bits, 16, dtype=np.uint32).view(np.float32)
 

@@ -66,13 +66,17 @@ def span(name: str, category: str, **args: Any) -> _Span:
 
 
 def timed_in_graph(name: str, category: str, inputs: list[tf.Tensor],
-                   compute: Callable[[list[tf.Tensor]], list[tf.Tensor]], **args: Any) -> list[tf.Tensor]:
+                   compute: Callable[[list[tf.Tensor]], list[tf.Tensor]], *, gate_inputs: bool = True,
+                   **args: Any) -> list[tf.Tensor]:
     """``compute(inputs)`` inside a ``tf.function`` (an op that runs outside Python, such as Horovod's
     allreduce), timed as a phase without leaving the graph: ``tf.timestamp`` once every input is ready
     (``compute`` waits for it) and once every result is; the difference is added to a variable that
     ``totals`` reads. When the timeline is on or expected (``timeline.expect_recording``) while
     the function is traced, one ``tf.numpy_function``
-    also records each span (``tf.function`` runs stateful ops even when nothing uses their output)."""
+    also records each span (``tf.function`` runs stateful ops even when nothing uses their output).
+    ``gate_inputs`` False: ``compute`` may start on each input as soon as it exists (a reduction in
+    buckets that overlaps the work producing the later inputs); the span is then the exposed part, from
+    the last input to the last result."""
     import tensorflow as tf
 
     with _lock, tf.init_scope():  # one variable per category, made outside any graph
@@ -81,10 +85,11 @@ def timed_in_graph(name: str, category: str, inputs: list[tf.Tensor],
             seconds = _graph_seconds[category] = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     with tf.control_dependencies(inputs):
         start = tf.timestamp()
-    with tf.control_dependencies([start]):
-        inputs = [tf.identity(t) for t in inputs]
+    if gate_inputs:
+        with tf.control_dependencies([start]):
+            inputs = [tf.identity(t) for t in inputs]
     results = compute(inputs)
-    with tf.control_dependencies(results):
+    with tf.control_dependencies(list(results) + [start]):
         end = tf.timestamp()
         seconds.assign_add(end - start)
         if timeline.recording_expected():
