@@ -274,7 +274,7 @@ class Failed(Exception):
 
 def unknown_key(line: str, setting: Setting) -> bool:
     """Whether ``line`` is the engine's warning that one of the row's keys is not a key it knows."""
-    match = re.match(r"Config key '(\w+)': not a key of this engine", line)
+    match = re.search(r"config key '(\w+)': not a key of this engine", line, re.I)
     return bool(match) and f"++{match.group(1)}" in setting.overrides
 
 
@@ -501,7 +501,7 @@ def report_model(model_key: str, measured: dict[str, Measured], links: list[str]
             row = m.row(link)
             speedup = m.setting.ranks * single / row.median
             print(f"  {name:44} {link:9} {fmt_range(row):>27} {fmt_range(compute):>20} {speedup:>7.2f}x "
-                  f"{fmt_range(m.row(link, 'bytes'), 1e-6, '{:.1f}'):>18}")
+                  f"{fmt_range(m.row(link, 'bytes'), 1e-6, '{:.2f}'):>18}")
 
 
 def main() -> None:
