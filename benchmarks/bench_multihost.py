@@ -286,13 +286,19 @@ def engine_reason(text: str) -> str:
     return text.strip().splitlines()[-1][:300] if text.strip() else "no output"
 
 
+def segment_plan(setting: Setting, model: Model, links: int) -> tuple[int, int, int]:
+    """(warm-up steps, steps per link segment, steps in all): whole periods of the row (accumulation
+    groups, parameter syncs), so every segment holds the same number of reductions."""
+    steps = setting.period * max(1, -(-model.segment // setting.period))
+    warmup = setting.period * max(1, -(-2 // setting.period))  # at least 2: the first step traces
+    return warmup, steps, warmup + steps * links
+
+
 def train_segments(setting: Setting, model: Model, links: list[str], hosts: SimulatedHosts,
                    tmp: str) -> list[Segment]:
     """One run of ``setting``: a warm-up, then one segment per link (``links``, the first one the
     compute-only link). Raises Refused or Failed."""
-    steps = setting.period * max(1, -(-model.segment // setting.period))  # a multiple of the period
-    warmup = max(2, setting.period) if setting.period == 1 else setting.period
-    total = warmup + steps * len(links)
+    warmup, steps, total = segment_plan(setting, model, len(links))
     config = os.path.join(tmp, f"{model.title.replace(' ', '_')}-{total}.py")
     with open(config, "w") as f:
         f.write(model.config(total * model.max_seqs * setting.ranks))
@@ -373,7 +379,8 @@ def allreduce_worker(models: list[str], reps: int, wires: list[str]) -> None:
                 fn = tf.function(lambda kw=kwargs: comm.allreduce_tensors(tensors, "sum", **kw))
                 fn()  # warm-up: tracing, buffers
             except TypeError as exc:
-                result["refused"] = f"allreduce_tensors refuses wire={wire!r}: {exc}"
+                last = str(exc).strip().splitlines()[-1]  # autograph's message ends with the TypeError
+                result["refused"] = f"allreduce_tensors refuses wire={wire!r}: {last}"
                 if world.Get_rank() == 0:
                     print("ALLREDUCE " + json.dumps(result), flush=True)
                 continue
