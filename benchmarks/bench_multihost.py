@@ -331,7 +331,7 @@ def train_segments(setting: Setting, model: Model, links: list[str], hosts: Simu
                 if setting.ranks > 1:
                     set_link(hosts, starts[step])
                 sent0 = hosts.tx_bytes() if setting.ranks > 1 else [0, 0]
-                opened = (starts[step], time.perf_counter(), sent0)
+                opened = (starts[step], now, sent0)  # from the line: the next step runs during the switch
             elif step == max(ends) and setting.ranks > 1:
                 set_link(hosts, UNLIMITED)  # the epoch's end (final syncs) on the fast link
         proc.wait(timeout=600)
