@@ -274,7 +274,8 @@ class Failed(Exception):
 
 def unknown_key(line: str, setting: Setting) -> bool:
     """Whether ``line`` is the engine's warning that one of the row's keys is not a key it knows."""
-    match = re.search(r"config key '(\w+)': not a key of this engine", line, re.I)
+    # [^:]*: the engine's hint for a near name, "(did you mean 'distributed_backend'?)"
+    match = re.search(r"config key '(\w+)'[^:]*: not a key of this engine", line, re.I)
     return bool(match) and f"++{match.group(1)}" in setting.overrides
 
 
