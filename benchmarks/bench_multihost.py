@@ -669,8 +669,8 @@ def horovod_verdict(large: dict) -> str:
         rows = [(m.row("100mbit").median, name) for name, m in large.items()
                 if m.setting.tag == tag and not m.status()]
         best[tag] = min(rows) if rows else None
-    missing = [f"{name}: {m.status()[:120]}" for name, m in large.items() if m.setting.tag and m.status()]
-    note = f" (not measured: {'; '.join(missing)})" if missing else ""
+    missing = [f"'{name}'" for name, m in large.items() if m.setting.tag and m.status()]
+    note = f" (n/a, not compared: {', '.join(missing)})" if missing else ""
     if not (best["engine"] and best["horovod"]):
         return f"n/a: engine vs Horovod at 100mbit, large model: a side has no measured row{note}"
     (te, ne), (th, nh) = best["engine"], best["horovod"]
