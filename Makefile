@@ -70,8 +70,9 @@ test-latest: install-latest
 test-schedulers: install
 	ENGINE_SCHEDULER_TESTS=1 $(VENV)/bin/pytest tests/schedulers
 
-# All benchmarks, one after the other (about an hour on 2 cores; docs/performance.md): medians of
-# interleaved runs with ranges, and a verdict line per target. Run it on a quiet machine.
+# All benchmarks, one after the other (about an hour on 2 cores, and bench_multihost's 30-40 minutes as
+# root; docs/performance.md): medians of interleaved runs with ranges, and a verdict line per target. Run
+# it on a quiet machine.
 bench: install
 	$(PY) benchmarks/bench_data.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_allreduce.py
@@ -81,6 +82,7 @@ bench: install
 	$(PY) benchmarks/bench_ctc.py
 	$(PY) benchmarks/bench_forward.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_chaos.py
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_multihost.py
 
 clean:
 	rm -rf out data

@@ -3,6 +3,8 @@
     with SimulatedHosts.create() as hosts:          # SimulatedHosts.unavailable() says why it cannot
         hosts.run_on(0, [...])                      # a command on host 0, with host 0's hostname
         hosts.tx_bytes()                            # bytes each end of the link has sent
+        hosts.limit_rate(100e6)                     # a 100 Mbit/s link in both directions (tc tbf)
+        hosts.unlimit_rate()                        # back to the veth pair's own speed
 
 The network is closed: addresses from the reserved test range 198.18.0.0/24 (RFC 2544), the veth
 pair joins only the two namespaces (nothing is bridged to the machine's interfaces, there is no
@@ -119,6 +121,40 @@ class SimulatedHosts:
             (link,) = json.loads(shown)
             counts.append(int(link["stats64"]["tx"]["bytes"]))
         return counts
+
+    @staticmethod
+    def tc_unavailable() -> str | None:
+        """Why the link cannot be rate-limited here (no ``tc``), or None when it can."""
+        if shutil.which("tc") is None:
+            return "the 'tc' command is missing (install it with: apt-get install -y iproute2)"
+        return None
+
+    def limit_rate(self, rate_bits: float, burst_bytes: int | None = None, latency_ms: float = 50.0) -> None:
+        """Limit the link to ``rate_bits`` bits/s in both directions: a token bucket filter (``tbf``)
+        as the root qdisc of each end's veth, inside its namespace (each end shapes what it sends).
+        The burst defaults to 10 ms of the rate and at least 64 KiB: a segmentation-offloaded packet
+        on a veth is up to 64 KiB, and a bucket smaller than the packets keeps the link below its rate.
+        ``latency_ms``: how long a packet may wait in the queue before tbf drops it."""
+        burst = burst_bytes if burst_bytes is not None else max(int(rate_bits / 8 * 0.010), 65536)
+        for host in self.hosts:
+            self._tc(host, "qdisc", "replace", "dev", host.interface, "root", "tbf", "rate",
+                     f"{int(rate_bits)}bit", "burst", str(burst), "latency", f"{latency_ms}ms")
+
+    def unlimit_rate(self) -> None:
+        """Remove the rate limits of ``limit_rate`` (the veth's default qdisc again)."""
+        for host in self.hosts:
+            shown = self._tc(host, "qdisc", "show", "dev", host.interface).stdout
+            if " tbf " in f" {shown} ":
+                self._tc(host, "qdisc", "del", "dev", host.interface, "root")
+
+    @staticmethod
+    def _tc(host: Host, *args: str) -> subprocess.CompletedProcess:
+        result = subprocess.run(["ip", "netns", "exec", host.netns, "tc", *args], capture_output=True,
+                                text=True, timeout=30)
+        if result.returncode != 0:
+            raise RuntimeError(f"'tc {' '.join(args)}' in {host.netns} failed (exit {result.returncode}): "
+                               f"{result.stderr.strip()}")
+        return result
 
     def kill_processes(self) -> None:
         """End every process still inside the namespaces (e.g. MPI daemons after a timeout)."""
