@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.distributed.backend import PendingReduction
+from engine.distributed.backend import DoneReduction
 from engine.distributed.param_overlap import ParamAverager, SyncStats
 from test_engine_parallel import base_config, train
 
@@ -25,7 +25,7 @@ class TwoRankFake:
         assert op == "average"
         self.started.append([a.copy() for a in arrays])
         results = [(a + b) / 2 for a, b in zip(arrays, self.other(len(self.started)))]
-        return PendingReduction(results, seconds=2.0)
+        return DoneReduction(results, seconds=2.0)
 
 
 def test_overlapped_average_is_applied_where_the_next_starts():
@@ -44,7 +44,7 @@ def test_overlapped_average_is_applied_where_the_next_starts():
     averager.finish()  # nothing pending: no change
     np.testing.assert_array_equal(params[0].numpy(), [3.5, 6.5])
     stats = averager.take_stats()
-    assert stats.reduce_seconds == [2.0, 2.0] and stats.hidden_share > 0.99  # the fake was done at once
+    assert stats.reduce_seconds == [2.0, 2.0] and stats.hidden_share == 1.0  # the fake was done at once
     assert averager.take_stats().reduce_seconds == []
 
 

@@ -95,6 +95,31 @@ class JointReduction(ReductionHandle):
         return results
 
 
+class WatchedReduction(ReductionHandle):
+    """A reduction the caller goes on beside, making collectives of its own meanwhile (param mode's
+    overlapped average): the stall watchdog follows one wait at a time and counts collectives in the order
+    they start, so the thread does not announce this one; the caller's ``wait`` is the watched wait,
+    at the same point of every rank's sequence of collectives."""
+
+    def __init__(self, inner: ReductionHandle, guard: Callable[[], ContextManager[None]]) -> None:
+        self.inner, self.guard = inner, guard
+
+    @property
+    def reduce_seconds(self) -> float:  # type: ignore[override]
+        return self.inner.reduce_seconds
+
+    @property
+    def waited_seconds(self) -> float:  # type: ignore[override]
+        return self.inner.waited_seconds
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def wait(self) -> list[np.ndarray]:
+        with self.guard():
+            return self.inner.wait()
+
+
 class ReductionThread:
     """A daemon thread that reduces queued arrays on ``comm`` (an mpi4py communicator of its own)."""
 
@@ -108,8 +133,12 @@ class ReductionThread:
         self._thread.start()
 
     def start(self, arrays: Sequence[np.ndarray], op: str, *, slot: Any = None,
-              label: str = "allreduce", watched_as: str = "allreduce", mpi_op: Any = None) -> Reduction:
+              label: str = "allreduce", watched_as: str | None = "allreduce",
+              mpi_op: Any = None) -> Reduction:
         """Copy ``arrays`` (the caller may reuse them at once) and queue their reduction.
+
+        ``watched_as``: the name under which the thread announces the reduction to the stall watchdog;
+        None: not announced (the caller watches its own ``wait``, ``WatchedReduction``).
 
         ``slot``: reductions with the same slot share a buffer pool (bucket k of every step), so a
         step reuses the buffers of the step before the last one instead of allocating new ones."""
@@ -129,7 +158,7 @@ class ReductionThread:
                 return
             job.started = timeline.now()
             try:
-                with self._collective(job.watched_as):
+                with self._collective(job.watched_as) if job.watched_as else contextlib.nullcontext():
                     self._reduce(job)
             except BaseException as exc:  # kept for ``wait``: the step fails with it instead of hanging
                 job.error = exc

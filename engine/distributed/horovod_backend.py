@@ -131,7 +131,8 @@ class HorovodCommunicator(MPICommunicator):
                         inputs[i] = tf.identity(inputs[i])
             results: list[tf.Tensor] = [None] * len(inputs)  # type: ignore[list-item]
             for bucket in buckets:
-                for i, result in zip(bucket, self._grouped_allreduce([inputs[i] for i in bucket], reduce_op)):
+                reduced = self._grouped_allreduce([inputs[i] for i in bucket], reduce_op)
+                for i, result in zip(bucket, reduced):
                     results[i] = result
             if self.watchdog is None:
                 return results
@@ -143,8 +144,8 @@ class HorovodCommunicator(MPICommunicator):
         if timed_as is None:
             return self._decompressed(reduce(tensors), wired, fmt, op)
         name, category = timed_as
-        results = phases.timed_in_graph(name, category, tensors, reduce, gate_inputs=False,
-                                        bytes=tensor_bytes(tensors), tensors=len(tensors), buckets=len(buckets))
+        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors), "buckets": len(buckets)}
+        results = phases.timed_in_graph(name, category, tensors, reduce, gate_inputs=False, **sizes)
         return self._decompressed(results, wired, fmt, op)
 
     def _watched_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:

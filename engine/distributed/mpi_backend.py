@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.distributed.backend import (Communicator, ReductionHandle, TimedAs, check_buckets,
                                         check_reduction, exit_without_mpi, tensor_bytes)
-from engine.distributed.comm_thread import JointReduction, Reduction, ReductionThread
+from engine.distributed.comm_thread import JointReduction, Reduction, ReductionThread, WatchedReduction
 from engine.distributed.fusion import FusionBuffers
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
@@ -185,15 +185,18 @@ class MPICommunicator(Communicator):
         check_reduction(op, [a.dtype for a in arrays])
         fmt, marked = wire_per_tensor(wire, len(arrays), op)
         flags = [m and a.dtype == np.float32 for m, a in zip(marked, arrays)]
-        if not any(flags):
-            return self._reducer.start(arrays, op)
-        divisor = self.size if op == "average" else 0
-        bits = [to_wire_bits(a, fmt) if flag else a for a, flag in zip(arrays, flags)]
-        return JointReduction(self._start_parts(bits, flags, op, fmt), len(arrays),
-                              lambda i, r: from_wire_bits(r, fmt, divisor) if flags[i] else r)
+        if any(flags):
+            divisor = self.size if op == "average" else 0
+            bits = [to_wire_bits(a, fmt) if flag else a for a, flag in zip(arrays, flags)]
+            handle: ReductionHandle = JointReduction(
+                self._start_parts(bits, flags, op, fmt, watched_as=None), len(arrays),
+                lambda i, r: from_wire_bits(r, fmt, divisor) if flags[i] else r)
+        else:
+            handle = self._reducer.start(arrays, op, watched_as=None)
+        return WatchedReduction(handle, lambda: self._collective("wait for a started allreduce"))
 
     def _start_parts(self, arrays: Sequence[np.ndarray], flags: Sequence[bool], op: str, fmt: str | None,
-                     slot: Any = None, **names: str) -> list[tuple[list[int], Reduction]]:
+                     slot: Any = None, **names: Any) -> list[tuple[list[int], Reduction]]:
         """Queue the plain arrays with ``op`` and the wire-format ones (uint16 bits, ``flags``) with the
         format's sum, as two reductions; (indices, reduction) for each that is not empty."""
         plain = [i for i, flag in enumerate(flags) if not flag]
