@@ -23,7 +23,8 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 
 from engine.distributed.backend import ReductionHandle
-from engine.distributed.fusion import FusionBuffers
+from engine.distributed.fusion import SEGMENT_BYTES, FusionBuffers
+from engine.distributed.ring import NUMPY_OPS, RING_SEGMENT_BYTES, Add, ring_allreduce
 from engine.report import timeline
 from engine.runtime.errors import DistributedError
 
@@ -32,13 +33,14 @@ class Reduction(ReductionHandle):
     """One queued reduction; ``wait`` returns its results (views of its fused buffers)."""
 
     def __init__(self, buffers: list[np.ndarray], results: list[np.ndarray], op: str, label: str,
-                 watched_as: str, mpi_op: Any = None) -> None:
+                 watched_as: str | None, mpi_op: Any = None, add: Add | None = None) -> None:
         self.buffers, self.results, self.op, self.label = buffers, results, op, label
         self.watched_as = watched_as  # the stall watchdog's name for it
         self.started = self.finished = 0.0  # timeline.now() of the thread's start and end of the work
         self.waited_seconds = 0.0  # how long ``wait`` blocked the caller
         self.error: BaseException | None = None
         self.mpi_op = mpi_op  # a user-defined op (a wire format's sum) instead of ``op``'s own
+        self.add = add  # its numpy form, for the ring
         self._done = threading.Event()
 
     @property
@@ -124,8 +126,9 @@ class ReductionThread:
     """A daemon thread that reduces queued arrays on ``comm`` (an mpi4py communicator of its own)."""
 
     def __init__(self, comm: Any, mpi_ops: dict[str, Any], in_place: Any,
-                 collective: Callable[[str], ContextManager[None]] | None = None) -> None:
-        self._comm, self._mpi_ops, self._in_place = comm, mpi_ops, in_place
+                 collective: Callable[[str], ContextManager[None]] | None = None, ring: bool = False) -> None:
+        """``ring``: reduce with ``ring.ring_allreduce`` (the backend's choice across hosts)."""
+        self._comm, self._mpi_ops, self._in_place, self.ring = comm, mpi_ops, in_place, ring
         self._collective = collective or (lambda name: contextlib.nullcontext())
         self._fusion: dict[Any, FusionBuffers] = {}  # one pool per slot: a slot's buffers alternate
         self._queue: queue.Queue[Reduction | None] = queue.Queue()
@@ -134,17 +137,18 @@ class ReductionThread:
 
     def start(self, arrays: Sequence[np.ndarray], op: str, *, slot: Any = None,
               label: str = "allreduce", watched_as: str | None = "allreduce",
-              mpi_op: Any = None) -> Reduction:
+              mpi_op: Any = None, add: Add | None = None) -> Reduction:
         """Copy ``arrays`` (the caller may reuse them at once) and queue their reduction.
 
         ``watched_as``: the name under which the thread announces the reduction to the stall watchdog;
         None: not announced (the caller watches its own ``wait``, ``WatchedReduction``).
 
         ``slot``: reductions with the same slot share a buffer pool (bucket k of every step), so a
-        step reuses the buffers of the step before the last one instead of allocating new ones."""
+        step reuses the buffers of the step before the last one instead of allocating new ones.
+        ``mpi_op`` and ``add`` (for the ring): a wire format's sum instead of ``op``'s own."""
         fusion = self._fusion.setdefault(slot, FusionBuffers())
         buffers, results = fusion.pack(arrays)
-        job = Reduction(buffers, results, op, label, watched_as, mpi_op)
+        job = Reduction(buffers, results, op, label, watched_as, mpi_op, add)
         self._queue.put(job)
         return job
 
@@ -167,11 +171,15 @@ class ReductionThread:
 
     def _reduce(self, job: Reduction) -> None:
         mpi_op = job.mpi_op or self._mpi_ops[job.op]
+        add = job.add or NUMPY_OPS[job.op]
         divisor = self._comm.Get_size() if job.op == "average" else 0
         for buf in job.buffers:
-            for segment in FusionBuffers.segments(buf):
-                # Blocking: Open MPI spins (yielding) inside, which costs the compute thread some CPU on
-                # a shared core; polling MPI_Test with short sleeps instead measured no faster.
-                self._comm.Allreduce(self._in_place, segment, op=mpi_op)
+            for segment in FusionBuffers.segments(buf, RING_SEGMENT_BYTES if self.ring else SEGMENT_BYTES):
+                if self.ring:
+                    ring_allreduce(self._comm, segment, add)
+                else:
+                    # Blocking: Open MPI spins (yielding) inside, which costs the compute thread some CPU on
+                    # a shared core; polling MPI_Test with short sleeps instead measured no faster.
+                    self._comm.Allreduce(self._in_place, segment, op=mpi_op)
                 if divisor:
                     segment /= divisor  # the blocking path's rounding: sum, then one division

@@ -12,18 +12,19 @@ import itertools
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 import numpy as np
 
 from engine.distributed.backend import (Communicator, ReductionHandle, TimedAs, check_buckets,
                                         check_reduction, exit_without_mpi, tensor_bytes)
 from engine.distributed.comm_thread import JointReduction, Reduction, ReductionThread, WatchedReduction
-from engine.distributed.fusion import FusionBuffers
+from engine.distributed.fusion import SEGMENT_BYTES, FusionBuffers
+from engine.distributed.ring import NUMPY_OPS, RING_SEGMENT_BYTES, ring_allreduce, use_ring
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
-from engine.distributed.wire import (Wire, compress, decompress, from_wire_bits, numpy_sum, to_wire_bits,
-                                     wire_per_tensor)
+from engine.distributed.wire import (SUM_INTO, Wire, compress, decompress, from_wire_bits, numpy_sum,
+                                     to_wire_bits, wire_per_tensor)
 from engine.report import phases
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -91,14 +92,18 @@ class MPICommunicator(Communicator):
         local_cpus = node.allgather(affinity)
         self.local_cpus = tuple(map(frozenset, local_cpus)) if all(local_cpus) else ()
         node.Free()
-        self._fusion = FusionBuffers()
+        # between hosts the reductions go around a ring of our own (ring.py); on one host, MPI_Allreduce
+        self.ring = use_ring(across_hosts=self.local_size < self.size)
+        segment_bytes = RING_SEGMENT_BYTES if self.ring else SEGMENT_BYTES
+        self._fusion = FusionBuffers(segment_bytes)
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
-        self._wire_fusion = FusionBuffers()  # uint16 wire bits: kept apart from genuine uint16 arrays
+        self._wire_fusion = FusionBuffers(segment_bytes)  # uint16 wire bits, apart from genuine uint16
         self._wire_ops: dict[str, Any] = {}  # user-defined MPI ops (wire.numpy_sum), made when first used
         super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
                          watchdog_calls_mpi=self.thread_multiple)
         # overlapped reductions (start_allreduce, buckets) run in a thread on a communicator of their own
-        self._reducer = ReductionThread(self._comm.Dup(), self._ops, MPI.IN_PLACE, self._collective)
+        self._reducer = ReductionThread(self._comm.Dup(), self._ops, MPI.IN_PLACE, self._collective,
+                                        ring=self.ring)
         self._pending: dict[int, Reduction] = {}  # the in-graph buckets started and not yet waited for
         self._tokens = itertools.count()
 
@@ -114,23 +119,33 @@ class MPICommunicator(Communicator):
         compressed = [i for i, w in enumerate(wired) if w] if wire is not None else []
         plain = [i for i in range(len(arrays)) if i not in set(compressed)]
         check_reduction(op, [arrays[i].dtype for i in plain])
-        comm, in_place, mpi_op = self._comm, self._mpi.IN_PLACE, self._ops[op]
+        with self._collective(name):
+            if not compressed:
+                return self._fusion.run(arrays, self._segment_reduction(op))
+            reduced = self._fusion.run([arrays[i] for i in plain], self._segment_reduction(op))
+            summed = self._wire_fusion.run([arrays[i] for i in compressed],
+                                           self._segment_reduction("sum", wire))
+            results = dict(zip(plain, reduced))
+            results.update(zip(compressed, summed))
+        return [results[i] for i in range(len(arrays))]
+
+    def _segment_reduction(self, op: str, wire: str | None = None) -> Callable[[np.ndarray], None]:
+        """The in-place reduction of one fused segment on the main communicator: around the ring or by
+        MPI_Allreduce, with ``op`` or the wire format's sum, then an average's division (not for wire
+        values: they are divided after the cast back)."""
+        comm, in_place = self._comm, self._mpi.IN_PLACE
+        mpi_op, add = (self._wire_op(wire), SUM_INTO[wire]) if wire else (self._ops[op], NUMPY_OPS[op])
         divisor = self.size if op == "average" else 0
 
         def reduce_segment(segment: np.ndarray) -> None:
-            comm.Allreduce(in_place, segment, op=mpi_op)
+            if self.ring:
+                ring_allreduce(comm, segment, add)
+            else:
+                comm.Allreduce(in_place, segment, op=mpi_op)
             if divisor:
                 segment /= divisor  # while the segment is in cache; same rounding as the horovod backend
 
-        with self._collective(name):
-            if not compressed:
-                return self._fusion.run(arrays, reduce_segment)
-            results = dict(zip(plain, self._fusion.run([arrays[i] for i in plain], reduce_segment)))
-            wire_op = self._wire_op(wire)
-            summed = self._wire_fusion.run([arrays[i] for i in compressed],
-                                           lambda segment: comm.Allreduce(in_place, segment, op=wire_op))
-            results.update(zip(compressed, summed))
-        return [results[i] for i in range(len(arrays))]
+        return reduce_segment
 
     def allreduce_tensors(self, tensors: Sequence[tf.Tensor], op: str = "sum", *,
                           timed_as: TimedAs = None, wire: Wire = None) -> list[tf.Tensor]:
@@ -202,11 +217,11 @@ class MPICommunicator(Communicator):
         plain = [i for i, flag in enumerate(flags) if not flag]
         wired = [i for i, flag in enumerate(flags) if flag]
         parts = []
-        wire_op = self._wire_op(fmt) if fmt else None
-        for indices, part_op, mpi_op, part_slot in ((plain, op, None, slot),
-                                                    (wired, "sum", wire_op, (slot, fmt))):
+        wire_op, wire_add = (self._wire_op(fmt), SUM_INTO[fmt]) if fmt else (None, None)
+        for indices, part_op, mpi_op, add, part_slot in ((plain, op, None, None, slot),
+                                                         (wired, "sum", wire_op, wire_add, (slot, fmt))):
             if indices:
-                job = self._reducer.start([arrays[i] for i in indices], part_op, mpi_op=mpi_op,
+                job = self._reducer.start([arrays[i] for i in indices], part_op, mpi_op=mpi_op, add=add,
                                           slot=part_slot, **names)
                 parts.append((indices, job))
         return parts

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from engine.distributed.backend import Communicator
+from engine.distributed.ring import OPEN_MPI_TCP_DEFAULTS
 from engine.distributed.watchdog import StallLimits
 from engine.runtime import log
 from engine.runtime.errors import ConfigError, DistributedError
@@ -80,6 +81,8 @@ def create_communicator(name: str = "auto", stall: StallLimits | None = None,
     # training throughput (benchmarks/bench_train.py). Yielding gives the cores back; an explicit
     # OMPI_MCA_mpi_yield_when_idle=0 in the environment still wins. Read by MPI_Init, so set it before.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    for variable, value in OPEN_MPI_TCP_DEFAULTS.items():  # large messages fill a TCP link (ring.py)
+        os.environ.setdefault(variable, value)
     _require_mpi4py(name)
     reason = f"distributed_backend = {name!r}"
     if name == "auto":
