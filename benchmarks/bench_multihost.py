@@ -366,14 +366,15 @@ def train_segments(setting: Setting, model: Model, links: list[str], hosts: Simu
 def allreduce_worker(models: list[str], reps: int, wires: list[str]) -> None:
     """In each of the 2 ranks: the engine's mpi communicator reduces each model's gradient shapes in
     float32, fp16 and bf16 on the wire; rank 0 prints one JSON line per (model, wire)."""
-    from mpi4py import MPI
-
     import numpy as np
     import tensorflow as tf
 
     from engine.distributed import create_communicator
 
-    world, comm = MPI.COMM_WORLD, create_communicator("mpi")
+    comm = create_communicator("mpi")  # first: it sets Open MPI's defaults before MPI starts (ring.py)
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
     for key in models:
         model = MODELS[key]
         rng = np.random.default_rng(world.Get_rank())
@@ -401,10 +402,9 @@ def allreduce_worker(models: list[str], reps: int, wires: list[str]) -> None:
                 print("ALLREDUCE " + json.dumps(result), flush=True)
 
 
-# Open MPI's allreduce algorithm forced to recursive doubling (for 2 ranks: both send everything at once,
-# full duplex); an information row beside the default choice of its "tuned" component
-RECURSIVE_DOUBLING = (("OMPI_MCA_coll_tuned_use_dynamic_rules", "1"),
-                      ("OMPI_MCA_coll_tuned_allreduce_algorithm", "3"))
+# Between hosts the engine reduces around a ring of its own (engine/distributed/ring.py); this information
+# row is Open MPI's MPI_Allreduce instead, in the same 1 MiB segments as on one host
+OPEN_MPI_ALLREDUCE = (("ENGINE_ALLREDUCE", "mpi"),)
 
 
 def allreduce_alone(hosts: SimulatedHosts, link: str, models: list[str], reps: int,
@@ -569,8 +569,8 @@ def main() -> None:
                 reps = 1 if args.quick else 3
                 for result in allreduce_alone(hosts, link, models, reps):
                     alone[(result["model"], link, result["wire"])] = result
-                for result in allreduce_alone(hosts, link, models, reps, RECURSIVE_DOUBLING, "float32"):
-                    alone[(result["model"], link, "float32, Open MPI recursive doubling")] = result
+                for result in allreduce_alone(hosts, link, models, reps, OPEN_MPI_ALLREDUCE, "float32"):
+                    alone[(result["model"], link, "float32, Open MPI's MPI_Allreduce")] = result
             report_allreduce(alone, rates)
         measured = {}
         for key in models:

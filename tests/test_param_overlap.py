@@ -33,10 +33,10 @@ def test_overlapped_average_is_applied_where_the_next_starts():
     comm = TwoRankFake(lambda k: other[k])
     params = [tf.Variable([2.0, 4.0])]
     averager = ParamAverager(comm, overlap=True)
-    averager.sync(params)  # snapshot [2, 4]; its average [6, 12] is not applied yet
+    averager.start(params)  # snapshot [2, 4]; its average [6, 12] is not applied yet
     np.testing.assert_array_equal(params[0].numpy(), [2.0, 4.0])
     params[0].assign_add([1.0, 1.0])  # a local step meanwhile
-    averager.sync(params)  # applies [3, 5] + [6, 12] - [2, 4], then snapshots that
+    averager.start(params)  # applies [3, 5] + [6, 12] - [2, 4], then snapshots that
     np.testing.assert_array_equal(params[0].numpy(), [7.0, 13.0])
     np.testing.assert_array_equal(comm.started[1][0], [7.0, 13.0])
     averager.finish()  # (7 + 0) / 2 - 7 added

@@ -4,7 +4,7 @@ overlapped buckets and training forced onto the ring (ENGINE_ALLREDUCE=ring) giv
 same checks demand of MPI_Allreduce."""
 import pytest
 
-from engine.distributed.ring import use_ring
+from engine.distributed.ring import RING_MIN_BYTES, ring_threshold
 from engine.runtime.errors import ConfigError
 from helpers import ROOT, run_mpi
 
@@ -13,12 +13,13 @@ SCRIPTS = ROOT / "tests" / "mpi_scripts"
 RING = {"ENGINE_ALLREDUCE": "ring"}
 
 
-def test_the_ring_is_taken_across_hosts_unless_the_environment_says_otherwise():
-    assert use_ring(across_hosts=True, environ={}) and not use_ring(across_hosts=False, environ={})
-    assert use_ring(across_hosts=False, environ={"ENGINE_ALLREDUCE": "ring"})
-    assert not use_ring(across_hosts=True, environ={"ENGINE_ALLREDUCE": "mpi"})
+def test_the_ring_is_taken_across_hosts_for_large_segments_unless_the_environment_says_otherwise():
+    assert ring_threshold(across_hosts=True, environ={}) == RING_MIN_BYTES
+    assert ring_threshold(across_hosts=False, environ={}) is None
+    assert ring_threshold(across_hosts=False, environ={"ENGINE_ALLREDUCE": "ring"}) == 0
+    assert ring_threshold(across_hosts=True, environ={"ENGINE_ALLREDUCE": "mpi"}) is None
     with pytest.raises(ConfigError, match="ENGINE_ALLREDUCE is 'tree'"):
-        use_ring(across_hosts=True, environ={"ENGINE_ALLREDUCE": "tree"})
+        ring_threshold(across_hosts=True, environ={"ENGINE_ALLREDUCE": "tree"})
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -126,9 +126,12 @@ class ReductionThread:
     """A daemon thread that reduces queued arrays on ``comm`` (an mpi4py communicator of its own)."""
 
     def __init__(self, comm: Any, mpi_ops: dict[str, Any], in_place: Any,
-                 collective: Callable[[str], ContextManager[None]] | None = None, ring: bool = False) -> None:
-        """``ring``: reduce with ``ring.ring_allreduce`` (the backend's choice across hosts)."""
-        self._comm, self._mpi_ops, self._in_place, self.ring = comm, mpi_ops, in_place, ring
+                 collective: Callable[[str], ContextManager[None]] | None = None,
+                 ring_from_bytes: int | None = None) -> None:
+        """``ring_from_bytes``: segments of at least that many bytes go around ``ring.ring_allreduce``
+        (None: none; the backend's ``ring.ring_threshold``)."""
+        self._comm, self._mpi_ops, self._in_place = comm, mpi_ops, in_place
+        self.ring_from_bytes = ring_from_bytes
         self._collective = collective or (lambda name: contextlib.nullcontext())
         self._fusion: dict[Any, FusionBuffers] = {}  # one pool per slot: a slot's buffers alternate
         self._queue: queue.Queue[Reduction | None] = queue.Queue()
@@ -174,8 +177,10 @@ class ReductionThread:
         add = job.add or NUMPY_OPS[job.op]
         divisor = self._comm.Get_size() if job.op == "average" else 0
         for buf in job.buffers:
-            for segment in FusionBuffers.segments(buf, RING_SEGMENT_BYTES if self.ring else SEGMENT_BYTES):
-                if self.ring:
+            ring_from = self.ring_from_bytes
+            segment_bytes = SEGMENT_BYTES if ring_from is None else RING_SEGMENT_BYTES
+            for segment in FusionBuffers.segments(buf, segment_bytes):
+                if ring_from is not None and segment.nbytes >= ring_from:
                     ring_allreduce(self._comm, segment, add)
                 else:
                     # Blocking: Open MPI spins (yielding) inside, which costs the compute thread some CPU on

@@ -20,7 +20,7 @@ from engine.distributed.backend import (Communicator, ReductionHandle, TimedAs, 
                                         check_reduction, exit_without_mpi, tensor_bytes)
 from engine.distributed.comm_thread import JointReduction, Reduction, ReductionThread, WatchedReduction
 from engine.distributed.fusion import SEGMENT_BYTES, FusionBuffers
-from engine.distributed.ring import NUMPY_OPS, RING_SEGMENT_BYTES, ring_allreduce, use_ring
+from engine.distributed.ring import NUMPY_OPS, RING_SEGMENT_BYTES, ring_allreduce, ring_threshold
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
 from engine.distributed.wire import (SUM_INTO, Wire, compress, decompress, from_wire_bits, numpy_sum,
@@ -93,8 +93,8 @@ class MPICommunicator(Communicator):
         self.local_cpus = tuple(map(frozenset, local_cpus)) if all(local_cpus) else ()
         node.Free()
         # between hosts the reductions go around a ring of our own (ring.py); on one host, MPI_Allreduce
-        self.ring = use_ring(across_hosts=self.local_size < self.size)
-        segment_bytes = RING_SEGMENT_BYTES if self.ring else SEGMENT_BYTES
+        self.ring_from_bytes = ring_threshold(across_hosts=self.local_size < self.size)
+        segment_bytes = SEGMENT_BYTES if self.ring_from_bytes is None else RING_SEGMENT_BYTES
         self._fusion = FusionBuffers(segment_bytes)
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
         self._wire_fusion = FusionBuffers(segment_bytes)  # uint16 wire bits, apart from genuine uint16
@@ -103,7 +103,7 @@ class MPICommunicator(Communicator):
                          watchdog_calls_mpi=self.thread_multiple)
         # overlapped reductions (start_allreduce, buckets) run in a thread on a communicator of their own
         self._reducer = ReductionThread(self._comm.Dup(), self._ops, MPI.IN_PLACE, self._collective,
-                                        ring=self.ring)
+                                        ring_from_bytes=self.ring_from_bytes)
         self._pending: dict[int, Reduction] = {}  # the in-graph buckets started and not yet waited for
         self._tokens = itertools.count()
 
@@ -138,7 +138,7 @@ class MPICommunicator(Communicator):
         divisor = self.size if op == "average" else 0
 
         def reduce_segment(segment: np.ndarray) -> None:
-            if self.ring:
+            if self.ring_from_bytes is not None and segment.nbytes >= self.ring_from_bytes:
                 ring_allreduce(comm, segment, add)
             else:
                 comm.Allreduce(in_place, segment, op=mpi_op)

@@ -70,11 +70,9 @@ class ParamAverager:
         self._average: Callable[[], None] | None = None
         self._compiled_for: tuple[int, ...] = ()
 
-    def sync(self, params: Sequence[Any]) -> None:
-        """An average the schedule asked for: synchronous, or started in the background."""
-        if not self.overlap:
-            self.average_now(params)
-            return
+    def start(self, params: Sequence[Any]) -> None:
+        """Start averaging a snapshot of the parameters in the background (after applying the average
+        started before); ``finish`` applies it."""
         self.finish()
         snapshot = [np.array(v.numpy()) for v in params]
         handle = self.comm.start_allreduce(snapshot, "average", wire=self.wire)

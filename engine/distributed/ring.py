@@ -48,19 +48,25 @@ def numpy_max(incoming: np.ndarray, into: np.ndarray) -> None:
 
 NUMPY_OPS: dict[str, Add] = {"sum": numpy_add, "average": numpy_add, "min": numpy_min, "max": numpy_max}
 # A fused buffer goes around the ring in pieces of this size: large messages fill the link, and the next
-# piece's copy into the buffer is still small next to its transfer.
+# piece's copy into the buffer is still small next to its transfer. Pieces below RING_MIN_BYTES (small
+# models, overlap buckets) take MPI_Allreduce: a ring's 2 (n - 1) handshakes cost more than they gain
+# there (0.9 MB at 100 Mbit/s: the ring 73% of the link, MPI_Allreduce 100%).
 RING_SEGMENT_BYTES = 64 << 20
+RING_MIN_BYTES = 8 << 20
 ALLREDUCE_ENV = "ENGINE_ALLREDUCE"  # auto (ring across hosts) | ring | mpi
 
 
-def use_ring(across_hosts: bool, environ: dict | None = None) -> bool:
-    """Whether the backend's reductions go around the ring: across hosts by default; ``ENGINE_ALLREDUCE``
-    = "ring" or "mpi" decides for every job (e.g. to compare them)."""
+def ring_threshold(across_hosts: bool, environ: dict | None = None) -> int | None:
+    """From how many bytes a fused segment goes around the ring (None: never, MPI_Allreduce always):
+    ``RING_MIN_BYTES`` across hosts, never on one host; ``ENGINE_ALLREDUCE`` = "ring" (every segment, also
+    on one host) or "mpi" (never) decides for every job, e.g. to compare them."""
     choice = (environ if environ is not None else os.environ).get(ALLREDUCE_ENV, "auto")
     if choice not in ("auto", "ring", "mpi"):
         raise ConfigError(f"The environment variable {ALLREDUCE_ENV} is {choice!r}; expected 'auto' (a ring "
                           "of our own across hosts, MPI_Allreduce on one host), 'ring' or 'mpi'.")
-    return choice == "ring" or (choice == "auto" and across_hosts)
+    if choice == "ring":
+        return 0
+    return RING_MIN_BYTES if choice == "auto" and across_hosts else None
 
 
 def ring_allreduce(comm: Any, buf: np.ndarray, add: Add = numpy_add) -> None:

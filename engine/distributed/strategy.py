@@ -271,7 +271,7 @@ class ParamAverage(Strategy):
         """Average the variables over the ranks in one fused collective: at once at the end of an epoch,
         else overlapped with the following steps when configured (``param_overlap.py``)."""
         if self.averager.overlap and not self._at_epoch_end:
-            self.averager.sync(params)
+            self.averager.start(params)
         else:
             self.averager.average_now(params)
 
