@@ -50,6 +50,7 @@ class Setting:
 
 SETTINGS = (
     Setting("grad"),
+    Setting("grad + overlap 1 MB", bucket_mb=1),
     Setting("grad + overlap 25 MB", bucket_mb=25),
     Setting("grad + fp16", wire_bytes_per_float=2),
     Setting("grad + overlap + fp16", wire_bytes_per_float=2, bucket_mb=25),

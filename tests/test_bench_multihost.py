@@ -37,13 +37,13 @@ def test_a_key_the_engine_does_not_know_makes_its_row_na(capsys):
     captured = capsys.readouterr()
     (line,) = (captured.out + captured.err).splitlines()
     rows = {s.name: s for s in bench.settings("large", full=True)}
-    assert bench.unknown_key(line, rows["grad, mpi, bucket 25 MB"])
+    assert bench.unknown_key(line, rows["grad, mpi, bucket 1 MB"])
     assert bench.unknown_key(line, rows["grad, mpi, no overlap (bucket 0)"])
     assert not bench.unknown_key(line, rows["grad, mpi, fp16"])  # another row's key
-    assert not bench.unknown_key(line, rows["grad, mpi, default (1 MB buckets)"])
+    assert not bench.unknown_key(line, rows["grad, mpi, default (25 MB buckets)"])
     hinted = "config key 'distributed_bucket_mb' (did you mean 'distributed_backend'?): not a key of this " \
              "engine nor of RETURNN"
-    assert bench.unknown_key(hinted, rows["grad, mpi, bucket 25 MB"])  # the engine's hint for a near name
+    assert bench.unknown_key(hinted, rows["grad, mpi, bucket 1 MB"])  # the engine's hint for a near name
 
 
 @pytest.mark.parametrize("model", list(bench.MODELS))

@@ -178,7 +178,7 @@ _section(
     ("distributed_wire_format", "str", None,
      "fp16 | bf16: float32 gradients (grad mode) or parameters (param mode) are cast to this dtype, "
      "summed in it over the ranks and cast back: half the bytes on the wire, rounded sums", "float32"),
-    ("distributed_bucket_mb", "float", 1.0,
+    ("distributed_bucket_mb", "float", 25.0,
      "grad mode: MB per gradient bucket, reduced while the backward pass still runs (0: one reduction "
      "after it)"),
     ("distributed_stall_warning", "float", 60.0,
