@@ -21,6 +21,7 @@ from engine.datasets.log_mel import LogMelOptions, log_mel, mel_filterbank
 from engine.runtime.errors import DataError
 from engine.tools import audio_to_hdf
 from helpers import ROOT, child_env
+from prerequisites import missing
 
 pytestmark = pytest.mark.tf_latest
 
@@ -216,7 +217,7 @@ def test_speech_corpus_script(tmp_path):
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "espeak-ng" in r.stderr
     assert not os.path.exists(tmp_path / "none")
     if shutil.which("espeak-ng") is None:  # .ci/run and make demo-speech install it
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng): the synthesis is not run")
+        missing("espeak-ng", "not on PATH (apt-get install espeak-ng; .ci/run installs it)")
     r = subprocess.run(script + ["--out", str(tmp_path / "speech"), "--num_train", "8", "--num_dev", "3"],
                        capture_output=True, text=True, env=child_env(), timeout=120)
     assert r.returncode == 0, r.stderr

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, child_env
+from prerequisites import require
 from cluster.simulated_hosts import AGENT, SUBNET, SimulatedHosts
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -44,9 +45,7 @@ def allreduced_bytes(checkpoint: str) -> int:
 
 
 def test_two_hosts_train_together_over_the_veth_link(tmp_path):
-    reason = SimulatedHosts.unavailable()
-    if reason:
-        pytest.skip(f"multi-host test skipped: {reason}")
+    require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
     config = tmp_path / "multihost.py"
     config.write_text(CONFIG)
     model = tmp_path / "model"

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from helpers import ROOT, run_mpi
+from prerequisites import require_module
 from test_engine_parallel import BACKENDS, base_config
 
 pytestmark = pytest.mark.mpi
@@ -70,7 +71,8 @@ def test_a_checkpoint_write_longer_than_the_stall_timeout_but_within_its_own_lim
     result, output, _ = slow_save_run(tmp_path, 14)
     assert result.returncode == 0, output
     assert (tmp_path / "net.001").exists() and (tmp_path / "rank1.npz").exists(), output
-    assert "error" not in output, output
+    # the engine's own error lines (TensorFlow's banners may say "errors" on some machines)
+    assert not re.search(r"^(\[rank \d+\] )?(rnn\.py: )?error:", output, re.M), output
     # the warning still comes, saying why the job waits longer
     assert "stall: rank 0 has not reached collective" in output, output
     assert "The job ends after distributed_checkpoint_timeout = 22 s (a checkpoint is being saved)." in output
@@ -131,7 +133,7 @@ def test_below_serialized_the_mpi_backend_is_refused_with_one_message(tmp_path):
 
 
 def test_horovod_below_thread_multiple_is_refused_before_it_starts(tmp_path):
-    pytest.importorskip("horovod.tensorflow")
+    require_module("horovod.tensorflow", "Horovod")
     result, output = run_at_thread_level(tmp_path, "serialized", "horovod")
     assert result.returncode == 2, output
     assert output.count("error: Config key 'distributed_backend' is 'horovod', but MPI was initialised with "

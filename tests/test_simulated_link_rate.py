@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from helpers import ROOT
+from prerequisites import require
 from cluster.simulated_hosts import SimulatedHosts
 
 pytestmark = pytest.mark.slow
@@ -36,9 +37,7 @@ def tcp_rate(hosts: SimulatedHosts, sender: int, count: int, port: int) -> float
 
 
 def test_rate_limit_holds_the_link_near_its_rate_in_both_directions():
-    reason = SimulatedHosts.unavailable() or SimulatedHosts.tc_unavailable()
-    if reason:
-        pytest.skip(f"link rate test skipped: {reason}")
+    require("network namespaces and tc", SimulatedHosts.unavailable() or SimulatedHosts.tc_unavailable())
     with SimulatedHosts.create() as hosts:
         hosts.limit_rate(100e6)
         for sender in (0, 1):

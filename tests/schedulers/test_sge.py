@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
+from prerequisites import missing
 from schedulers.conftest import CONFIG, EPOCHS, TRAIN_ARGS, assert_bitwise_equal, job_env, wait_for_file
 from schedulers.sge_cluster import NOTIFY_SECONDS, SgeCluster
 
@@ -24,7 +25,7 @@ def sge():
     try:
         why = cluster.start()
         if why:
-            pytest.skip(f"no Grid Engine cell here: {why}")
+            missing("Grid Engine", f"no Grid Engine cell here: {why}")
         yield cluster
     finally:
         cluster.stop()

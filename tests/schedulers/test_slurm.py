@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
+from prerequisites import missing
 from schedulers.conftest import CONFIG, EPOCHS, TRAIN_ARGS, assert_bitwise_equal, job_env, wait_for_file
 from schedulers.slurm_cluster import SlurmCluster
 
@@ -25,7 +26,7 @@ def slurm(tmp_path_factory):
     try:
         why = cluster.start()
         if why:
-            pytest.skip(f"no SLURM cluster here: {why}")
+            missing("SLURM", f"no SLURM cluster here: {why}")
         yield cluster
     finally:
         cluster.stop()
