@@ -33,7 +33,12 @@ def child_env(extra: dict | None = None) -> dict:
 
 
 def mpirun_cmd(num_ranks: int, args: list[str]) -> list[str]:
-    """An ``mpirun`` command line with the flags environment.md says these machines need."""
+    """An ``mpirun`` command line with the flags environment.md says these machines need.
+
+    ``make test-quick`` runs no ``mpirun`` (ENGINE_TESTS_NO_MPIRUN=1): a test that starts one there lacks
+    its ``mpi`` mark, which is what keeps it out of the quick run."""
+    if os.environ.get("ENGINE_TESTS_NO_MPIRUN") == "1":
+        raise AssertionError("this test starts mpirun but is not marked @pytest.mark.mpi")
     return [
         str(BIN / "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
         "-np", str(num_ranks), *args,
