@@ -200,7 +200,7 @@ def make_targets(command: str) -> list[str]:
 
 
 def code_with_commands(doc: Path) -> list[tuple[Code, str]]:
-    """(where, command) for every command of the doc; inline spans count whole, also when they do not
+    """(code, command) for every command of the doc; inline spans count whole, also when they do not
     start with a program (`sbatch --wrap "make sanity"` runs make too)."""
     found = []
     for code in all_code(doc):
