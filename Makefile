@@ -10,7 +10,8 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install install-latest demo demo-speech blstm sanity lint test test-stable test-latest test-schedulers bench clean
+.PHONY: install install-latest demo demo-speech blstm sanity lint test test-stable test-latest test-quick \
+	test-schedulers bench clean
 
 # GPU=1 (make install GPU=1, make demo GPU=1, ...): the CUDA build of TensorFlow 2.15 and Horovod in
 # $(VENV) (tools/install_env.sh, flavour gpu; README "GPU install"). Use another VENV to keep both.
@@ -55,20 +56,30 @@ sanity: install
 lint: install
 	$(VENV)/bin/flake8 rnn.py engine tools benchmarks demos tests
 
-# All tests on TensorFlow 2.15 + Horovod, then the portable ones on the newest TensorFlow.
+# All tests on TensorFlow 2.15 + Horovod, then those marked tf_latest (what can differ between TensorFlow
+# versions) on the newest TensorFlow. Two pytest workers: the tests spend much of their time waiting for
+# subprocesses, mpirun jobs and timeouts. Each suite prints its 15 slowest tests and its time.
+PYTEST := pytest -n 2 --dist worksteal --durations=15
 test: test-stable test-latest
 
 test-stable: install
-	$(VENV)/bin/pytest tests
+	@TIMEFORMAT='test-stable (TensorFlow 2.15 + Horovod): %0R s'; time $(VENV)/bin/$(PYTEST) tests
 
 test-latest: install-latest
-	$(VENV_LATEST)/bin/pytest -m tf_latest tests
+	@TIMEFORMAT='test-latest (newest TensorFlow): %0R s'; time $(VENV_LATEST)/bin/$(PYTEST) -m "tf_latest and not version_independent" tests
+
+# The inner loop (about 3 minutes): single-process tests on TensorFlow 2.15, no mpirun, nothing marked slow.
+# It leaves out every multi-rank test (collectives, failures, stalls, resume across ranks), the multi-host
+# and link-rate tests, the recipes' training runs, one process's kill-and-resume runs and the newest-TensorFlow
+# run: `make test` runs them.
+test-quick: install
+	@TIMEFORMAT='test-quick: %0R s'; time ENGINE_TESTS_NO_MPIRUN=1 $(VENV)/bin/$(PYTEST) -m "not mpi and not slow" tests
 
 # Jobs submitted to real SLURM and Grid Engine daemons on this machine (tests/schedulers; installs
 # slurm-wlm, munge and gridengine with apt-get when missing, as root; about 6 minutes). A test whose
-# scheduler cannot be installed or started skips with the reason.
+# scheduler cannot be installed or started skips with the reason, or fails in CI (CI=true).
 test-schedulers: install
-	ENGINE_SCHEDULER_TESTS=1 $(VENV)/bin/pytest tests/schedulers
+	@TIMEFORMAT='test-schedulers: %0R s'; time ENGINE_SCHEDULER_TESTS=1 $(VENV)/bin/pytest tests/schedulers
 
 # All benchmarks, one after the other (about an hour on 2 cores, and bench_multihost's 30-40 minutes as
 # root; docs/performance.md): medians of interleaved runs with ranges, and a verdict line per target. Run

@@ -267,7 +267,6 @@ def test_npz_batches(tmp_path):
 
 # ----- real MPI job: two ranks take different batches that together cover the corpus -----
 @pytest.mark.mpi
-@pytest.mark.tf_latest  # needs only mpi4py and mpirun, present in both environments
 def test_shard_under_mpirun(tmp_path):
     from helpers import run_mpi
 

@@ -145,6 +145,7 @@ def test_training_epoch_is_chunked_and_dev_is_not(tmp_path, corpus):
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent
 def test_chunks_are_sharded_over_2_ranks(tmp_path, corpus):
     cfg = tmp_path / "train.py"
     cfg.write_text(TRAIN % {"corpus": corpus}

@@ -128,6 +128,7 @@ def test_rnn_exits_with_the_data_error_code_before_training(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent
 def test_two_ranks_exit_with_the_data_error_code(tmp_path):
     r = run_mpi(2, [str(ROOT / "rnn.py"), bad_corpus_config(tmp_path), "++use_horovod", "1"], timeout=120)
     assert r.returncode == DATA_ERROR_EXIT_CODE, r.stdout + r.stderr

@@ -29,6 +29,7 @@ def test_demo_script_passes_with_two_ranks(tmp_path):
     assert "PE_HOSTFILE contents=node17 2 all.q@node17 UNDEFINED" in result.stdout
 
 
+@pytest.mark.version_independent
 def test_demo_fails_when_the_job_has_the_wrong_size():
     result = run_mpi(2, [DEMO, "--expect-size", "3", "--backends", "mpi"], timeout=120)
     assert result.returncode != 0
@@ -36,6 +37,7 @@ def test_demo_fails_when_the_job_has_the_wrong_size():
     assert result.stdout.count("demo-horovod-mpi: FAIL") == 1, result.stdout
 
 
+@pytest.mark.version_independent
 def test_demo_fails_when_processes_do_not_find_each_other():
     """A launcher of another MPI started 2 processes: each runs alone as rank 0 of 1."""
     result = run([sys.executable, DEMO, "--backends", "mpi"], timeout=120,

@@ -22,6 +22,7 @@ def run_failing(mode: str, *extra: str):
     return result, result.stdout + result.stderr
 
 
+@pytest.mark.version_independent
 def test_exception_on_rank_1_prints_its_traceback_once_and_aborts():
     result, output = run_failing("exception")
     assert output.count("RuntimeError: boom: the original error of rank 1") == 1, output
@@ -29,17 +30,20 @@ def test_exception_on_rank_1_prints_its_traceback_once_and_aborts():
     assert "MPI_ABORT was invoked on rank 1" in output
 
 
+@pytest.mark.version_independent
 def test_engine_error_on_rank_1_is_one_paragraph_without_traceback():
     result, output = run_failing("engine_error")
     message = "[rank 1] dist_failure.py: error: HDF file 'corpus.hdf': dataset 'inputs' is missing"
     assert output.count(message) == 1 and "Traceback" not in output, output
 
 
+@pytest.mark.version_independent
 def test_exception_in_a_thread_aborts_the_job():
     result, output = run_failing("thread")
     assert output.count("RuntimeError: boom: the data loader thread of rank 1 crashed") == 1, output
 
 
+@pytest.mark.version_independent
 def test_below_thread_multiple_a_thread_ends_the_job_without_calling_mpi():
     """With MPI_THREAD_SERIALIZED the main thread may be inside a collective: no MPI_Abort from a thread."""
     start = time.monotonic()
@@ -55,6 +59,7 @@ def test_sigkill_of_one_rank_ends_the_job():
     assert "exited on\nsignal 9" in output or "exited on signal 9" in output, output
 
 
+@pytest.mark.version_independent
 def test_stall_timeout_aborts_when_a_rank_stops_answering():
     result, output = run_failing("stall", "--stall-warning", "1", "--stall-timeout", "3")
     assert output.count("stall: rank 1 has not reached collective #2 'step signal (allreduce)' "
@@ -71,6 +76,7 @@ def test_stall_timeout_inside_tf_function():
             in output), output
 
 
+@pytest.mark.version_independent
 def test_a_stalled_rank_0_is_named_by_its_own_watchdog_thread():
     result, output = run_failing("stall", "--failing-rank", "0", "--stall-timeout", "3")
     assert output.count("error:") == 1, output
@@ -78,6 +84,7 @@ def test_a_stalled_rank_0_is_named_by_its_own_watchdog_thread():
             "(distributed_stall_timeout), where rank 1 waits") in output, output
 
 
+@pytest.mark.version_independent
 def test_a_frozen_rank_0_is_caught_by_the_other_ranks_after_a_grace_period():
     result, output = run_failing("freeze", "--failing-rank", "0", "--stall-timeout", "2")
     assert output.count("error:") == 1, output

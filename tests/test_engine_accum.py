@@ -69,7 +69,6 @@ def test_two_ranks_average_mode_with_equal_lengths_equals_the_union_batch(tmp_pa
     np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
 
 
-@tf_latest
 @pytest.mark.parametrize("value, message", [
     (0, "Config key 'accum_grad_multiple_step' must be an integer >= 1"),
     (-3, "Config key 'accum_grad_multiple_step' must be an integer >= 1"),
@@ -81,7 +80,6 @@ def test_bad_values_are_refused_naming_the_key(tmp_path, value, message):
     assert message in r.stdout + r.stderr, r.stdout + r.stderr
 
 
-@tf_latest
 def test_param_mode_is_refused(tmp_path):
     config = base_config(accum_grad_multiple_step=2, use_horovod=True, horovod_reduce_type="param",
                          distributed_backend="mpi")

@@ -66,7 +66,6 @@ def slow_save_run(tmp_path, save_seconds: float):
     return result, result.stdout + result.stderr, time.monotonic() - start
 
 
-@pytest.mark.tf_latest
 def test_a_checkpoint_write_longer_than_the_stall_timeout_but_within_its_own_limit_completes(tmp_path):
     result, output, _ = slow_save_run(tmp_path, 14)
     assert result.returncode == 0, output
@@ -78,7 +77,6 @@ def test_a_checkpoint_write_longer_than_the_stall_timeout_but_within_its_own_lim
     assert "The job ends after distributed_checkpoint_timeout = 22 s (a checkpoint is being saved)." in output
 
 
-@pytest.mark.tf_latest
 def test_a_checkpoint_write_beyond_its_limit_ends_the_job_naming_rank_0_and_the_key(tmp_path):
     result, output, seconds = slow_save_run(tmp_path, 120)
     assert result.returncode == 1, output
@@ -103,7 +101,6 @@ def run_at_thread_level(tmp_path, level: str, backend: str = "mpi", *options: st
     return result, result.stdout + result.stderr
 
 
-@pytest.mark.tf_latest
 def test_below_thread_multiple_the_watchdog_keeps_off_mpi_and_the_waiting_rank_ends_the_job(tmp_path):
     start = time.monotonic()
     result, output = run_at_thread_level(tmp_path, "serialized", "mpi", "fail=stall", "fail_rank=1",
@@ -123,7 +120,6 @@ def test_below_thread_multiple_the_watchdog_keeps_off_mpi_and_the_waiting_rank_e
                      r"\(distributed_stall_warning\)", output, re.M), output
 
 
-@pytest.mark.tf_latest
 def test_below_serialized_the_mpi_backend_is_refused_with_one_message(tmp_path):
     result, output = run_at_thread_level(tmp_path, "funneled")
     assert result.returncode == 2, output

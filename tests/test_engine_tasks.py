@@ -79,6 +79,7 @@ def test_epoch_report_lines(tmp_path):
 # ----- checkpoints and resume -----
 
 @pytest.mark.tf_latest
+@pytest.mark.slow  # several training runs (kill or stop, then resume)
 def test_kill_during_checkpoint_save_leaves_previous_checkpoint(tmp_path):
     """The process dies right before the rename that would publish epoch 2's checkpoint."""
     cfg = tiny_config(tmp_path)
@@ -251,7 +252,6 @@ def test_bad_train_config_is_a_clear_error(tmp_path, edit, message):
 
 
 @pytest.mark.mpi
-@pytest.mark.tf_latest
 def test_mpirun_without_use_horovod_is_an_error(tmp_path):
     r = run_mpi(2, [RNN, tiny_config(tmp_path)], timeout=60)
     assert r.returncode != 0 and "Traceback" not in r.stderr

@@ -59,6 +59,7 @@ ASK_TERMINAL = "import sys; from engine.runtime.launch import launcher_output_is
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent
 def test_a_rank_knows_whether_mpirun_writes_to_a_terminal():
     """Open MPI gives each rank a pseudo-terminal as stdout also when mpirun's output is a pipe."""
     piped = run_mpi(2, ["-c", ASK_TERMINAL])

@@ -52,6 +52,7 @@ def test_all_ranks_stdout_option(capsys, monkeypatch):
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent
 def test_mpirun_starts_rnn_py_on_both_ranks(tmp_path):
     cfg = tmp_path / "c.py"
     cfg.write_text("task = 'no_such_task'\nlog_verbosity = 4\n")

@@ -79,6 +79,7 @@ sys.exit(main({args!r}))
 
 
 @pytest.mark.tf_latest
+@pytest.mark.slow  # several training runs (kill or stop, then resume)
 def test_tensorboard_curves_continue_after_a_kill_and_a_resume(tmp_path):
     cfg = write_config(tmp_path, num_epochs=4, extra="save_interval = 2\ntensorboard_step_interval = 1\n")
     killed = subprocess.run([sys.executable, "-c", KILLED_AT_STEP.format(step=14, args=[cfg])],

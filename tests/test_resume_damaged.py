@@ -196,6 +196,7 @@ def test_a_checkpoint_of_another_network_shape_is_a_clear_error_not_a_fallback(f
     assert "Falling back" not in output and "Traceback" not in output, output
 
 
+@pytest.mark.slow  # several training runs (kill or stop, then resume)
 def test_a_damaged_learning_rate_file_is_named_with_the_way_out_and_removing_it_resumes(folder):
     """The learning-rate file may be a user's edit, so a bad one is not overwritten unasked (exit 2); the
     message says that the checkpoint holds the history too, and without the file the resume finishes."""
@@ -228,6 +229,7 @@ def epoch_lines(output: str, epoch: int) -> tuple[str, str]:
     return frames.group(1), score.groups()
 
 
+@pytest.mark.slow  # several training runs (kill or stop, then resume)
 def test_a_mid_epoch_checkpoint_without_input_frames_resumes_as_one_with_them(folder, tmp_path):
     """Older checkpoints hold [loss, error, count]; with ce the input frames equal the count, so the
     resumed epoch reports what a resume from a current checkpoint reports: all the epoch's frames."""

@@ -211,6 +211,7 @@ print("rank", os.environ["OMPI_COMM_WORLD_RANK"], "done", flush=True)
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent
 def test_restarts_a_two_rank_mpirun_job_after_a_rank_is_killed(tmp_path):
     command = mpirun_cmd(2, [sys.executable, "-c", RANK_DIES_ONCE, str(tmp_path / "killed-once")])
     r = supervise(["--backoff", "0.1"], command, timeout=120)
@@ -221,6 +222,7 @@ def test_restarts_a_two_rank_mpirun_job_after_a_rank_is_killed(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent
 def test_sigterm_to_the_supervisor_of_a_two_rank_training_saves_a_checkpoint_and_exits_99(tmp_path):
     """Open MPI's mpirun kills the ranks within 0.5 s of a SIGTERM: passed on as is, nothing would be
     saved and the job would not end with 99."""

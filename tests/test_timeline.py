@@ -168,6 +168,7 @@ def test_an_unwritable_part_file_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent
 def test_a_two_rank_training_with_a_planted_part_file_link_ends_with_one_message(tmp_path):
     from test_engine_parallel import base_config
 

@@ -111,6 +111,7 @@ def train_one(folder, values: dict, *options: str, expect: int = 0):
     return None if expect else dict(np.load(folder / "rank0.npz")), result.stdout + result.stderr
 
 
+@pytest.mark.slow  # several training runs (kill or stop, then resume)
 def test_one_process_stop_and_exact_resume_without_a_learning_rate_file(tmp_path):
     """newbob whose learning-rate file is gone: its history comes back from the checkpoint. A resume into
     another batch plan is refused first, and changes nothing."""
@@ -130,6 +131,7 @@ def test_one_process_stop_and_exact_resume_without_a_learning_rate_file(tmp_path
     np.testing.assert_array_equal(resumed["params"], reference["params"])
 
 
+@pytest.mark.slow  # several training runs (kill or stop, then resume)
 def test_rnn_py_answers_sigterm_with_a_checkpoint_and_exit_99_then_resumes(tmp_path):
     values = one_process_config(tmp_path, num_epochs=1, checkpoint_interval=0, log_verbosity=5,
                                 train={"class": "Task12AXDataset", "num_seqs": 4000, "fixed_random_seed": 1})

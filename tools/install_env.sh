@@ -125,8 +125,8 @@ if [ "$with_horovod" = 1 ]; then
   fi
 fi
 
-step "install the linter (flake8, for make lint)"
-have "import flake8" || "$vpy" -m pip install -q flake8
+step "install the linter and the test runner's parallel workers (flake8, pytest-xdist)"
+have "import flake8, xdist" || "$vpy" -m pip install -q flake8 pytest-xdist
 
 step "install the engine in editable mode, with its console commands"
 # Reinstalled also when setup.cfg names a console command that the installed metadata lacks.
@@ -145,7 +145,7 @@ step "done"
 "$vpy" - <<'PY'
 import importlib
 for name in ("tensorflow", "numpy", "h5py", "mpi4py", "horovod", "tensorboard", "tqdm", "matplotlib",
-             "soundfile", "flake8"):
+             "soundfile", "flake8", "xdist"):
     try:
         print(f"  {name:<12} {importlib.import_module(name).__version__}")
     except ImportError:
