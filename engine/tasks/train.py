@@ -34,6 +34,11 @@ class Trainer:
         self.train_data = dataset_from_config(config, "train", random_seed_offset=strategy.random_seed_offset)
         if self.train_data is None:
             raise ConfigError("Config key 'train' is missing: task 'train' needs a train dataset.")
+        if (getattr(strategy, "distribution", None) == "random_seed_offset" and self.comm.rank == 0
+                and self.train_data.fixed_random_seed is not None):
+            log.warning(f"horovod_dataset_distribution = 'random_seed_offset', but the train dataset sets "
+                        f"fixed_random_seed = {self.train_data.fixed_random_seed}, which ignores the ranks' "
+                        "seed offsets (as in RETURNN): every rank reads the same data in the same order.")
         self.dev_data = dataset_from_config(config, "dev")
         self.train_batching = BatchOptions.from_config(config, train=True)
         eval_batching = BatchOptions.from_config(config, train=False)
