@@ -176,8 +176,9 @@ _section(
      "param mode: each average runs in the background while training goes on, and is applied as "
      "params += average(snapshot) - snapshot where the next one starts (docs/multi-node.md)"),
     ("distributed_wire_format", "str", None,
-     "fp16 | bf16: float32 gradients (grad mode) or parameters (param mode) are cast to this dtype, "
-     "summed in it over the ranks and cast back: half the bytes on the wire, rounded sums", "float32"),
+     "fp16 | bf16: float32 gradients (grad mode) or the parameters' change since the last average (param "
+     "mode) are cast to this dtype, summed in it over the ranks and cast back: half the bytes on the wire, "
+     "rounded sums", "float32"),
     ("distributed_bucket_mb", "float", 25.0,
      "grad mode: MB per gradient bucket, reduced while the backward pass still runs (0: one reduction "
      "after it)"),

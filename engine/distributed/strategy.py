@@ -14,7 +14,8 @@ mode runs:
   ``buckets.py``); every rank applies the same update. ``horovod_grad_normalization`` decides
   what the reduced gradient is (see ``settings.GRAD_NORMALIZATIONS``).
 - ``ParamAverage``: every rank updates alone; the parameters are averaged when ``ParamSyncSchedule``
-  says so and at the end of every epoch. With ``shard`` the ranks signal every step (they end the
+  says so and at the end of every epoch (with a 16-bit ``distributed_wire_format``, their change since
+  the last average is: ``param_overlap.py``). With ``shard`` the ranks signal every step (they end the
   epoch together); with ``random_seed_offset`` they meet only at the averaging, where each rank calls
   the signal and the average when its own schedule says so (a rank out of data calls the signal too,
   so every rank makes the same sequence of collective calls) and train scores stay per rank.
@@ -118,6 +119,18 @@ class Strategy:
     def end_epoch(self, params: Sequence[Any], local_scores: np.ndarray) -> np.ndarray:
         """The epoch's [loss sum, error sum, count, input frames] to report."""
         return local_scores
+
+    def parameters_agreed(self, params: Sequence[Any]) -> None:
+        """Every rank holds these same parameters now (after the initial broadcast, before any rank's own
+        state from a checkpoint): param mode with a wire format averages the change from them next."""
+
+    def sync_base(self) -> list[np.ndarray] | None:
+        """What a mid-epoch checkpoint keeps of the parameter average's state besides the parameters: the
+        base of the next average (param mode with a wire format; the same on every rank), else None."""
+        return None
+
+    def restore_sync_base(self, values: Sequence[np.ndarray]) -> None:
+        """Continue from a checkpoint's ``sync_base``."""
 
 
 class GradAllreduce(Strategy):
@@ -266,6 +279,15 @@ class ParamAverage(Strategy):
         if self.distribution != "shard":
             return local_scores  # every rank saw the whole corpus in its own order: scores stay per rank
         return sum_score_vectors(self.comm, local_scores)
+
+    def parameters_agreed(self, params: Sequence[Any]) -> None:
+        self.averager.set_base(params)
+
+    def sync_base(self) -> list[np.ndarray] | None:
+        return self.averager.base_values()
+
+    def restore_sync_base(self, values: Sequence[np.ndarray]) -> None:
+        self.averager.restore_base(values)
 
     def average_parameters(self, params: Sequence[Any]) -> None:
         """Average the variables over the ranks in one fused collective: at once at the end of an epoch,

@@ -100,6 +100,7 @@ class Trainer:
         self.resume = self.comm.broadcast_object(self.resume, root=0)
         self.start_epoch = self.resume.start_epoch
         broadcast_initial(self.comm, list(self.model.variables) + self.updater.variables)
+        self.strategy.parameters_agreed(self.steps.params)  # before any rank's own state is restored
         self.global_step = self.checkpoints.restore_rank_states(self.resume)
 
     def run(self) -> None:

@@ -25,8 +25,8 @@ from engine.training.checkpoints import stop_requests
 from engine.training.checkpoints.file_format import (CheckpointInfo, assign_checkpoint, checkpoint_path,
                                                      mid_epoch_path, remove_superseded, save_checkpoint)
 from engine.training.checkpoints.interval import CheckpointInterval, CheckpointSchedule
-from engine.training.checkpoints.resume import (RANK_GROUPS, EpochStart, ResumePoint, plan_fingerprint,
-                                                rank_parts)
+from engine.training.checkpoints.resume import (RANK_GROUPS, SYNC_BASE, EpochStart, ResumePoint,
+                                                plan_fingerprint, rank_parts)
 from engine.training.update.lr_control import EpochData, LearningRateControl
 
 
@@ -80,6 +80,10 @@ class Checkpointer:
                                                   self.updater.named_variables())):
             for name, value in part.get(group, {}).items():
                 variables[name].assign(value)
+        if part.get(SYNC_BASE):  # param mode with a wire format: the base of the next average
+            names = list(self.model.named_trainable_variables())
+            if set(names) == set(part[SYNC_BASE]):
+                self.strategy.restore_sync_base([part[SYNC_BASE][name] for name in names])
         self._resumed, self._resumed_epoch = part.get("start"), point.start_epoch
         self.run_id = point.run_id
         return part["global_step"]
@@ -175,6 +179,9 @@ class Checkpointer:
                  "learning_rate_history": json.dumps(history), "learning_rate": self.updater.learning_rate}
         groups = {f"ranks/{rank}/{group}": part[group] for rank, part in enumerate(parts)
                   for group in RANK_GROUPS if rank > 0 and group in part}
+        base = self.strategy.sync_base() if kind == "mid-epoch" else None  # at an epoch's end: the params
+        if base is not None:
+            groups[SYNC_BASE] = dict(zip(self.model.named_trainable_variables(), base))
         if kind == "mid-epoch":
             groups["resume"] = {"steps": np.array([p["steps"] for p in parts], np.int64),
                                 "batches_done": np.array([p["batches_done"] for p in parts], np.int64),
