@@ -109,6 +109,9 @@ _section(
     ("learning_rate_control", "str", "constant",
      "constant | newbob | newbob_rel | newbob_abs | newbob_multi_epoch"),
     ("debug_add_check_numerics_ops", "bool", False, "stop training at the first Inf or NaN of an op (slow)"),
+    ("stop_on_nonfinite_train_score", "bool", True,
+     "stop training (exit 3, nothing saved) at the first update whose loss, gradient or resulting parameters "
+     "are Inf/NaN; False: apply every update and train on, as RETURNN"),
     ("newbob_learning_rate_decay", "float", 0.5, "newbob: multiply the rate by this"),
     ("newbob_learning_rate_growth", "float", 1.0, "newbob: multiply the rate by this when it is not decayed"),
     ("newbob_relative_error_threshold", "float", -0.01,
