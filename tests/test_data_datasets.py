@@ -42,6 +42,25 @@ def test_random_is_deterministic_and_changes_per_epoch():
     assert not np.array_equal(order("random", 1), order("random", 1, random_seed_offset=16127))
 
 
+@pytest.mark.parametrize("method", ["random", "random:3", "laplace:.10"])
+def test_fixed_random_seed_ignores_the_offset_as_returnn(method):
+    """RETURNN's Dataset._get_random_seed_for_epoch returns fixed_random_seed alone when it is set: a rank
+    offset (random_seed_offset distribution) does not change a fixed order, nor generated data."""
+    fixed = order(method, 1, fixed_random_seed=7)
+    assert np.array_equal(order(method, 4, fixed_random_seed=7, random_seed_offset=16127), fixed)
+    assert np.array_equal(fixed, epoch_order(parse_seq_ordering(method), num_seqs=101, epoch=1,
+                                             get_lengths=lambda: LENGTHS, fixed_random_seed=7,
+                                             random_seed_offset=3 * 16127, partition_epoch=1))
+    own, shifted = (Task12AXDataset(num_seqs=20, fixed_random_seed=3, seq_ordering=method,
+                                    random_seed_offset=offset) for offset in (0, 16127))
+    own.init_seq_order(2)
+    shifted.init_seq_order(2)
+    assert own.order.tolist() == shifted.order.tolist()  # the generated sequences are the same too
+    assert own.epoch_seq_lengths().tolist() == shifted.epoch_seq_lengths().tolist()
+    # without fixed_random_seed the offset still moves the seed
+    assert not np.array_equal(order(method, 4, random_seed_offset=16127), order(method, 4))
+
+
 @pytest.mark.parametrize("method, bins", [("laplace:4", 4), ("laplace:.25", 4), ("laplace:3:2", 3)])
 def test_laplace_bins_alternate_sort_direction(method, bins):
     got = order(method)
@@ -65,7 +84,28 @@ def test_partition_epoch_covers_every_sequence_once(method, parts):
         assert max(sizes) - min(sizes) <= 1
 
 
-@pytest.mark.parametrize("bad", ["shuffle", "random:0", "random:x", "laplace", "laplace:.0", "sorted:2", 3])
+def test_laplace_bins_as_returnn():
+    """RETURNN (Dataset.get_seq_order_for_epoch): bare "laplace" is 2 bins; "laplace:.S" is
+    max(num_seqs // S, 2) bins, so at least 2 also where num_seqs // S is 0 or 1."""
+    assert parse_seq_ordering("laplace") == parse_seq_ordering("laplace:2")
+    two = order("laplace:2")
+    np.testing.assert_array_equal(order("laplace"), two)
+    assert np.array_equal(order("laplace", 3), order("laplace:2", 3))
+    assert not np.array_equal(order("laplace", 3), two)
+    halves = two[:50], two[50:]  # 101 // 2: the first bin ascends, the second descends
+    assert (np.diff(LENGTHS[halves[0]]) >= 0).all() and (np.diff(LENGTHS[halves[1]]) <= 0).all()
+    for seqs_per_bin in (60, 101, 500):  # 101 // S is 1 or 0: 2 bins, not one sorted run
+        np.testing.assert_array_equal(order(f"laplace:.{seqs_per_bin}"), two)
+    np.testing.assert_array_equal(order("laplace:.34"), order("laplace:2"))  # 101 // 34 = 2
+    np.testing.assert_array_equal(order("laplace:.33"), order("laplace:3"))  # 101 // 33 = 3
+    np.testing.assert_array_equal(order("laplace:.20:2", 2), order("laplace:5:2", 1))
+    # one sequence: a single bin, whatever the count
+    one = epoch_order(parse_seq_ordering("laplace"), num_seqs=1, epoch=1, get_lengths=lambda: LENGTHS[:1])
+    assert one.tolist() == [0]
+
+
+@pytest.mark.parametrize("bad", ["shuffle", "random:0", "random:x", "laplace:", "laplace:.0", "laplace:0",
+                                 "laplace:2:0", "laplace:2:3:4", "sorted:2", 3])
 def test_bad_orderings_name_the_value(bad):
     with pytest.raises(DataError, match="seq_ordering") as info:
         parse_seq_ordering(bad, owner="train")

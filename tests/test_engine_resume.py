@@ -30,8 +30,13 @@ NETWORK = {"lstm": {"class": "rec", "unit": "lstm", "n_out": 8, "dropout": 0.2},
 MODES = {
     "grad": {},
     "param": {"horovod_reduce_type": "param", "horovod_param_sync_step": 3},
+    # the average reduces the change since the last one: a mid-epoch checkpoint keeps that base
+    "param-fp16": {"horovod_reduce_type": "param", "horovod_param_sync_step": 3,
+                   "distributed_wire_format": "fp16"},
     "param-rso": {"horovod_reduce_type": "param", "horovod_dataset_distribution": "random_seed_offset",
-                  "horovod_param_sync_step": 100},  # the ranks meet only at the end of an epoch
+                  "horovod_param_sync_step": 100,  # the ranks meet only at the end of an epoch
+                  # no fixed_random_seed, which would ignore the ranks' offsets: each rank its own data
+                  "train": {"class": "Task12AXDataset", "num_seqs": 48, "seq_ordering": "random"}},
     "horovod": {"distributed_backend": "horovod"},
 }
 STEPS_PER_EPOCH = 6  # per rank, 2 ranks sharding 12 batches; 12 per rank with random_seed_offset
@@ -114,7 +119,7 @@ def stop_and_resume(folder, mode: str, signal_name: str, step: int) -> tuple[lis
     return resumed, stopped, output, saved
 
 
-@pytest.mark.parametrize("mode", ["grad", "param"])
+@pytest.mark.parametrize("mode", ["grad", "param", "param-fp16"])
 def test_a_run_stopped_by_sigusr1_on_one_rank_resumes_at_the_next_batch_bitwise(tmp_path, reference, mode):
     # rank 1 gets SIGUSR1 in its 10th step: all ranks save the state after it and exit 99
     resumed, stopped, output, saved = stop_and_resume(tmp_path, mode, "SIGUSR1", step=9)

@@ -88,3 +88,96 @@ def test_overlap_only_in_param_mode(tmp_path):
     assert r.returncode != 0
     assert ("Config key 'distributed_param_sync_overlap' only applies to horovod_reduce_type = 'param'"
             in r.stdout + r.stderr)
+
+
+# ----- a 16-bit wire format: the change since the last average is reduced, not the parameters -----
+def fp16_average(a, b) -> np.ndarray:
+    """Two ranks' float32 values averaged as ``distributed_wire_format = "fp16"`` does it (Horovod's
+    Compression.fp16): each rounded to fp16, summed in fp16, cast back, divided."""
+    total = np.asarray(a, np.float32).astype(np.float16) + np.asarray(b, np.float32).astype(np.float16)
+    return total.astype(np.float32) / np.float32(2)
+
+
+class TwoRankFp16Fake:
+    """Rank 0 of two with an fp16 wire: ``other(k)`` gives what rank 1 sends to the k-th reduction."""
+
+    rank, size = 0, 2
+
+    def __init__(self, other):
+        self.other = other
+        self.sent = []
+
+    def _reduce(self, arrays, op, wire):
+        assert op == "average" and wire == "fp16"
+        self.sent.append([np.array(a) for a in arrays])
+        return [fp16_average(a, b) for a, b in zip(arrays, self.other(len(self.sent)))]
+
+    def allreduce_tensors(self, tensors, op="sum", *, timed_as=None, wire=None):
+        return tf.numpy_function(lambda *arrays: self._reduce(arrays, op, wire), list(tensors),
+                                 [tf.float32] * len(tensors))
+
+    def start_allreduce(self, arrays, op="sum", *, wire=None):
+        return DoneReduction(self._reduce(arrays, op, wire), seconds=1.0)
+
+
+W = np.array([1.0, -0.5, 3.0, 1000.0, 0.25], np.float32)
+D0 = np.array([1e-4, -2e-4, 3e-4, 0.01, 0.0], np.float32)  # rank 0's change since the last average
+D1 = np.array([3e-4, 1e-4, 2e-4, 0.03, -5e-5], np.float32)  # rank 1's
+
+
+def test_fp16_wire_averages_the_change_since_the_last_average():
+    comm = TwoRankFp16Fake(lambda k: [D1 * k])
+    params = [tf.Variable(W)]
+    averager = ParamAverager(comm, wire="fp16")
+    averager.set_base(params)
+    params[0].assign(W + D0)
+    averager.average_now(params)
+    np.testing.assert_array_equal(comm.sent[0][0], (W + D0) - W)  # the change travels, not the parameters
+    got = params[0].numpy()
+    np.testing.assert_array_equal(got, W + fp16_average((W + D0) - W, D1))  # base + mean change, float32
+    np.testing.assert_array_equal(averager.base_values()[0], got)
+    exact = W.astype(np.float64) + (D0.astype(np.float64) + D1) / 2
+    # only the change is rounded (fp16: 2^-11 of it, each rank's and their sum), then float32's rounding
+    bound = 2.0 ** -10 * (np.abs(D0) + np.abs(D1)) + 2.0 ** -23 * np.abs(exact)
+    assert (np.abs(got - exact) <= bound).all(), (got - exact, bound)
+    # averaging the parameters themselves in fp16 loses these updates (below |w| * 2^-12 for 3.0, 1000)
+    old = fp16_average(W + D0, W + D1)
+    assert old[2] == 3.0 and old[3] == 1000.0 and got[2] > 3.0002 and got[3] > 1000.019
+    # the next average reduces the change from the new base
+    params[0].assign(got + D0)
+    averager.average_now(params)
+    np.testing.assert_array_equal(comm.sent[1][0], (got + D0) - got)
+    np.testing.assert_array_equal(params[0].numpy(), got + fp16_average((got + D0) - got, 2 * D1))
+
+
+def test_fp16_wire_overlapped_average_keeps_own_progress_on_top_of_the_new_base():
+    comm = TwoRankFp16Fake(lambda k: [D1])
+    params = [tf.Variable(W)]
+    averager = ParamAverager(comm, overlap=True, wire="fp16")
+    averager.set_base(params)
+    params[0].assign(W + D0)
+    averager.start(params)  # snapshot W + D0; sends its change D0
+    np.testing.assert_array_equal(comm.sent[0][0], (W + D0) - W)
+    local = np.array([1e-5, 0.0, -1e-5, 0.001, 2e-6], np.float32)
+    params[0].assign_add(local)  # a local step while the average runs
+    before = params[0].numpy()
+    averager.finish()
+    new_base = W + fp16_average((W + D0) - W, D1)
+    np.testing.assert_array_equal(averager.base_values()[0], new_base)
+    np.testing.assert_array_equal(params[0].numpy(), before + (new_base - (W + D0)))
+    np.testing.assert_allclose(params[0].numpy(), new_base + local, rtol=0, atol=1e-6)
+    averager.start(params)  # the next average sends the change from the new base
+    np.testing.assert_array_equal(comm.sent[1][0], params[0].numpy() - new_base)
+
+
+def test_base_only_with_a_wire_format():
+    params = [tf.Variable(W)]
+    plain = ParamAverager(TwoRankFake(lambda k: [W]))
+    plain.set_base(params)  # float32: the parameters themselves are averaged; no base kept
+    assert plain.base_values() is None
+    with pytest.raises(RuntimeError, match="set_base"):
+        ParamAverager(TwoRankFp16Fake(lambda k: [D1]), wire="fp16").average_now(params)
+    averager = ParamAverager(TwoRankFp16Fake(lambda k: [D1]), wire="fp16")
+    averager.restore_base([W - 1])  # e.g. from a mid-epoch checkpoint
+    averager.average_now(params)
+    np.testing.assert_array_equal(params[0].numpy(), (W - 1) + fp16_average(W - (W - 1), D1))

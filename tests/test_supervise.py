@@ -94,7 +94,8 @@ def test_without_reset_after_the_restarts_count_over_the_whole_supervision(tmp_p
     assert "counted as attempt 1" not in r.stderr
 
 
-@pytest.mark.parametrize("code, why", [(2, "a config error"), (3, "a data error")])
+@pytest.mark.parametrize("code, why", [(2, "a config error"),
+                                       (3, "a data error (or an Inf/NaN in training)")])
 def test_config_and_data_errors_stop_at_once(tmp_path, code, why):
     r = supervise(["--backoff", "0"], flaky(tmp_path, str(code), "0"))
     assert r.returncode == code and runs(tmp_path) == 1, r.stderr

@@ -109,6 +109,9 @@ _section(
     ("learning_rate_control", "str", "constant",
      "constant | newbob | newbob_rel | newbob_abs | newbob_multi_epoch"),
     ("debug_add_check_numerics_ops", "bool", False, "stop training at the first Inf or NaN of an op (slow)"),
+    ("stop_on_nonfinite_train_score", "bool", True,
+     "stop training (exit 3, nothing saved) at the first update whose loss, gradient or resulting parameters "
+     "are Inf/NaN; False: apply every update and train on, as RETURNN"),
     ("newbob_learning_rate_decay", "float", 0.5, "newbob: multiply the rate by this"),
     ("newbob_learning_rate_growth", "float", 1.0, "newbob: multiply the rate by this when it is not decayed"),
     ("newbob_relative_error_threshold", "float", -0.01,
@@ -176,8 +179,9 @@ _section(
      "param mode: each average runs in the background while training goes on, and is applied as "
      "params += average(snapshot) - snapshot where the next one starts (docs/multi-node.md)"),
     ("distributed_wire_format", "str", None,
-     "fp16 | bf16: float32 gradients (grad mode) or parameters (param mode) are cast to this dtype, "
-     "summed in it over the ranks and cast back: half the bytes on the wire, rounded sums", "float32"),
+     "fp16 | bf16: float32 gradients (grad mode) or the parameters' change since the last average (param "
+     "mode) are cast to this dtype, summed in it over the ranks and cast back: half the bytes on the wire, "
+     "rounded sums", "float32"),
     ("distributed_bucket_mb", "float", 25.0,
      "grad mode: MB per gradient bucket, reduced while the backward pass still runs (0: one reduction "
      "after it)"),

@@ -2,14 +2,16 @@
 
 Orders: ``default`` (corpus order), ``reverse``, ``sorted`` / ``sorted_reverse`` (by the length of the
 first data key, stable), ``random`` / ``random:N`` (a new permutation every N full epochs),
-``laplace:N`` / ``laplace:.S`` (a random permutation cut into N bins, or bins of about S sequences, each
-bin sorted by length, alternately ascending and descending, so neighbouring batches have similar
-lengths; ``laplace:N:M`` keeps the seed M epochs).
+``laplace`` / ``laplace:N`` / ``laplace:.S`` (a random permutation cut into bins, each bin sorted by
+length, alternately ascending and descending, so neighbouring batches have similar lengths; as in
+RETURNN's ``Dataset.get_seq_order_for_epoch``: bare ``laplace`` is 2 bins, ``laplace:N`` N bins,
+``laplace:.S`` max(num_seqs // S, 2) bins; ``laplace:N:M`` or ``laplace:.S:M`` keeps the seed M epochs).
 
-The seed of a full epoch is ``fixed_random_seed`` when given (the same order every epoch), else the
-full-epoch number divided down by N; ``random_seed_offset`` is added (``rank * 16127`` gives every rank
-its own order). With ``partition_epoch`` P the full-epoch order is computed once per P sub-epochs and
-sub-epoch k takes the k-th of P nearly equal slices, so every sequence is seen exactly once per P.
+The seed of a full epoch is ``fixed_random_seed`` when given (the same order every epoch; the offset
+below is then ignored, as in RETURNN's ``Dataset._get_random_seed_for_epoch``), else the full-epoch
+number divided down by N plus ``random_seed_offset`` (``rank * 16127`` gives every rank its own order).
+With ``partition_epoch`` P the full-epoch order is computed once per P sub-epochs and sub-epoch k takes
+the k-th of P nearly equal slices, so every sequence is seen exactly once per P.
 ``numpy.random.RandomState`` is used because its streams are stable across NumPy versions.
 """
 from __future__ import annotations
@@ -21,14 +23,16 @@ import numpy as np
 
 from engine.runtime.errors import DataError
 
-_FORMS = "default, reverse, sorted, sorted_reverse, random, random:N, laplace:N, laplace:.S (optionally :M)"
+LAPLACE_DEFAULT_BINS = 2  # RETURNN's, for a bare "laplace" and the least for "laplace:.S"
+_FORMS = ("default, reverse, sorted, sorted_reverse, random, random:N, laplace, laplace:N, laplace:.S "
+          "(optionally :M)")
 
 
 @dataclass(frozen=True)
 class SeqOrdering:
     method: str  # default | reverse | sorted | sorted_reverse | random | laplace
     seed_epochs: int = 1  # random:N, laplace:...:M
-    bins: int | None = None  # laplace:N
+    bins: int | None = None  # laplace:N (bare laplace: 2)
     seqs_per_bin: int | None = None  # laplace:.S
 
 
@@ -50,6 +54,8 @@ def parse_seq_ordering(text: str | SeqOrdering, *, owner: str = "dataset") -> Se
         return SeqOrdering(method)
     if method == "random" and len(args) <= 1:
         return SeqOrdering(method, seed_epochs=positive(args[0]) if args else 1)
+    if method == "laplace" and not args:
+        return SeqOrdering(method, bins=LAPLACE_DEFAULT_BINS)
     if method == "laplace" and len(args) in (1, 2):
         seed_epochs = positive(args[1]) if len(args) == 2 else 1
         if args[0].startswith("."):
@@ -60,8 +66,12 @@ def parse_seq_ordering(text: str | SeqOrdering, *, owner: str = "dataset") -> Se
 
 def epoch_seed(full_epoch: int, *, seed_epochs: int = 1, fixed_random_seed: int | None = None,
                random_seed_offset: int = 0) -> int:
-    base = fixed_random_seed if fixed_random_seed is not None else (full_epoch - 1) // seed_epochs + 1
-    return (int(base) + int(random_seed_offset)) % 2**32
+    """The ordering (and generated data's) seed of ``full_epoch``: ``fixed_random_seed`` alone when given
+    (RETURNN then ignores ``random_seed_offset`` too), else the epoch divided down by ``seed_epochs``
+    plus ``random_seed_offset``."""
+    if fixed_random_seed is not None:
+        return int(fixed_random_seed) % 2**32
+    return ((full_epoch - 1) // seed_epochs + 1 + int(random_seed_offset)) % 2**32
 
 
 def full_epoch_order(ordering: SeqOrdering, num_seqs: int, get_lengths: Callable[[], np.ndarray],
@@ -82,7 +92,9 @@ def full_epoch_order(ordering: SeqOrdering, num_seqs: int, get_lengths: Callable
         return np.argsort(-lengths, kind="stable").astype(np.int64)
     # laplace: shuffled, cut into bins, each bin sorted (alternating direction)
     perm = rng.permutation(num_seqs)
-    bins = ordering.bins if ordering.bins is not None else max(1, num_seqs // ordering.seqs_per_bin)
+    bins = ordering.bins if ordering.bins is not None else \
+        max(num_seqs // ordering.seqs_per_bin, LAPLACE_DEFAULT_BINS)
+    # more bins than sequences: the extra ones would be empty or hold one sequence, the same order
     bins = max(1, min(bins, num_seqs))
     parts = []
     for b in range(bins):

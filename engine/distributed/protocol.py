@@ -21,10 +21,12 @@ from engine.report.timeline import STEP_SIGNAL
 from engine.runtime.errors import DistributedError, EngineError
 
 # Step signal vector: [ranks out of data, ranks voting for a parameter sync, ranks voting for a checkpoint,
-# exit code of each rank (0: no error)..., stop signal number each rank received (0: none)...]. Sharing
+# exit code of each rank (0: no error)..., stop signal number each rank received (0: none)..., non-finite
+# step of each rank (0: none; else NONFINITE_CODES * step of the epoch + what was found, 1..3)...]. Sharing
 # the codes lets every rank end with the failing rank's code: mpirun returns the code of whichever rank
 # exits first, so a bad corpus gives DataError's code however the ranks race.
 _NO_DATA, _SYNC_VOTE, _CHECKPOINT_VOTE, _ERRORS = 0, 1, 2, 3
+NONFINITE_CODES = 4  # what a non-finite step found: 1..3 (``engine.training.step.NONFINITE_*``)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class StepSignal:
     exit_code: int = 0  # the exit code of the lowest failed rank
     checkpoint: bool = False  # some rank voted for a checkpoint (its interval is due)
     stop_requests: tuple[tuple[int, int], ...] = ()  # (rank, signal number) of every rank asked to stop
+    # (rank, step of the epoch, what was found) of every rank whose last step met an Inf/NaN
+    nonfinite: tuple[tuple[int, int, int], ...] = ()
 
 
 def exit_code_of(error: BaseException | None) -> int:
@@ -45,25 +49,34 @@ def exit_code_of(error: BaseException | None) -> int:
 
 def step_signal(comm: Communicator, have_more_data: bool, had_error: bool | int,
                 want_param_sync: bool = False, want_checkpoint: bool = False,
-                stop_signal: int = 0) -> StepSignal:
-    """Exchange (have_more_data, had_error, want_param_sync, want_checkpoint, stop_signal) of every rank in
-    one int32 allreduce. ``had_error``: False/0, or the exit code this rank will end with (True counts as
-    1); ``stop_signal``: the number of the stop signal this rank received, or 0."""
-    vector = np.zeros(_ERRORS + 2 * comm.size, np.int32)
+                stop_signal: int = 0, nonfinite: tuple[int, int] | None = None) -> StepSignal:
+    """Exchange (have_more_data, had_error, want_param_sync, want_checkpoint, stop_signal, nonfinite) of
+    every rank in one int32 allreduce. ``had_error``: False/0, or the exit code this rank will end with
+    (True counts as 1); ``stop_signal``: the number of the stop signal this rank received, or 0;
+    ``nonfinite``: (step of the epoch, what was found) when this rank's last step met an Inf/NaN."""
+    vector = np.zeros(_ERRORS + 3 * comm.size, np.int32)
     vector[_NO_DATA] = not have_more_data
     vector[_SYNC_VOTE] = want_param_sync
     vector[_CHECKPOINT_VOTE] = want_checkpoint
     vector[_ERRORS + comm.rank] = had_error
     vector[_ERRORS + comm.size + comm.rank] = stop_signal
+    if nonfinite is not None:
+        step, found = nonfinite
+        vector[_ERRORS + 2 * comm.size + comm.rank] = NONFINITE_CODES * step + found
     with comm.stall_guard("step signal"), phases.span("step signal", STEP_SIGNAL, bytes=vector.nbytes):
         (total,) = comm.allreduce([vector], "sum")
-    errors, stops = total[_ERRORS:_ERRORS + comm.size], total[_ERRORS + comm.size:]
+    errors = total[_ERRORS:_ERRORS + comm.size]
+    stops = total[_ERRORS + comm.size:_ERRORS + 2 * comm.size]
+    nonfinite_codes = total[_ERRORS + 2 * comm.size:]
     failed = tuple(int(r) for r in np.flatnonzero(errors))
     return StepSignal(all_have_data=bool(total[_NO_DATA] == 0), any_error=bool(failed), failed_ranks=failed,
                       param_sync=bool(total[_SYNC_VOTE] > 0),
                       exit_code=int(errors[failed[0]]) if failed else 0,
                       checkpoint=bool(total[_CHECKPOINT_VOTE] > 0),
-                      stop_requests=tuple((int(r), int(stops[r])) for r in np.flatnonzero(stops)))
+                      stop_requests=tuple((int(r), int(stops[r])) for r in np.flatnonzero(stops)),
+                      nonfinite=tuple((int(r), int(nonfinite_codes[r]) // NONFINITE_CODES,
+                                       int(nonfinite_codes[r]) % NONFINITE_CODES)
+                                      for r in np.flatnonzero(nonfinite_codes)))
 
 
 def agree_on_stop(comm: Communicator, stop_signal: int) -> tuple[tuple[int, int], ...]:

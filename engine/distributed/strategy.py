@@ -14,14 +14,17 @@ mode runs:
   ``buckets.py``); every rank applies the same update. ``horovod_grad_normalization`` decides
   what the reduced gradient is (see ``settings.GRAD_NORMALIZATIONS``).
 - ``ParamAverage``: every rank updates alone; the parameters are averaged when ``ParamSyncSchedule``
-  says so and at the end of every epoch. With ``shard`` the ranks signal every step (they end the
+  says so and at the end of every epoch (with a 16-bit ``distributed_wire_format``, their change since
+  the last average is: ``param_overlap.py``). With ``shard`` the ranks signal every step (they end the
   epoch together); with ``random_seed_offset`` they meet only at the averaging, where each rank calls
   the signal and the average when its own schedule says so (a rank out of data calls the signal too,
   so every rank makes the same sequence of collective calls) and train scores stay per rank.
 
-``requests`` (``StepRequests``) carry this rank's wish for a checkpoint (its interval is due) and the
-stop signal it received; the plan says what all ranks agreed on. With a per-step signal they agree at
-once. With ``random_seed_offset`` a checkpoint waits for the next average; a rank with a stop signal
+``requests`` (``StepRequests``) carry this rank's wish for a checkpoint (its interval is due), the stop
+signal it received and, in param mode, whether its last step met an Inf/NaN (then every rank ends
+training at that signal: ``stop_on_nonfinite_train_score``; with ``random_seed_offset`` that rank calls
+the signal at once, as for a stop); the plan says what all ranks agreed on. With a per-step signal they
+agree at once. With ``random_seed_offset`` a checkpoint waits for the next average; a rank with a stop signal
 tells the others over the side channel (``Communicator.notify_stop``) and calls the signal at once, and
 each rank that hears of it does the same at its next step, so every rank stops within one step.
 
@@ -51,6 +54,9 @@ class StepRequests:
 
     checkpoint: bool = False  # its checkpoint interval is due
     stop_signal: int = 0  # the number of the stop signal it received (SIGUSR1, ...); 0: none
+    # param mode: (step of the epoch, what was found) when its last step met an Inf/NaN (the ranks must
+    # learn of it to stop together; in grad mode every rank found the same in the reduced values)
+    nonfinite: tuple[int, int] | None = None
 
 
 NO_REQUESTS = StepRequests()
@@ -65,6 +71,9 @@ class StepPlan:
     # (rank, signal): save, then stop before this step, also when a rank is out of data (it saves its
     # position at the end; a resumed run then ends the epoch where an uninterrupted one would)
     stop_requests: tuple[tuple[int, int], ...] = ()
+    # (rank, step of the epoch, what was found) of the ranks whose last step met an Inf/NaN: every rank
+    # ends training (stop_on_nonfinite_train_score), nothing else of the plan happens
+    nonfinite: tuple[tuple[int, int, int], ...] = ()
 
     @classmethod
     def agreed(cls, signal: StepSignal, sync_params: bool = False) -> StepPlan:
@@ -118,6 +127,18 @@ class Strategy:
     def end_epoch(self, params: Sequence[Any], local_scores: np.ndarray) -> np.ndarray:
         """The epoch's [loss sum, error sum, count, input frames] to report."""
         return local_scores
+
+    def parameters_agreed(self, params: Sequence[Any]) -> None:
+        """Every rank holds these same parameters now (after the initial broadcast, before any rank's own
+        state from a checkpoint): param mode with a wire format averages the change from them next."""
+
+    def sync_base(self) -> list[np.ndarray] | None:
+        """What a mid-epoch checkpoint keeps of the parameter average's state besides the parameters: the
+        base of the next average (param mode with a wire format; the same on every rank), else None."""
+        return None
+
+    def restore_sync_base(self, values: Sequence[np.ndarray]) -> None:
+        """Continue from a checkpoint's ``sync_base``."""
 
 
 class GradAllreduce(Strategy):
@@ -234,12 +255,15 @@ class ParamAverage(Strategy):
             if requests.stop_signal:
                 self.comm.notify_stop(requests.stop_signal)
             self._stop_known = bool(requests.stop_signal) or bool(self.comm.stop_notices())
-        if not (self.signal_every_step or vote or batch is None or error is not None or self._stop_known):
+        if not (self.signal_every_step or vote or batch is None or error is not None or self._stop_known
+                or requests.nonfinite):
             return StepPlan()
         signal = step_signal(self.comm, have_more_data=batch is not None, had_error=exit_code_of(error),
                              want_param_sync=vote, want_checkpoint=requests.checkpoint,
-                             stop_signal=requests.stop_signal)
+                             stop_signal=requests.stop_signal, nonfinite=requests.nonfinite)
         raise_on_failure(self.comm, signal, error)
+        if signal.nonfinite:  # also at the end of the data: training ends before anything else
+            return StepPlan(nonfinite=signal.nonfinite)
         if not signal.all_have_data and not signal.stop_requests:
             return None
         # Any rank's vote makes everyone average: with a per-step signal that turns differing clocks
@@ -266,6 +290,15 @@ class ParamAverage(Strategy):
         if self.distribution != "shard":
             return local_scores  # every rank saw the whole corpus in its own order: scores stay per rank
         return sum_score_vectors(self.comm, local_scores)
+
+    def parameters_agreed(self, params: Sequence[Any]) -> None:
+        self.averager.set_base(params)
+
+    def sync_base(self) -> list[np.ndarray] | None:
+        return self.averager.base_values()
+
+    def restore_sync_base(self, values: Sequence[np.ndarray]) -> None:
+        self.averager.restore_base(values)
 
     def average_parameters(self, params: Sequence[Any]) -> None:
         """Average the variables over the ranks in one fused collective: at once at the end of an epoch,

@@ -10,7 +10,8 @@ Exit codes, a contract for job scripts, supervisors and schedulers (docs/long-jo
     1   failed: a bug, a failed or stalled rank, a lost node (a restart from the newest checkpoint may
         succeed)
     2   ConfigError: the config files or the command line are wrong (a restart cannot fix it)
-    3   DataError: a corpus or dataset definition is wrong (a restart cannot fix it)
+    3   DataError: a corpus or dataset definition is wrong; NonFiniteTrainScore: training met an Inf or
+        NaN (a restart cannot fix either)
     99  stopped on request (preemption signal or time limit) after saving a checkpoint: run the same
         command again to resume; SGE reschedules a job that exits 99
 """
@@ -70,6 +71,15 @@ class TransientIOError(EngineError):
 
 class DistributedError(EngineError):
     """The MPI job is misconfigured, or another rank failed."""
+
+
+class NonFiniteTrainScore(EngineError):
+    """Training met an Inf or NaN (``stop_on_nonfinite_train_score``): a step's loss or gradient, or the
+    parameters after an update or before a save. Exit code 3, as a data error: a rerun resumes from the
+    newest checkpoint and meets the same step again, so the config (learning rate, clipping) or the data
+    must change first; ``supervise`` does not restart it."""
+
+    exit_code = DATA_ERROR_EXIT_CODE
 
 
 class TrainingStopped(EngineError):

@@ -3,6 +3,7 @@ resuming and stopping on request: ``engine/training/checkpoints/policy.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from engine.config.loader import Config
@@ -34,6 +35,11 @@ class Trainer:
         self.train_data = dataset_from_config(config, "train", random_seed_offset=strategy.random_seed_offset)
         if self.train_data is None:
             raise ConfigError("Config key 'train' is missing: task 'train' needs a train dataset.")
+        if (getattr(strategy, "distribution", None) == "random_seed_offset" and self.comm.rank == 0
+                and self.train_data.fixed_random_seed is not None):
+            log.warning(f"horovod_dataset_distribution = 'random_seed_offset', but the train dataset sets "
+                        f"fixed_random_seed = {self.train_data.fixed_random_seed}, which ignores the ranks' "
+                        "seed offsets (as in RETURNN): every rank reads the same data in the same order.")
         self.dev_data = dataset_from_config(config, "dev")
         self.train_batching = BatchOptions.from_config(config, train=True)
         eval_batching = BatchOptions.from_config(config, train=False)
@@ -50,7 +56,8 @@ class Trainer:
         self.monitor = RunMonitor(config, self.comm, self.lr_control)
         self.steps = Steps(self.model, self.updater, strategy,
                            check_numerics=config.bool("debug_add_check_numerics_ops"),
-                           accum_steps=config.int("accum_grad_multiple_step"))
+                           accum_steps=config.int("accum_grad_multiple_step"),
+                           stop_on_nonfinite=config.bool("stop_on_nonfinite_train_score"))
         self.steps.trace("train")
         self.checkpoints = Checkpointer(config, strategy, self.model, self.updater, self.lr_control)
         self.num_epochs = config.int("num_epochs")
@@ -95,6 +102,7 @@ class Trainer:
         self.resume = self.comm.broadcast_object(self.resume, root=0)
         self.start_epoch = self.resume.start_epoch
         broadcast_initial(self.comm, list(self.model.variables) + self.updater.variables)
+        self.strategy.parameters_agreed(self.steps.params)  # before any rank's own state is restored
         self.global_step = self.checkpoints.restore_rank_states(self.resume)
 
     def run(self) -> None:
@@ -114,6 +122,10 @@ class Trainer:
             scores = {"train_score": report.scores.score, "train_error": report.scores.error}
             log.info(f"epoch {epoch} score: {report.scores.score:.6f} error: {report.scores.error:.6f} "
                      f"elapsed: {hms(report.elapsed)}")
+            if not math.isfinite(report.scores.score) and self.comm.rank == 0:
+                # stop_on_nonfinite_train_score = False (True would have stopped): RETURNN warns and goes on
+                log.warning(f"train epoch {epoch}: the score is {report.scores.score} (Inf/NaN); "
+                            "stop_on_nonfinite_train_score = False, so training goes on, as in RETURNN.")
             if self.dev_data is not None:
                 dev = evaluate(self.steps, self.dev_data, epoch, "dev", self.eval_batching, self.comm)
                 scores.update(dev_score=dev.scores.score, dev_error=dev.scores.error)

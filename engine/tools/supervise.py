@@ -10,7 +10,8 @@ default), from the newest checkpoint. What the supervisor does when COMMAND ends
 docs/long-jobs.md):
 
   0                 done: exit 0.
-  2, 3              a config or data error: a restart would fail the same way; exit with that code.
+  2, 3              a config or data error (3 also: an Inf/NaN in training): a restart would fail the
+                    same way; exit with that code.
   99                COMMAND stopped on request (preemption, time limit) after saving a checkpoint.
                     The request came from the scheduler, which is about to take the allocation away:
                     a rerun here would be killed mid-step and waste a restart. Exit 99, so that the
@@ -49,7 +50,8 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR
 # A signal that arrives while waiting to restart: the scheduler's stop warnings end the supervisor with
 # "resumable" (the newest checkpoint is on disk, a requeue resumes from it); others with 128 + N.
 _STOP_WARNINGS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-_WHY_FATAL = {CONFIG_ERROR_EXIT_CODE: "a config error", DATA_ERROR_EXIT_CODE: "a data error"}
+_WHY_FATAL = {CONFIG_ERROR_EXIT_CODE: "a config error",
+              DATA_ERROR_EXIT_CODE: "a data error (or an Inf/NaN in training)"}
 # What a first SIGTERM becomes: a stop request the engine saves a checkpoint for (stop_requests.py), which
 # mpirun forwards to the ranks; mpirun would answer SIGTERM itself by killing them within 0.5 s.
 TERM_FORWARDED_AS = signal.SIGUSR2

@@ -23,6 +23,7 @@ from engine.runtime import log
 from engine.training.checkpoints.policy import Checkpointer
 from engine.training.checkpoints.resume import EpochStart
 from engine.training.monitor import RunMonitor
+from engine.training.nonfinite import NONFINITE_LOSS, newest_checkpoint_text, nonfinite_error
 from engine.training.report import EpochReport
 from engine.training.step import Steps
 
@@ -52,7 +53,7 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
     monitor.epoch_started(epoch, planned.all_shards // shard_size, steps.updater.learning_rate)
     with BatchPrefetcher(planned) as prefetcher:
         batches = iter(prefetcher)
-        step, deferred_checkpoint = start.step, False
+        step, deferred_checkpoint, nonfinite = start.step, False, None
         while True:
             batch, error = _next_batch(batches)
             requests = checkpoints.requests(step) if checkpoints is not None else NO_REQUESTS
@@ -63,7 +64,11 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
                 requests = NO_REQUESTS
             elif deferred_checkpoint:
                 requests, deferred_checkpoint = dataclasses.replace(requests, checkpoint=True), False
+            if nonfinite is not None:  # param mode: the other ranks learn of it in this signal
+                requests = dataclasses.replace(requests, nonfinite=nonfinite)
             plan = strategy.before_step(step, batch, error, requests)
+            if plan is not None and plan.nonfinite:
+                raise _nonfinite_error(plan.nonfinite, epoch, strategy, checkpoints)
             if plan is None:
                 break  # some rank is out of data: every rank ends the epoch, the pending batch is dropped
             if plan.checkpoint or plan.stop_requests:  # the state after `step` steps; a stop raises here
@@ -80,8 +85,15 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
             report.step_done(batch.num_seqs, scores, time.perf_counter() - t0)
             monitor.step_done(scores)
             step += 1
+            if steps.nonfinite:  # its update found an Inf/NaN (stop_on_nonfinite_train_score)
+                if not strategy.keeps_rank_state:  # one reduced update: every rank found the same
+                    raise _nonfinite_error([(0, step, steps.nonfinite)], epoch, strategy, checkpoints)
+                nonfinite = (step, steps.nonfinite)
     with report.computing():
         dropped, leftover = steps.drop_partial_group() if steps.accum_steps > 1 else (0, None)
+        if leftover is not None and steps.stop_on_nonfinite and not np.isfinite(leftover).all():
+            # no update, but the epoch's scores would not be finite (reduced: every rank sees the same)
+            raise _nonfinite_error([(0, step, NONFINITE_LOSS)], epoch, strategy, checkpoints)
         if leftover is not None:
             local_scores += leftover
             log.info(f"accum_grad_multiple_step: the epoch's last {dropped} batch(es) of this rank form an "
@@ -90,6 +102,15 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
     monitor.epoch_trained()
     report.finish()
     return report
+
+
+def _nonfinite_error(found, epoch: int, strategy: Strategy, checkpoints: Checkpointer | None):
+    """The error that ends training on every rank (rank 0 names the newest checkpoint; ``nonfinite.py``)."""
+    rank, prefix = strategy.comm.rank, checkpoints.prefix if checkpoints is not None else None
+    newest = checkpoints.newest_checkpoint() if checkpoints is not None and rank == 0 else None
+    return nonfinite_error(found, epoch, epoch_global_step=checkpoints.global_step if checkpoints else None,
+                           checkpoint=newest_checkpoint_text(prefix, newest),
+                           several_ranks=strategy.keeps_rank_state, rank=rank)
 
 
 def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: BatchOptions,

@@ -28,6 +28,7 @@ from engine.distributed.strategy import Strategy
 from engine.model.base import SeqModel
 from engine.model.losses.data_checks import data_error_from
 from engine.runtime.errors import ConfigError, DataError, EngineError
+from engine.training.nonfinite import FINITE, NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_PARAMS
 from engine.training.update.updater import Updater
 
 DROPOUT_STREAM = 0x64726F70  # keeps dropout's random numbers apart from other users of the step's seed
@@ -35,6 +36,10 @@ DROPOUT_STREAM = 0x64726F70  # keeps dropout's random numbers apart from other u
 
 def fold_in(seed: tf.Tensor, data: int) -> tf.Tensor:
     return tf.random.experimental.stateless_fold_in(seed, data)
+
+
+def _all_finite(tensors) -> tf.Tensor:
+    return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
 
 
 def _dense(grads, params) -> list:
@@ -93,11 +98,17 @@ class _CompiledStep:
 class Steps:
     def __init__(self, model: SeqModel, updater: Updater | None = None,
                  strategy: Strategy | None = None, check_numerics: bool = False,
-                 accum_steps: int = 1) -> None:
+                 accum_steps: int = 1, stop_on_nonfinite: bool = True) -> None:
         """``updater`` and ``strategy`` are needed for training only. ``check_numerics``: every op of the
         steps checks its output, and the first Inf or NaN stops training (RETURNN's
-        ``debug_add_check_numerics_ops``). ``accum_steps``: ``accum_grad_multiple_step``."""
+        ``debug_add_check_numerics_ops``). ``accum_steps``: ``accum_grad_multiple_step``.
+        ``stop_on_nonfinite`` (``stop_on_nonfinite_train_score``): an update whose scores or processed
+        gradients hold an Inf or NaN is not applied, and after each update the parameters are checked;
+        ``nonfinite`` says what the last update found (the loop stops training on it). False: every
+        update is applied as it comes, as in RETURNN."""
         self.model = model
+        self.stop_on_nonfinite = stop_on_nonfinite
+        self.nonfinite = FINITE  # what the last update found (FINITE ... NONFINITE_PARAMS)
         self.updater = updater
         self.strategy = strategy
         self.rank = strategy.comm.rank if strategy is not None else 0
@@ -196,8 +207,29 @@ class Steps:
         if maximize:
             extra = [-maximize * g for g in self._grad_norm_gradient(outer, local, grads, scores)]
         grads = [g if p else None for g, p in zip(grads, present)]
-        self.updater.apply_gradients(grads, self.params, extra)
-        return scores
+        return scores, self._update(grads, scores, extra)
+
+    def _update(self, grads, scores, extra=None) -> tf.Tensor:
+        """Apply the (reduced) gradients; returns what was found (``FINITE`` ... ``NONFINITE_PARAMS``). With
+        ``stop_on_nonfinite``, an Inf or NaN in the scores or in the gradients as processed for the update
+        (clipping, noise, maximize_grad_norm's term) leaves parameters and optimizer state as they were.
+        In grad mode scores and gradients are the reduced ones, so every rank finds the same."""
+        if not self.stop_on_nonfinite:
+            self.updater.apply_gradients(grads, self.params, extra)
+            return tf.constant(FINITE)
+        processed = self.updater.processed_gradients(grads, self.params, extra)
+        loss_finite = _all_finite([scores])
+        grads_finite = _all_finite([g for g in processed if g is not None] or [scores])
+
+        def apply() -> tf.Tensor:
+            self.updater.apply_processed(processed)
+            # read after the update: a tf.function orders the operations on one variable as written
+            return tf.where(_all_finite([v.read_value() for v in self.params]), FINITE, NONFINITE_PARAMS)
+
+        def skip() -> tf.Tensor:
+            return tf.where(loss_finite, NONFINITE_GRADIENT, NONFINITE_LOSS)
+
+        return tf.cond(tf.logical_and(loss_finite, grads_finite), apply, skip)
 
     def _accumulate_step(self, data, lengths, targets, target_lengths, l2_weight, index):
         seed = fold_in(fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank), index)
@@ -225,12 +257,12 @@ class Steps:
             grads = [g / frames for g in grads]
         grads, reduced = self.strategy.reduce_gradients(grads, scores)
         grads = [g if p else None for g, p in zip(grads, self._present)]
-        self.updater.apply_gradients(grads, self.params)
+        found = self._update(grads, reduced)
         # after the reads above: a tf.function orders the operations on one variable as written
         for acc in self._acc:
             acc.assign(tf.zeros_like(acc))
         self._acc_scores.assign(tf.zeros([len(SCORE_NAMES)]))
-        return reduced
+        return reduced, found
 
     def _drop_step(self):
         _, reduced = self.strategy.reduce_gradients([], self._acc_scores.read_value())
@@ -280,8 +312,11 @@ class Steps:
         return data, lengths, targets, target_lengths
 
     def train(self, batch) -> np.ndarray:
+        """One step: its score sums (reduced in grad mode); ``nonfinite`` says what its update found."""
         try:
-            return self._train(*self._inputs(batch)).numpy()
+            scores, found = self._train(*self._inputs(batch))
+            self.nonfinite = int(found)
+            return scores.numpy()
         except Exception as exc:  # tracing fails when an op's gradient has no gradient of its own
             missing = _NO_SECOND_GRADIENT.search(str(exc))
             if not (missing and self.updater.gradient_options.maximize_norm):
@@ -294,6 +329,7 @@ class Steps:
     def train_accumulating(self, batch) -> tuple[np.ndarray, np.ndarray | None]:
         """With ``accum_steps`` > 1: add ``batch`` to the accumulators, and update when the group is full.
         Returns this batch's own score sums, and the group's reduced score sums when it updated."""
+        self.nonfinite = FINITE  # a batch that only accumulates makes no update
         first = 1.0 if self._pending == 0 else 0.0
         scores = self._accumulate(*self._inputs(batch), np.float32(first), np.int32(self._pending)).numpy()
         self._pending += 1
@@ -302,9 +338,12 @@ class Steps:
         return scores, self.flush()
 
     def flush(self) -> np.ndarray:
-        """Update with the full group in the accumulators; the group's reduced score sums."""
+        """Update with the full group in the accumulators; the group's reduced score sums (``nonfinite``
+        says what the update found)."""
         self._pending = 0
-        return self._apply().numpy()
+        reduced, found = self._apply()
+        self.nonfinite = int(found)
+        return reduced.numpy()
 
     def drop_partial_group(self) -> tuple[int, np.ndarray | None]:
         """At the epoch's end: forget the batches of an incomplete last group without an update, as

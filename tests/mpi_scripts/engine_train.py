@@ -1,13 +1,14 @@
 """Train through the engine's own API and record what each rank saw, for the engine tests.
 
     python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL'
-        [fail=step|loader|kill|stall|eio|SIGUSR1|SIGUSR2|SIGTERM] [fail_rank=R] [fail_step=S]
+        [fail=step|loader|kill|stall|eio|nan|SIGUSR1|SIGUSR2|SIGTERM] [fail_rank=R] [fail_step=S]
         [fail_once=MARKER_FILE] [ready=FILE] [step_sleep=SECONDS] [slow_save=SECONDS]
 
 Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
 step and (where a sync followed) after the sync, so tests can compare ranks and runs. A signal name as
 ``fail`` makes rank R send itself that signal in its step S (counted from 0 in this process); with
 ``fail_once`` only if MARKER_FILE does not exist yet (it is created then), so a restarted job runs through.
+``fail=nan`` puts a NaN into the first input value of rank R's batch in its step S (a broken feature).
 ``fail=eio`` makes rank R's checkpoint reads fail with EIO, as a flaky disk or network file system does
 (with ``fail_once``: only until MARKER_FILE exists, which the first failed read creates).
 A run stopped on request exits with 99 and writes nothing; other engine errors end it as in rnn.py.
@@ -16,6 +17,7 @@ A run stopped on request exits with 99 and writes nothing; other engine errors e
 ``slow_save``: rank 0 takes that much longer to write each checkpoint (slow storage).
 """
 import ast
+import dataclasses
 import os
 import signal
 import sys
@@ -54,18 +56,18 @@ def main() -> None:
             return np.concatenate([v.numpy().ravel() for v in self.params]).astype(np.float64)
 
         def train(self, batch):
-            self.inject_failure()
+            batch = self.inject_failure(batch)
             scores = super().train(batch)
             self.step_recorded()
             return scores
 
         def train_accumulating(self, batch):  # accum_grad_multiple_step > 1: counted like a step
-            self.inject_failure()
+            batch = self.inject_failure(batch)
             result = super().train_accumulating(batch)
             self.step_recorded()
             return result
 
-        def inject_failure(self):
+        def inject_failure(self, batch):
             rank = process.rank()
             once = opts.get("fail_once")
             if rank == fail_rank and self.count == fail_step and not (once and os.path.exists(once)):
@@ -79,6 +81,11 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if fail == "stall":
                     time.sleep(600)  # alive, but never joins the step's gradient reduction
+                if fail == "nan":
+                    data = np.array(batch.data["data"], np.float32)
+                    data.flat[0] = np.nan
+                    batch = dataclasses.replace(batch, data={**batch.data, "data": data})
+            return batch
 
         def step_recorded(self):
             trace["after_step"].append(self.checksum())

@@ -19,14 +19,15 @@ from engine.datasets import BatchOptions, Dataset
 from engine.distributed.protocol import agree_on_failure, agree_on_stop
 from engine.distributed.strategy import StepPlan, StepRequests, Strategy
 from engine.runtime import log
-from engine.runtime.errors import ConfigError, TrainingStopped
+from engine.runtime.errors import ConfigError, NonFiniteTrainScore, TrainingStopped
 from engine.training.checkpoints.reading import StoredCheckpoint
 from engine.training.checkpoints import stop_requests
 from engine.training.checkpoints.file_format import (CheckpointInfo, assign_checkpoint, checkpoint_path,
                                                      mid_epoch_path, remove_superseded, save_checkpoint)
 from engine.training.checkpoints.interval import CheckpointInterval, CheckpointSchedule
-from engine.training.checkpoints.resume import (RANK_GROUPS, EpochStart, ResumePoint, plan_fingerprint,
-                                                rank_parts)
+from engine.training.checkpoints.resume import (RANK_GROUPS, SYNC_BASE, EpochStart, ResumePoint,
+                                                plan_fingerprint, rank_parts, resume_candidates)
+from engine.training.nonfinite import ADVICE, newest_checkpoint_text
 from engine.training.update.lr_control import EpochData, LearningRateControl
 
 
@@ -36,6 +37,7 @@ class Checkpointer:
     def __init__(self, config: Config, strategy: Strategy, model: Any, updater: Any,
                  lr_control: LearningRateControl) -> None:
         self.prefix = config.str("model")
+        self.refuse_nonfinite = config.bool("stop_on_nonfinite_train_score")  # never save an Inf/NaN
         self.strategy, self.comm = strategy, strategy.comm
         self.model, self.updater, self.lr_control = model, updater, lr_control
         interval = CheckpointInterval.parse(config.typed("checkpoint_interval"))
@@ -80,6 +82,10 @@ class Checkpointer:
                                                   self.updater.named_variables())):
             for name, value in part.get(group, {}).items():
                 variables[name].assign(value)
+        if part.get(SYNC_BASE):  # param mode with a wire format: the base of the next average
+            names = list(self.model.named_trainable_variables())
+            if set(names) == set(part[SYNC_BASE]):
+                self.strategy.restore_sync_base([part[SYNC_BASE][name] for name in names])
         self._resumed, self._resumed_epoch = part.get("start"), point.start_epoch
         self.run_id = point.run_id
         return part["global_step"]
@@ -167,7 +173,33 @@ class Checkpointer:
             agree_on_failure(self.comm, error)
         self.schedule.saved()
 
+    def newest_checkpoint(self) -> str | None:
+        """The checkpoint a rerun with ``start_epoch = "auto"`` would continue from (rank 0's files)."""
+        if not self.prefix:
+            return None
+        candidates = resume_candidates(self.prefix)
+        return candidates[0].path if candidates else None
+
+    def _check_finite(self, path: str, parts: list[dict]) -> None:
+        """With stop_on_nonfinite_train_score: refuse to write a checkpoint that holds an Inf or NaN (the
+        parameters or optimizer state of any rank; an update's overflow, an average's)."""
+        import tensorflow as tf
+
+        bad = [name for name, v in {**self.model.named_variables(), **self.updater.named_variables()}.items()
+               if v.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(v)))]
+        bad += [f"{name} (rank {rank})" for rank, part in enumerate(parts) for group in RANK_GROUPS
+                for name, value in part.get(group, {}).items()
+                if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all()]
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            raise NonFiniteTrainScore(
+                f"stop_on_nonfinite_train_score: not saving checkpoint '{path}': {shown} hold Inf or NaN "
+                f"(in train epoch {self.epoch}). Training stops; the checkpoints saved before are untouched. "
+                f"{newest_checkpoint_text(self.prefix, self.newest_checkpoint())} {ADVICE}")
+
     def _write(self, path: str, kind: str, global_step: int, parts: list[dict]) -> None:
+        if self.refuse_nonfinite:
+            self._check_finite(path, parts)
         history = {str(epoch): [float(data.learning_rate), data.scores]
                    for epoch, data in self.lr_control.epoch_data.items()}
         attrs = {"kind": kind, "ranks": self.comm.size, "scores_global": self.strategy.scores_are_global,
@@ -175,6 +207,9 @@ class Checkpointer:
                  "learning_rate_history": json.dumps(history), "learning_rate": self.updater.learning_rate}
         groups = {f"ranks/{rank}/{group}": part[group] for rank, part in enumerate(parts)
                   for group in RANK_GROUPS if rank > 0 and group in part}
+        base = self.strategy.sync_base() if kind == "mid-epoch" else None  # at an epoch's end: the params
+        if base is not None:
+            groups[SYNC_BASE] = dict(zip(self.model.named_trainable_variables(), base))
         if kind == "mid-epoch":
             groups["resume"] = {"steps": np.array([p["steps"] for p in parts], np.int64),
                                 "batches_done": np.array([p["batches_done"] for p in parts], np.int64),

@@ -12,7 +12,10 @@ those need no saved state), a checkpoint written here holds (attribute / group n
   into a changed corpus or config is refused instead of silently training other data); the order's seed
   is part of the order;
 - in param mode (``Strategy.keeps_rank_state``), the optimizer state of ranks 1.. ("ranks/<r>/optimizer")
-  and, mid-epoch, their parameters ("ranks/<r>/params"); rank 0's are the file's main groups.
+  and, mid-epoch, their parameters ("ranks/<r>/params"); rank 0's are the file's main groups. With a
+  16-bit ``distributed_wire_format``, mid-epoch also the parameters of the last average ("param_sync_base",
+  the same on every rank: the next average reduces the change from them). Without it (files from before,
+  another number of ranks) every rank takes rank 0's parameters as that base.
 
 Where a run continues (``choose_resume_point``): the newest checkpoint that can be used; a damaged one
 (``reading.py``) is named in a warning and the one before it taken. Rank 0 decides, reads and
@@ -42,6 +45,7 @@ from engine.training.checkpoints.runs import MOVE_KEY, later_files, new_run_id, 
 from engine.training.checkpoints.file_format import checkpoint_path, find_epochs, find_mid_epoch_checkpoints
 
 RANK_GROUPS = ("params", "optimizer")  # what each rank keeps of its own in param mode
+SYNC_BASE = "param_sync_base"  # param mode with a wire format, mid-epoch: the base of the next average
 
 
 @dataclass
@@ -155,6 +159,9 @@ def rank_parts(attrs: dict, groups: dict, point: ResumePoint, strategy: Strategy
     if saved_by == size and strategy.keeps_rank_state:
         for rank in range(1, size):
             parts[rank].update({group: groups.get(f"ranks/{rank}/{group}", {}) for group in RANK_GROUPS})
+        if point.mid_epoch and groups.get(SYNC_BASE):
+            for part in parts:
+                part[SYNC_BASE] = groups[SYNC_BASE]
     elif saved_by != size and (strategy.keeps_rank_state or "ranks/1/optimizer" in groups):
         log.warning(f"{point.path} was saved by {saved_by} ranks, this job has {size}: every rank continues "
                     "with rank 0's parameters and optimizer state.")

@@ -121,6 +121,14 @@ class Updater:
         """One update step; usable inside a ``tf.function``. A ``None`` gradient leaves its variable
         (and slots) unchanged. ``variables``, if given, must be the updater's variables in order;
         ``extra``: the ``maximize_grad_norm`` term per gradient."""
+        self.apply_processed(self.processed_gradients(grads, variables, extra))
+
+    def processed_gradients(
+        self, grads: Sequence[tf.Tensor | None], variables: Sequence[tf.Variable] | None = None,
+        extra: Sequence[tf.Tensor | None] | None = None,
+    ) -> list[tf.Tensor | None]:
+        """What the update step applies: the gradients after ``gradients.process_gradients`` (arguments
+        as ``apply_gradients``); ``apply_processed`` then updates with them."""
         if variables is not None and [id(v) for v in variables] != [id(v) for v in self.vars]:
             raise ValueError(
                 "Updater.apply_gradients: variables differ from those the updater was built for."
@@ -130,7 +138,11 @@ class Updater:
                 f"Updater.apply_gradients: {len(grads)} gradients for {len(self.vars)} variables."
             )
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
-        grads = process_gradients(grads, self.gradient_options, self.step_seed(), extra)
+        return process_gradients(grads, self.gradient_options, self.step_seed(), extra)
+
+    def apply_processed(self, grads: Sequence[tf.Tensor | None]) -> None:
+        """The update step with gradients from ``processed_gradients`` (of this step: the noise is keyed
+        by the update count, which this increments)."""
         if self.decay is not None:
             # after the gradients (taken at the undecayed parameters), before the optimizer's update
             for var, grad, factor in zip(self.vars, grads, self.decay):
