@@ -12,9 +12,15 @@ trains (it has written a checkpoint; faults during start-up have tests of their 
              ``supervise`` restarts it;
   truncate   as soon as a new checkpoint appears, SIGKILL of one rank and the newest checkpoint cut to
              half its bytes before the restart: the resume falls back to the previous good checkpoint.
-Prints each fault, then the faults survived, restarts and requeues, the time against the clean run, and
-a verdict: PASS only when every fault was injected, the job finished, and every parameter is bitwise
-equal to the clean run's.
+A fault counts as survived only when its effect is in the job's log (``fault_effect``), between its
+injection and the next fault's: kill, a restart by ``supervise``; preempt, the requeue (``supervise``
+exiting 99 after the save); stall, the stall watchdog's end of the job and a restart; truncate, the resume
+falling back from the cut checkpoint to the one before it, after a restart. A signal that was sent but
+left no such trace (it hit a rank that was already ending, the save raced the kill, ...) is reported
+as "effect not seen" and fails the verdict.
+Prints each fault with the log line that shows its effect, then the faults survived, restarts and
+requeues, the time against the clean run, and a verdict: PASS only when every fault was injected and
+its effect seen, the job finished, and every parameter is bitwise equal to the clean run's.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -58,6 +65,55 @@ distributed_stall_warning = 2
 distributed_stall_timeout = {stall}
 log_verbosity = 3
 """
+
+
+# The log lines that show a fault's effect (supervise's own lines, the engine's messages)
+RESTART = re.compile(r"^supervise: .*command ended .*; restart \d+ of \d+", re.M)
+REQUEUE = re.compile(r"^supervise: .*command stopped on request .*exiting 99", re.M)
+STALL_END = re.compile(r"did not (reach|complete) .*within [\d.]+ s "
+                       r"\(distributed_(stall|checkpoint)_timeout[^)]*\).*Ending the (MPI )?job", re.M)
+FALLBACK = re.compile(r"Checkpoint '([^']+)' cannot be used: .*Falling back to the checkpoint before it",
+                      re.M)
+
+
+@dataclass
+class Fault:
+    kind: str
+    what: str  # what was done, for the report
+    offset: int  # the log's size when it was injected: its effect is logged after this
+    checkpoint: str = ""  # truncate: the file cut
+
+
+def fault_effect(fault: Fault, segment: str) -> str | None:
+    """The log line(s) in ``segment`` (the log from the fault's injection to the next fault's) that show
+    ``fault`` had its effect, or None when they are not there."""
+    def first(pattern: re.Pattern, check=lambda m: True) -> str | None:
+        return next((m.group(0) for m in pattern.finditer(segment) if check(m)), None)
+
+    restart = first(RESTART)
+    if fault.kind == "kill":
+        return restart
+    if fault.kind == "preempt":
+        return first(REQUEUE)
+    if fault.kind == "stall":
+        ended = first(STALL_END)
+        return f"{ended} ... {restart}" if ended and restart else None
+    if fault.kind == "truncate":
+        cut = os.path.basename(fault.checkpoint)
+        fallback = first(FALLBACK, lambda m: os.path.basename(m.group(1)) == cut)
+        return f"{restart} ... {fallback}" if restart and fallback else None
+    raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+
+EXPECTED = {"kill": "a restart by supervise", "preempt": "a requeue (supervise exits 99)",
+            "stall": "the stall watchdog ending the job, and a restart",
+            "truncate": "a restart, and the resume falling back from the cut checkpoint"}
+
+
+def fault_effects(log: bytes, faults: list[Fault]) -> list[str | None]:
+    """``fault_effect`` of each fault, each on its own part of the log (up to the next fault)."""
+    ends = [f.offset for f in faults[1:]] + [len(log)]
+    return [fault_effect(f, log[f.offset:end].decode(errors="replace")) for f, end in zip(faults, ends)]
 
 
 def env() -> dict:
@@ -150,9 +206,10 @@ def wait_gone(pids: dict[int, int], timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subprocess.Popen) -> str | None:
-    """One fault into the running job, then waits until its ranks are gone; a description, or None when
-    the job ended before the fault could be injected."""
+def inject(fault: str, rng: random.Random, folder: Path, config: Path,
+           job: subprocess.Popen) -> tuple[str, str] | None:
+    """One fault into the running job, then waits until its ranks are gone; (a description, the
+    checkpoint cut or ""), or None when the job ended before the fault could be injected."""
     if wait_for_training(folder, config, job) is None:
         return None
     time.sleep(rng.uniform(0.0, 1.5))  # a random step (10-30 steps a second on 2 cores)
@@ -166,11 +223,12 @@ def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subp
     return what
 
 
-def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path, job: subprocess.Popen) -> str | None:
+def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path,
+            job: subprocess.Popen) -> tuple[str, str] | None:
     if fault in ("kill", "preempt", "stall"):
         signum = {"kill": signal.SIGKILL, "preempt": signal.SIGUSR1, "stall": signal.SIGSTOP}[fault]
         os.kill(pids[rank], signum)
-        return f"{signum.name} to rank {rank}"
+        return f"{signum.name} to rank {rank}", ""
     before = newest_checkpoint(folder)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and job.poll() is None:
@@ -180,25 +238,30 @@ def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path, job: subp
             size = os.path.getsize(newest)
             with open(newest, "r+b") as f:
                 f.truncate(size // 2)
-            return f"SIGKILL to rank {rank}, {os.path.basename(newest)} cut from {size} to {size // 2} bytes"
+            cut = f"{os.path.basename(newest)} cut from {size} to {size // 2} bytes"
+            return f"SIGKILL to rank {rank}, {cut}", newest
         time.sleep(0.05)
     return None
 
 
 def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) -> tuple[float, dict]:
     config = write_config(folder, epochs)
-    log = open(folder / "chaos.log", "w")
-    counts = {"injected": 0, "restarts": 0, "requeues": 0}
+    log_path = folder / "chaos.log"
+    log = open(log_path, "w")
+    counts: dict = {"injected": 0, "restarts": 0, "requeues": 0}
+    injected: list[Fault] = []
     started = time.monotonic()
     pending = list(faults)
     while True:
         job = subprocess.Popen(job_command(config), stdout=log, stderr=subprocess.STDOUT, env=env(),
                                start_new_session=True)
         while pending and job.poll() is None:
-            what = inject(pending[0], rng, folder, config, job)
-            if what is not None:
-                counts["injected"] += 1
-                print(f"  fault {counts['injected']}: {pending[0]:8s} {what} "
+            offset = log_path.stat().st_size
+            done = inject(pending[0], rng, folder, config, job)
+            if done is not None:
+                what, checkpoint = done
+                injected.append(Fault(pending[0], what, offset, checkpoint))
+                print(f"  fault {len(injected)}: {pending[0]:8s} {what} "
                       f"(at {time.monotonic() - started:.0f} s)", flush=True)
                 pending.pop(0)
         code = job.wait(timeout=1800)
@@ -208,10 +271,12 @@ def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) 
         if code != 0 or not pending:
             break
     log.close()
-    text = (folder / "chaos.log").read_text()
-    counts["restarts"] = text.count("; restart ")
+    text = log_path.read_bytes()
+    counts["restarts"] = text.count(b"; restart ")
     counts["exit"] = code
     counts["not_injected"] = len(pending)
+    counts["injected"] = len(injected)
+    counts["faults"] = list(zip(injected, fault_effects(text, injected)))
     return time.monotonic() - started, counts
 
 
@@ -241,15 +306,21 @@ def main() -> None:
     if counts["exit"] == 0:
         clean, chaos = params_of(base / "clean", args.epochs), params_of(base / "chaos", args.epochs)
         equal = clean.keys() == chaos.keys() and all(np.array_equal(clean[k], chaos[k]) for k in clean)
-    print(f"faults survived: {counts['injected']} of {args.faults}; restarts by supervise: "
-          f"{counts['restarts']}; requeues: {counts['requeues']}; "
+    survived = 0
+    for i, (fault, effect) in enumerate(counts["faults"], 1):
+        survived += effect is not None
+        print(f"  fault {i}: {fault.kind:8s} effect: {effect}" if effect else
+              f"  fault {i}: {fault.kind:8s} effect NOT SEEN in the log (expected {EXPECTED[fault.kind]}): "
+              "not survived")
+    print(f"faults survived (effect seen): {survived} of {args.faults} ({counts['injected']} injected); "
+          f"restarts by supervise: {counts['restarts']}; requeues: {counts['requeues']}; "
           f"time {chaos_time / clean_time:.2f}x the clean run (+{chaos_time - clean_time:.0f} s)")
     if counts["not_injected"]:
         print(f"the job finished before {counts['not_injected']} fault(s) could be injected: train longer "
               "(--epochs)")
-    passed = equal and counts["injected"] == args.faults >= 5
-    print(f"verdict: {'PASS' if passed else 'FAIL'} (target: >= 5 faults survived, parameters bitwise "
-          f"equal to the clean run: {'yes' if equal else 'no'}); logs in {base}")
+    passed = equal and survived == counts["injected"] == args.faults >= 5
+    print(f"verdict: {'PASS' if passed else 'FAIL'} (target: >= 5 faults injected, each with its effect "
+          f"seen, parameters bitwise equal to the clean run: {'yes' if equal else 'no'}); logs in {base}")
     sys.exit(0 if passed else 1)
 
 

@@ -181,6 +181,53 @@ def test_a_verdict_that_needs_a_failed_row_is_fail_even_when_its_figures_pass():
         "FAIL: x [failed: b: exit 2]"
 
 
+def side(name: str, *values: float, failure: str = "") -> timing.Side:
+    return timing.Side(name, tuple(values), failure)
+
+
+def test_a_verdict_decides_only_when_the_ranges_are_apart():
+    fast, slow = side("a", 5.0, 5.2, 5.4), side("b", 5.9, 6.1, 6.6)
+    assert timing.decide(fast, slow, better="lower") == ("PASS", "")
+    assert timing.decide(slow, fast, better="lower") == ("MISS", "")
+    assert timing.decide(fast, slow, better="higher") == ("MISS", "")
+    # the medians differ (5.2 against 5.5), the ranges overlap: no winner
+    assert timing.decide(fast, side("c", 5.3, 5.5, 7.0), better="lower") == ("INCONCLUSIVE", "ranges overlap")
+    assert timing.decide(fast, side("d", 5.4, 5.5, 5.6), better="lower")[0] == "INCONCLUSIVE"  # touching
+    # a factor scales the other side: a >= 1.8 x b
+    assert timing.decide(side("a", 3.7, 3.8, 3.9), side("b", 2.0, 2.0, 2.05), factor=1.8)[0] == "PASS"
+    assert timing.decide(side("a", 3.5, 3.6, 3.7), side("b", 2.0, 2.0, 2.1), factor=1.8)[0] == "INCONCLUSIVE"
+    assert timing.decide(side("a", 3.2, 3.3, 3.4), side("b", 2.0, 2.0, 2.1), factor=1.8)[0] == "MISS"
+
+
+def test_a_verdict_against_a_fixed_target_is_inconclusive_when_the_range_contains_it():
+    target = timing.Side.target("85%", 10.0)
+    assert timing.decide(side("t", 8.0, 9.0, 9.9), target, better="lower") == ("PASS", "")
+    assert timing.decide(side("t", 9.0, 9.5, 10.5), target, better="lower") == \
+        ("INCONCLUSIVE", "the range contains the target")
+    assert timing.decide(side("t", 10.1, 11.0, 12.0), target, better="lower") == ("MISS", "")
+
+
+def test_a_verdict_on_fewer_than_3_runs_or_a_failed_side_decides_nothing():
+    status, why = timing.decide(side("a", 1.0, 1.1), side("b", 5.0, 5.1, 5.2), better="lower")
+    assert status == "INCONCLUSIVE" and "2 run(s) of a" in why and "at least 3" in why
+    status, why = timing.decide(side("a", 1.0, 1.1, 1.2), side("b", failure="exit 1"), better="lower")
+    assert status == "FAIL" and why == "failed: b: exit 1"
+    assert timing.decide(side("a"), side("b", 1.0, 1.0, 1.0))[0] == "FAIL"  # no run at all is no figure
+    with pytest.raises(ValueError):
+        timing.decide(side("a", 1.0), side("b", 1.0), better="faster")
+
+
+def test_the_verdict_line_prints_both_sides_medians_and_ranges():
+    line = timing.compare(side("engine s/step", 5.0, 5.2, 5.4), side("horovod s/step", 5.3, 5.9, 6.6),
+                          "engine vs horovod", better="lower")
+    assert line == ("INCONCLUSIVE: ranges overlap: engine vs horovod [engine s/step 5.200 (5.000..5.400, "
+                    "3 runs); horovod s/step 5.900 (5.300..6.600, 3 runs)]")
+    line = timing.compare(side("f32", 3.7, 3.8, 3.9), side("f16", 2.0, 2.0, 2.05), "x", factor=1.8,
+                          fmt="{:.2f}")
+    assert line == "PASS: x [f32 3.80 (3.70..3.90, 3 runs); f16 x 1.8 3.60 (3.60..3.69, 3 runs)]"
+    assert timing.Side.of(row("r", 1.0, 2.0, 3.0), scale=2.0).values == (2.0, 4.0, 6.0)
+
+
 def test_interleaved_keeps_measuring_the_other_rows_after_one_fails():
     def broken() -> float:
         raise RowFailed("exit 1")
