@@ -222,8 +222,14 @@ def decide(ours: Side, theirs: Side, better: str = "higher", factor: float = 1.0
 
 
 def compare(ours: Side, theirs: Side, text: str, better: str = "higher", factor: float = 1.0,
-            fmt: str = "{:.3f}", min_runs: int = MIN_RUNS) -> str:
-    """A verdict line: the status, ``text``, and both sides' medians and ranges (``decide``)."""
+            fmt: str = "{:.3f}", min_runs: int = MIN_RUNS, failed: Sequence[Row] = ()) -> str:
+    """A verdict line: the status, ``text``, and both sides' medians and ranges (``decide``). ``failed``:
+    more rows the verdict needs (e.g. every row a "best row" was chosen from): one that failed makes it
+    FAIL, naming the row, whatever the two sides say."""
     status, why = decide(ours, theirs, better, factor, min_runs)
+    extra = [f"{r.name}: {r.failure}" for r in failed if r.failed and r.name not in (ours.name, theirs.name)]
+    if extra:
+        named = [why[len("failed: "):]] if status == "FAIL" else []
+        status, why = "FAIL", "failed: " + "; ".join(named + extra)
     sides = f"[{ours.describe(fmt)}; {theirs.describe(fmt, factor)}]"
     return f"{status}{': ' + why if why else ''}: {text} {sides}"

@@ -131,15 +131,19 @@ def test_the_report_prints_a_failed_ceiling_as_fail_not_as_a_figure(capsys):
 
 # ----- bench_train: the monitoring verdict -----
 def test_the_monitoring_target_is_fixed_whatever_the_noise():
-    off, on = row("off", 100.0), row("on", 97.0)
+    off, on = row("off", 100.0, 99.8, 100.2), row("on", 97.0, 96.8, 97.2)
     # a disturbed control row once lowered the bar to 0.88: 3% slower was a PASS
-    disturbed = bench_train.monitoring_verdict(on, off, row("off, again", 90.0))
+    disturbed = bench_train.monitoring_verdict(on, off, row("off, again", 90.0, 90.0, 90.0))
     assert disturbed.startswith("MISS: everything on / everything off: 0.970 (target >= 0.98"), disturbed
     assert "off again / off: 0.900 (beyond the target's margin" in disturbed
-    quiet = bench_train.monitoring_verdict(on, off, row("off, again", 100.5))
+    quiet = bench_train.monitoring_verdict(on, off, row("off, again", 100.5, 100.4, 100.6))
     assert quiet.startswith("MISS") and "0.970" in quiet and "off again / off: 1.005" in quiet
     assert "beyond" not in quiet
-    assert bench_train.monitoring_verdict(row("on", 98.5), off, row("off, again", 103.0)).startswith("PASS")
+    assert bench_train.monitoring_verdict(row("on", 98.5, 98.4, 98.6), off,
+                                          row("off, again", 103.0, 103.0, 103.0)).startswith("PASS")
+    # 0.98 x (99.8..100.2) = 97.8..98.2 overlaps 97.5..98.0: no verdict either way
+    assert bench_train.monitoring_verdict(row("on", 97.8, 97.5, 98.0), off, off).startswith(
+        "INCONCLUSIVE: ranges overlap")
 
 
 def test_a_monitoring_row_that_failed_makes_the_verdict_fail():
@@ -240,21 +244,27 @@ def test_interleaved_keeps_measuring_the_other_rows_after_one_fails():
 
 # ----- bench_returnn -----
 def test_returnn_is_judged_by_its_best_row():
-    engine = [row("engine, 1 process, default threading", 30000.0),
-              row("engine, 1 process, 1 thread(s)", 26000.0)]
-    returnn = [row("RETURNN BasicLSTM, 1 process, 1 thread(s)", 16000.0),
-               row("RETURNN BasicLSTM, 1 process, 2 thread(s)", 21000.0),
-               row("RETURNN NativeLstm2, 1 process, 1 thread(s)", 8000.0),
-               row("RETURNN NativeLstm2, 1 process, 2 thread(s)", 9000.0)]
+    engine = [row("engine, 1 process, default threading", 30000.0, 29500.0, 30500.0),
+              row("engine, 1 process, 1 thread(s)", 26000.0, 26000.0, 26000.0)]
+    returnn = [row("RETURNN BasicLSTM, 1 process, 1 thread(s)", 16000.0, 15900.0, 16100.0),
+               row("RETURNN BasicLSTM, 1 process, 2 thread(s)", 21000.0, 20800.0, 21200.0),
+               row("RETURNN NativeLstm2, 1 process, 1 thread(s)", 8000.0, 8000.0, 8000.0),
+               row("RETURNN NativeLstm2, 1 process, 2 thread(s)", 9000.0, 9000.0, 9000.0)]
     target, *info = bench_returnn.verdicts(engine, returnn, ["BasicLSTM", "NativeLstm2"])
     # against its 1-thread row alone the engine would be 1.88x (a PASS); its best row is the 2-thread one
     assert target.startswith("MISS: engine = 1.43x RETURNN's best row"), target
-    assert "RETURNN: 'RETURNN BasicLSTM, 1 process, 2 thread(s)'" in target
-    assert "engine: 'engine, 1 process, default threading'" in target
+    assert "RETURNN BasicLSTM, 1 process, 2 thread(s) x 1.5 31500 (31200..31800, 3 runs)" in target
+    assert "[engine, 1 process, default threading 30000 (29500..30500, 3 runs)" in target
     assert info == ["info: engine = 1.43x RETURNN BasicLSTM's best row ('RETURNN BasicLSTM, 1 process, 2 "
                     "thread(s)')", "info: engine = 3.33x RETURNN NativeLstm2's best row ('RETURNN "
                     "NativeLstm2, 1 process, 2 thread(s)')"]
     assert bench_returnn.verdicts(engine, returnn[2:], ["NativeLstm2"])[0].startswith("PASS")
+    # 1.5 x 20000 = 30000 lies in the engine's range 29500..30500: no winner
+    close = [row("RETURNN BasicLSTM, 1 process, 1 thread(s)", 20000.0, 19900.0, 20100.0)]
+    assert bench_returnn.verdicts(engine, close, ["BasicLSTM"])[0].startswith("INCONCLUSIVE: ranges overlap")
+    broken = [*returnn, row("RETURNN BasicLSTM, 1 process, 4 thread(s)", failure="exit 1")]
+    failed = bench_returnn.verdicts(engine, broken, ["BasicLSTM"])[0]
+    assert failed.startswith("FAIL: failed: RETURNN BasicLSTM, 1 process, 4 thread(s): exit 1"), failed
 
 
 def test_each_returnn_thread_count_gets_its_own_config(tmp_path):
