@@ -142,11 +142,19 @@ def fp16_sum_into(a: np.ndarray, b: np.ndarray) -> None:
     np.add(a.view(np.float16), b.view(np.float16), out=b.view(np.float16))
 
 
+# bf16's sum goes in blocks of this many elements: its float32 and uint32 temporaries (a dozen bytes per
+# element) then stay in the CPU cache; over a whole 16 MiB ring chunk at once they doubled its time
+# (benchmarks/bench_wire_sum.py, docs/performance.md)
+SUM_BLOCK = 1 << 16
+
+
 def bf16_sum_into(a: np.ndarray, b: np.ndarray) -> None:
     """b += a, bf16 values as uint16 bits, each sum rounded to bf16."""
-    total = bf16_bits_to_float32(a)
-    total += bf16_bits_to_float32(b)
-    float32_to_bf16_bits(total, out=b)
+    for start in range(0, a.size, SUM_BLOCK):
+        x, y = a[start:start + SUM_BLOCK], b[start:start + SUM_BLOCK]
+        total = bf16_bits_to_float32(x)
+        total += bf16_bits_to_float32(y)
+        float32_to_bf16_bits(total, out=y)
 
 
 SUM_INTO: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {"fp16": fp16_sum_into, "bf16": bf16_sum_into}
