@@ -81,6 +81,7 @@ bench: install
 	$(PY) benchmarks/bench_returnn.py
 	$(PY) benchmarks/bench_ctc.py
 	$(PY) benchmarks/bench_forward.py
+	$(PY) benchmarks/bench_wire_sum.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_chaos.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_multihost.py
 

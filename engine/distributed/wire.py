@@ -12,10 +12,11 @@ MPI has no fp16 or bf16 sum, so the ``mpi`` backend carries the wire values as u
 addition widens both operands to float32, adds, and rounds once to the wire dtype. That is the correctly
 rounded fp16/bf16 sum: float32 holds the exact sum of two such values, or rounds it only far below the
 wire dtype's last bit (where it cannot create or break a tie), and it is what Horovod's own float16 sum
-does. fp16 uses numpy's float16 add (which does exactly that; faster than the same in numpy steps or a
-table lookup). Throughput on one shared core of the test machine: fp16 65-131 MB/s, bf16 265-437 MB/s of
-wire data (``benchmarks/wire_quality.py --op-speed``): far above a 100 Mbit/s link's 12.5 MB/s; at
-1 Gbit/s (125 MB/s) fp16's sum is about as fast as the link (docs/performance.md).
+does. fp16 uses numpy's float16 add (which does exactly that, element by element; the same in numpy
+steps, cast to float32, add, cast back, gives the same bits and measured no faster, since numpy's
+float16 casts are as slow as its add); bf16 goes in blocks that keep its temporaries in cache. Their
+throughput against the link's rate: ``benchmarks/bench_wire_sum.py``, figures in docs/performance.md
+("Wire compression").
 """
 from __future__ import annotations
 
