@@ -10,8 +10,9 @@ trains (it has written a checkpoint; faults during start-up have tests of their 
              requeues the job, as a scheduler would;
   stall      SIGSTOP of one rank: the other's stall watchdog ends the job (``distributed_stall_timeout``),
              ``supervise`` restarts it;
-  truncate   as soon as a new checkpoint appears, SIGKILL of one rank and the newest checkpoint cut to
-             half its bytes before the restart: the resume falls back to the previous good checkpoint.
+  truncate   as soon as a new checkpoint appears, SIGKILL of rank 0 (which writes the checkpoints) and the
+             newest checkpoint cut to half its bytes before the restart: the resume falls back to the
+             previous good checkpoint.
 A fault counts as survived only when its effect is in the job's log (``fault_effect``), between its
 injection and the next fault's: kill, a restart by ``supervise``; preempt, the requeue (``supervise``
 exiting 99 after the save); stall, the stall watchdog's end of the job and a restart; truncate, the resume
@@ -68,8 +69,9 @@ log_verbosity = 3
 
 
 # The log lines that show a fault's effect (supervise's own lines, the engine's messages)
-RESTART = re.compile(r"^supervise: .*command ended .*; restart \d+ of \d+", re.M)
-REQUEUE = re.compile(r"^supervise: .*command stopped on request .*exiting 99", re.M)
+# (not anchored at a line's start: Open MPI's abort message can leave a NUL byte before supervise's line)
+RESTART = re.compile(r"supervise: \S+ \S+ command ended .*; restart \d+ of \d+")
+REQUEUE = re.compile(r"supervise: \S+ \S+ command stopped on request .*exiting 99")
 STALL_END = re.compile(r"did not (reach|complete) .*within [\d.]+ s "
                        r"\(distributed_(stall|checkpoint)_timeout[^)]*\).*Ending the (MPI )?job", re.M)
 FALLBACK = re.compile(r"Checkpoint '([^']+)' cannot be used: .*Falling back to the checkpoint before it",
@@ -234,12 +236,14 @@ def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path,
     while time.monotonic() < deadline and job.poll() is None:
         newest = newest_checkpoint(folder)
         if newest != before:
-            os.kill(pids[rank], signal.SIGKILL)
+            # rank 0 writes the checkpoints: killing another rank left it time to write the next one (and
+            # remove the cut one) before the job ended, and the resume never met the cut file
+            os.kill(pids[0], signal.SIGKILL)
             size = os.path.getsize(newest)
             with open(newest, "r+b") as f:
                 f.truncate(size // 2)
             cut = f"{os.path.basename(newest)} cut from {size} to {size // 2} bytes"
-            return f"SIGKILL to rank {rank}, {cut}", newest
+            return f"SIGKILL to rank 0 (the checkpoint writer), {cut}", newest
         time.sleep(0.05)
     return None
 

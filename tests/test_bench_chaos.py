@@ -72,6 +72,9 @@ def fallback_line(path: str) -> str:
 
 
 TRAIN = "train epoch 3, step 12, score 0.5\n"
+PRTERUN_ABORT = ("-" * 74 + "\nprterun has exited due to process rank 0 with PID 0 on node vm calling\n"
+                 "\"abort\". This may have caused other processes in the application to be\n"
+                 + "-" * 74 + "\n")
 
 
 def test_each_fault_is_survived_only_with_its_own_effect_in_its_part_of_the_log(capfd, tmp_path):
@@ -80,7 +83,8 @@ def test_each_fault_is_survived_only_with_its_own_effect_in_its_part_of_the_log(
     cut = str(tmp_path / "net.003.step40")
     parts = [("kill", TRAIN + restart),
              ("preempt", TRAIN + requeue),
-             ("stall", TRAIN + stall_end_line() + "\n" + restart),
+             # as in a real log: Open MPI's abort message ends in a NUL byte before supervise's line
+             ("stall", TRAIN + "[rank 0] " + stall_end_line() + "\n" + PRTERUN_ABORT + "\x00" + restart),
              ("truncate", TRAIN + restart + fallback_line(cut) + "\n" + TRAIN)]
     log, faults = b"", []
     for kind, text in parts:
