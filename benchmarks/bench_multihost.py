@@ -4,7 +4,7 @@ joined by a veth pair, ``tests/cluster/simulated_hosts.py``), one rank each, on 
 ``tc tbf`` to 100 Mbit/s and 1 Gbit/s. Run as root (namespaces and tc need it):
 
     .venv/bin/python benchmarks/bench_multihost.py [--links 100mbit,1gbit] [--models small,large]
-        [--runs 3] [--rows grad,param] [--quick]
+        [--runs 3] [--rows REGEX] [--quick] [--allreduce-only] [--full]
 
 Models: "small", 2 LSTM layers of 128 units (0.9 MB of gradients), and "large", 4 BLSTM layers of 512
 units (85 MB), input dim 40, 50 classes, generated data (``DummyDataset``), Adam. The batch keeps a
@@ -28,7 +28,9 @@ The allreduce alone: the engine's mpi communicator reduces the model's gradient 
 bus bandwidth = bytes x 2(n-1)/n / time.
 
 A row whose config key the engine refuses (a feature not in this checkout) prints "n/a" with the
-engine's reason, and every verdict that needs it says so.
+engine's reason. Verdicts (``timing.compare``): both sides' medians and ranges; PASS or MISS only where
+the ranges are apart, else INCONCLUSIVE; FAIL, naming the row, where a row the verdict needs failed or
+was refused (for engine vs Horovod: any tagged row of either side).
 """
 from __future__ import annotations
 
@@ -602,7 +604,8 @@ def main() -> None:
 
 def report_allreduce(alone: dict, rates: dict) -> None:
     print("\nallreduce alone (engine mpi communicator, tf.function around allreduce_tensors, 2 ranks on 2 "
-          "hosts): median (min..max) s, bus bandwidth = bytes x 2(n-1)/n / time")
+          "hosts): median (min..max) s, bus bandwidth = bytes x 2(n-1)/n / time (fp16, bf16: the float32 "
+          "bytes they stand for)")
     for (model, link, wire), r in alone.items():
         if "refused" in r:
             print(f"  {MODELS[model].title:20} {link:8} {wire:38} n/a: {r['refused']}")
