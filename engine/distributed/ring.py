@@ -27,9 +27,9 @@ Add = Callable[[np.ndarray, np.ndarray], None]
 # Open MPI's TCP transport moves a large message in fragments with only a few in flight, which a link whose
 # queue holds tens of milliseconds of data limits to about 60 % of its rate; larger fragments and a deeper
 # pipeline let one Sendrecv fill the link (set before MPI starts; a value the user set wins). Two TCP
-# connections per pair of ranks (btl_tcp_links): with one, the ring's Sendrecv reached 98 % of a 1 Gbit/s
-# link in one run and 61-62 % in others, and back-to-back bucket reductions at 100 Mbit/s took 1.6x as
-# long; with two, 92-94 % every time (docs/performance.md, "Slow links between hosts").
+# connections per pair of ranks (btl_tcp_links): with one, the ring's share of a link changed from run to
+# run and bucketed reductions on a slow link lost time between messages; with two it stayed high
+# (docs/performance.md, "Slow links between hosts", issue 27).
 OPEN_MPI_TCP_DEFAULTS = {
     "OMPI_MCA_btl_tcp_max_send_size": str(1 << 20),
     "OMPI_MCA_pml_ob1_send_pipeline_depth": "16",
