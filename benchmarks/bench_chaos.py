@@ -269,11 +269,9 @@ def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) 
                       f"(at {time.monotonic() - started:.0f} s)", flush=True)
                 pending.pop(0)
         code = job.wait(timeout=1800)
-        if code == 99:
-            counts["requeues"] += 1
-            continue
-        if code != 0 or not pending:
+        if code != 99:  # finished (0), or supervise gave up; a finished job rerun would only say so again
             break
+        counts["requeues"] += 1  # saved and stopped: requeued, as a scheduler would
     log.close()
     text = log_path.read_bytes()
     counts["restarts"] = text.count(b"; restart ")
