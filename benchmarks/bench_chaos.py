@@ -82,7 +82,7 @@ FALLBACK = re.compile(r"Checkpoint '([^']+)' cannot be used: .*Falling back to t
 class Fault:
     kind: str
     what: str  # what was done, for the report
-    offset: int  # the log's size when it was injected: its effect is logged after this
+    offset: int  # the log's size just before it was injected: its effect is logged after this
     checkpoint: str = ""  # truncate: the file cut
 
 
@@ -208,10 +208,12 @@ def wait_gone(pids: dict[int, int], timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def inject(fault: str, rng: random.Random, folder: Path, config: Path,
-           job: subprocess.Popen) -> tuple[str, str] | None:
-    """One fault into the running job, then waits until its ranks are gone; (a description, the
-    checkpoint cut or ""), or None when the job ended before the fault could be injected."""
+def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subprocess.Popen,
+           log_path: Path) -> Fault | None:
+    """One fault into the running job, then waits until its ranks are gone; None when the job ended
+    before the fault could be injected. The fault's log offset is the log's size just before it: the
+    previous fault's effects (restart, fallback) are logged by then, since this one waited for the
+    restarted job to train."""
     if wait_for_training(folder, config, job) is None:
         return None
     time.sleep(rng.uniform(0.0, 1.5))  # a random step (10-30 steps a second on 2 cores)
@@ -219,10 +221,12 @@ def inject(fault: str, rng: random.Random, folder: Path, config: Path,
     pids = rank_pids(config)
     if len(pids) < 2 or job.poll() is not None:
         return None
-    what = _inject(fault, rank, pids, folder, job)
-    if what is not None:
-        wait_gone(pids)
-    return what
+    offset = log_path.stat().st_size
+    done = _inject(fault, rank, pids, folder, job)
+    if done is None:
+        return None
+    wait_gone(pids)
+    return Fault(fault, done[0], offset, done[1])
 
 
 def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path,
@@ -260,12 +264,10 @@ def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) 
         job = subprocess.Popen(job_command(config), stdout=log, stderr=subprocess.STDOUT, env=env(),
                                start_new_session=True)
         while pending and job.poll() is None:
-            offset = log_path.stat().st_size
-            done = inject(pending[0], rng, folder, config, job)
+            done = inject(pending[0], rng, folder, config, job, log_path)
             if done is not None:
-                what, checkpoint = done
-                injected.append(Fault(pending[0], what, offset, checkpoint))
-                print(f"  fault {len(injected)}: {pending[0]:8s} {what} "
+                injected.append(done)
+                print(f"  fault {len(injected)}: {pending[0]:8s} {done.what} "
                       f"(at {time.monotonic() - started:.0f} s)", flush=True)
                 pending.pop(0)
         code = job.wait(timeout=1800)
