@@ -81,7 +81,7 @@ test-quick: install
 test-schedulers: install
 	@TIMEFORMAT='test-schedulers: %0R s'; time ENGINE_SCHEDULER_TESTS=1 $(VENV)/bin/pytest tests/schedulers
 
-# All benchmarks, one after the other (about an hour on 2 cores, and bench_multihost's 30-40 minutes as
+# All benchmarks, one after the other (about an hour on 2 cores, and bench_multihost's about 35 minutes as
 # root; docs/performance.md): medians of interleaved runs with ranges, and a verdict line per target. Run
 # it on a quiet machine.
 bench: install
@@ -92,6 +92,7 @@ bench: install
 	$(PY) benchmarks/bench_returnn.py
 	$(PY) benchmarks/bench_ctc.py
 	$(PY) benchmarks/bench_forward.py
+	$(PY) benchmarks/bench_wire_sum.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_chaos.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_multihost.py
 

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from timing import Side, compare  # the script's own directory is on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -103,7 +105,7 @@ class Bench:
                 "mpi-graph": tf.function(lambda: comms["mpi-graph"].allreduce_tensors(tensors, "sum")),
                 "mpi-eager": mpi_eager}
 
-    def run_phase(self, make_methods: Callable) -> list[tuple[str, int, dict[str, float]]]:
+    def run_phase(self, make_methods: Callable) -> list[tuple[str, int, dict[str, list[float]]]]:
         rows = []
         for title, reps, arrays, tensors in self.data.values():
             methods = make_methods(arrays, tensors)
@@ -118,8 +120,7 @@ class Bench:
             for _ in range(self.args.rounds):
                 for name, fn in methods.items():
                     times[name].append(self.timed(fn, reps))
-            medians = {name: statistics.median(t) for name, t in times.items()}
-            rows.append((title, sum(a.size for a in arrays), medians))
+            rows.append((title, sum(a.size for a in arrays), times))
         return rows
 
     def timed(self, fn: Callable, reps: int) -> float:
@@ -158,27 +159,48 @@ def report(phases: list, args: argparse.Namespace, MPI, tf) -> None:
           f"median of {args.rounds} interleaved rounds; 'raw/this' > 1 means faster than raw")
     for phase, rows in phases:
         print(f"\n{phase}\n{'model':36} {'params':>11} {'MB':>7}  {'method':10} {'time/red':>10} "
-              f"{'alg GB/s':>9} {'raw/this':>9}")
-        for title, count, medians in rows:
+              f"{'range ms':>17} {'alg GB/s':>9} {'raw/this':>9}")
+        for title, count, times in rows:
+            medians = {name: statistics.median(t) for name, t in times.items()}
             for name, t in medians.items():
+                spread = f"{min(times[name]) * 1e3:.3f}..{max(times[name]) * 1e3:.3f}"
                 print(f"{title:36} {count:>11,} {count * 4 / 1e6:>7.2f}  {name:10} {t * 1e3:>8.3f}ms "
-                      f"{count * 4 / t / 1e9:>9.2f} {medians['raw'] / t:>8.2f}x")
+                      f"{spread:>17} {count * 4 / t / 1e9:>9.2f} {medians['raw'] / t:>8.2f}x")
     print()
-    first = {title: medians for title, _, medians in phases[0][1]}
-    second = {title: medians for title, _, medians in phases[1][1]} if len(phases) > 1 else {}
+    for line in verdicts(phases):
+        print(line)
+
+
+def verdicts(phases: list) -> list[str]:
+    """Per model: mpi >= 0.9x raw (interleaved in phase 1), and mpi (phase 1) at least as fast as Horovod
+    (phase 2; the phases run one after the other, so that comparison is not interleaved), each by
+    ``timing.compare``: ranges of the seconds per reduction, INCONCLUSIVE where they overlap."""
+    def side(times: dict, name: str, phase: int) -> Side:
+        return Side(f"{name} (phase {phase}) s", tuple(times[name]))
+
+    first = {title: times for title, _, times in phases[0][1]}
+    second = {title: times for title, _, times in phases[1][1]} if len(phases) > 1 else {}
+    out = []
     for title, m in first.items():
-        ratio = m["raw"] / m["mpi"]
-        verdict = "ok" if ratio >= 0.9 else "MISSED"
-        print(f"{title}: engine mpi = {ratio:.2f}x raw ({verdict}, target >= 0.9x); "
-              f"tf.function path {m['mpi-graph'] / m['mpi']:.2f}x and eager-from-tensors path "
-              f"{m['mpi-eager'] / m['mpi']:.2f}x the time of the numpy call")
+        ratio = statistics.median(m["raw"]) / statistics.median(m["mpi"])
+        graph = statistics.median(m["mpi-graph"]) / statistics.median(m["mpi"])
+        eager = statistics.median(m["mpi-eager"]) / statistics.median(m["mpi"])
+        out.append(compare(side(m, "mpi", 1), side(m, "raw", 1),
+                           f"{title}: engine mpi = {ratio:.2f}x raw (target >= 0.9x: its time <= raw's "
+                           "/ 0.9)",
+                           better="lower", factor=1 / 0.9, fmt="{:.5f}"))
+        out.append(f"info: {title}: tf.function path {graph:.2f}x and eager-from-tensors path {eager:.2f}x "
+                   "the time of the numpy call")
         if title in second:
             h = second[title]
             for mine, theirs in (("mpi", "hvd"), ("mpi-graph", "hvd-graph")):
-                deployed = h[theirs] / m[mine]
-                print(f"{title}: {mine} (phase 1) is {deployed:.2f}x as fast as {theirs} (phase 2) "
-                      f"({'ok' if deployed >= 1 else 'MISSED'}, target >= 1x); in phase 2 side by side: "
-                      f"{h[theirs] / h[mine]:.2f}x")
+                deployed = statistics.median(h[theirs]) / statistics.median(m[mine])
+                side_by_side = statistics.median(h[theirs]) / statistics.median(h[mine])
+                out.append(compare(side(m, mine, 1), side(h, theirs, 2),
+                                   f"{title}: {mine} (phase 1) is {deployed:.2f}x as fast as {theirs} "
+                                   f"(phase 2) (target >= 1x); in phase 2 side by side: {side_by_side:.2f}x",
+                                   better="lower", fmt="{:.5f}"))
+    return out
 
 
 def main() -> None:

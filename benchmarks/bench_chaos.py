@@ -1,7 +1,7 @@
 """Chaos: a 2-rank training under ``supervise`` takes a seeded series of faults and must end with the
 parameters of an uninterrupted run, bit for bit (mpi backend, grad mode).
 
-    python benchmarks/bench_chaos.py [--seed N] [--faults 6] [--epochs 8]
+    python benchmarks/bench_chaos.py [--seed N] [--faults 6] [--epochs 12]
 
 The faults, cycled in a seeded random order, each at a seeded random moment once the restarted job
 trains (it has written a checkpoint; faults during start-up have tests of their own):
@@ -10,11 +10,18 @@ trains (it has written a checkpoint; faults during start-up have tests of their 
              requeues the job, as a scheduler would;
   stall      SIGSTOP of one rank: the other's stall watchdog ends the job (``distributed_stall_timeout``),
              ``supervise`` restarts it;
-  truncate   as soon as a new checkpoint appears, SIGKILL of one rank and the newest checkpoint cut to
-             half its bytes before the restart: the resume falls back to the previous good checkpoint.
-Prints each fault, then the faults survived, restarts and requeues, the time against the clean run, and
-a verdict: PASS only when every fault was injected, the job finished, and every parameter is bitwise
-equal to the clean run's.
+  truncate   as soon as a new checkpoint appears, SIGKILL of rank 0 (which writes the checkpoints) and the
+             newest checkpoint cut to half its bytes before the restart: the resume falls back to the
+             previous good checkpoint.
+A fault counts as survived only when its effect is in the job's log (``fault_effect``), between its
+injection and the next fault's: kill, a restart by ``supervise``; preempt, the requeue (``supervise``
+exiting 99 after the save); stall, the stall watchdog's end of the job and a restart; truncate, the resume
+falling back from the cut checkpoint to the one before it, after a restart. A signal that was sent but
+left no such trace (it hit a rank that was already ending, the save raced the kill, ...) is reported
+as "effect not seen" and fails the verdict.
+Prints each fault with the log line that shows its effect, then the faults survived, restarts and
+requeues, the time against the clean run, and a verdict: PASS only when every fault was injected and
+its effect seen, the job finished, and every parameter is bitwise equal to the clean run's.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -58,6 +66,56 @@ distributed_stall_warning = 2
 distributed_stall_timeout = {stall}
 log_verbosity = 3
 """
+
+
+# The log lines that show a fault's effect (supervise's own lines, the engine's messages)
+# (not anchored at a line's start: Open MPI's abort message can leave a NUL byte before supervise's line)
+RESTART = re.compile(r"supervise: \S+ \S+ command ended .*; restart \d+ of \d+")
+REQUEUE = re.compile(r"supervise: \S+ \S+ command stopped on request .*exiting 99")
+STALL_END = re.compile(r"did not (reach|complete) .*within [\d.]+ s "
+                       r"\(distributed_(stall|checkpoint)_timeout[^)]*\).*Ending the (MPI )?job", re.M)
+FALLBACK = re.compile(r"Checkpoint '([^']+)' cannot be used: .*Falling back to the checkpoint before it",
+                      re.M)
+
+
+@dataclass
+class Fault:
+    kind: str
+    what: str  # what was done, for the report
+    offset: int  # the log's size just before it was injected: its effect is logged after this
+    checkpoint: str = ""  # truncate: the file cut
+
+
+def fault_effect(fault: Fault, segment: str) -> str | None:
+    """The log line(s) in ``segment`` (the log from the fault's injection to the next fault's) that show
+    ``fault`` had its effect, or None when they are not there."""
+    def first(pattern: re.Pattern, check=lambda m: True) -> str | None:
+        return next((m.group(0) for m in pattern.finditer(segment) if check(m)), None)
+
+    restart = first(RESTART)
+    if fault.kind == "kill":
+        return restart
+    if fault.kind == "preempt":
+        return first(REQUEUE)
+    if fault.kind == "stall":
+        ended = first(STALL_END)
+        return f"{ended} ... {restart}" if ended and restart else None
+    if fault.kind == "truncate":
+        cut = os.path.basename(fault.checkpoint)
+        fallback = first(FALLBACK, lambda m: os.path.basename(m.group(1)) == cut)
+        return f"{restart} ... {fallback}" if restart and fallback else None
+    raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+
+EXPECTED = {"kill": "a restart by supervise", "preempt": "a requeue (supervise exits 99)",
+            "stall": "the stall watchdog ending the job, and a restart",
+            "truncate": "a restart, and the resume falling back from the cut checkpoint"}
+
+
+def fault_effects(log: bytes, faults: list[Fault]) -> list[str | None]:
+    """``fault_effect`` of each fault, each on its own part of the log (up to the next fault)."""
+    ends = [f.offset for f in faults[1:]] + [len(log)]
+    return [fault_effect(f, log[f.offset:end].decode(errors="replace")) for f, end in zip(faults, ends)]
 
 
 def env() -> dict:
@@ -150,9 +208,12 @@ def wait_gone(pids: dict[int, int], timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subprocess.Popen) -> str | None:
-    """One fault into the running job, then waits until its ranks are gone; a description, or None when
-    the job ended before the fault could be injected."""
+def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subprocess.Popen,
+           log_path: Path) -> Fault | None:
+    """One fault into the running job, then waits until its ranks are gone; None when the job ended
+    before the fault could be injected. The fault's log offset is the log's size just before it: the
+    previous fault's effects (restart, fallback) are logged by then, since this one waited for the
+    restarted job to train."""
     if wait_for_training(folder, config, job) is None:
         return None
     time.sleep(rng.uniform(0.0, 1.5))  # a random step (10-30 steps a second on 2 cores)
@@ -160,58 +221,66 @@ def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subp
     pids = rank_pids(config)
     if len(pids) < 2 or job.poll() is not None:
         return None
-    what = _inject(fault, rank, pids, folder, job)
-    if what is not None:
-        wait_gone(pids)
-    return what
+    offset = log_path.stat().st_size
+    done = _inject(fault, rank, pids, folder, job)
+    if done is None:
+        return None
+    wait_gone(pids)
+    return Fault(fault, done[0], offset, done[1])
 
 
-def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path, job: subprocess.Popen) -> str | None:
+def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path,
+            job: subprocess.Popen) -> tuple[str, str] | None:
     if fault in ("kill", "preempt", "stall"):
         signum = {"kill": signal.SIGKILL, "preempt": signal.SIGUSR1, "stall": signal.SIGSTOP}[fault]
         os.kill(pids[rank], signum)
-        return f"{signum.name} to rank {rank}"
+        return f"{signum.name} to rank {rank}", ""
     before = newest_checkpoint(folder)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and job.poll() is None:
         newest = newest_checkpoint(folder)
         if newest != before:
-            os.kill(pids[rank], signal.SIGKILL)
+            # rank 0 writes the checkpoints: killing another rank left it time to write the next one (and
+            # remove the cut one) before the job ended, and the resume never met the cut file
+            os.kill(pids[0], signal.SIGKILL)
             size = os.path.getsize(newest)
             with open(newest, "r+b") as f:
                 f.truncate(size // 2)
-            return f"SIGKILL to rank {rank}, {os.path.basename(newest)} cut from {size} to {size // 2} bytes"
+            cut = f"{os.path.basename(newest)} cut from {size} to {size // 2} bytes"
+            return f"SIGKILL to rank 0 (the checkpoint writer), {cut}", newest
         time.sleep(0.05)
     return None
 
 
 def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) -> tuple[float, dict]:
     config = write_config(folder, epochs)
-    log = open(folder / "chaos.log", "w")
-    counts = {"injected": 0, "restarts": 0, "requeues": 0}
+    log_path = folder / "chaos.log"
+    log = open(log_path, "w")
+    counts: dict = {"injected": 0, "restarts": 0, "requeues": 0}
+    injected: list[Fault] = []
     started = time.monotonic()
     pending = list(faults)
     while True:
         job = subprocess.Popen(job_command(config), stdout=log, stderr=subprocess.STDOUT, env=env(),
                                start_new_session=True)
         while pending and job.poll() is None:
-            what = inject(pending[0], rng, folder, config, job)
-            if what is not None:
-                counts["injected"] += 1
-                print(f"  fault {counts['injected']}: {pending[0]:8s} {what} "
+            done = inject(pending[0], rng, folder, config, job, log_path)
+            if done is not None:
+                injected.append(done)
+                print(f"  fault {len(injected)}: {pending[0]:8s} {done.what} "
                       f"(at {time.monotonic() - started:.0f} s)", flush=True)
                 pending.pop(0)
         code = job.wait(timeout=1800)
-        if code == 99:
-            counts["requeues"] += 1
-            continue
-        if code != 0 or not pending:
+        if code != 99:  # finished (0), or supervise gave up; a finished job rerun would only say so again
             break
+        counts["requeues"] += 1  # saved and stopped: requeued, as a scheduler would
     log.close()
-    text = (folder / "chaos.log").read_text()
-    counts["restarts"] = text.count("; restart ")
+    text = log_path.read_bytes()
+    counts["restarts"] = text.count(b"; restart ")
     counts["exit"] = code
     counts["not_injected"] = len(pending)
+    counts["injected"] = len(injected)
+    counts["faults"] = list(zip(injected, fault_effects(text, injected)))
     return time.monotonic() - started, counts
 
 
@@ -220,7 +289,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="fault schedule seed (default: random)")
     parser.add_argument("--kinds", default=",".join(FAULTS), help="the fault kinds to cycle through")
     parser.add_argument("--faults", type=int, default=6, help="number of faults (at least 5 for the verdict)")
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=12,
+                        help="default 12: long enough for the faults to land before the end (with 8, a run "
+                        "on a quieter machine finished before its fifth fault)")
     parser.add_argument("--keep", help="keep the run folders here instead of a temporary folder")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
@@ -241,15 +312,21 @@ def main() -> None:
     if counts["exit"] == 0:
         clean, chaos = params_of(base / "clean", args.epochs), params_of(base / "chaos", args.epochs)
         equal = clean.keys() == chaos.keys() and all(np.array_equal(clean[k], chaos[k]) for k in clean)
-    print(f"faults survived: {counts['injected']} of {args.faults}; restarts by supervise: "
-          f"{counts['restarts']}; requeues: {counts['requeues']}; "
+    survived = 0
+    for i, (fault, effect) in enumerate(counts["faults"], 1):
+        survived += effect is not None
+        print(f"  fault {i}: {fault.kind:8s} effect: {effect}" if effect else
+              f"  fault {i}: {fault.kind:8s} effect NOT SEEN in the log (expected {EXPECTED[fault.kind]}): "
+              "not survived")
+    print(f"faults survived (effect seen): {survived} of {args.faults} ({counts['injected']} injected); "
+          f"restarts by supervise: {counts['restarts']}; requeues: {counts['requeues']}; "
           f"time {chaos_time / clean_time:.2f}x the clean run (+{chaos_time - clean_time:.0f} s)")
     if counts["not_injected"]:
         print(f"the job finished before {counts['not_injected']} fault(s) could be injected: train longer "
               "(--epochs)")
-    passed = equal and counts["injected"] == args.faults >= 5
-    print(f"verdict: {'PASS' if passed else 'FAIL'} (target: >= 5 faults survived, parameters bitwise "
-          f"equal to the clean run: {'yes' if equal else 'no'}); logs in {base}")
+    passed = equal and survived == counts["injected"] == args.faults >= 5
+    print(f"verdict: {'PASS' if passed else 'FAIL'} (target: >= 5 faults injected, each with its effect "
+          f"seen, parameters bitwise equal to the clean run: {'yes' if equal else 'no'}); logs in {base}")
     sys.exit(0 if passed else 1)
 
 

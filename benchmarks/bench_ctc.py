@@ -34,7 +34,8 @@ import h5py
 
 import threading
 
-from timing import Output, Row, RowFailed, child_env, interleaved, rnn_command, run_stamped, verdict
+from timing import (Output, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command,
+                    run_stamped)
 from bench_returnn import best, rate, returnn_python
 from bench_train import ceiling_rate, epochs_rate
 
@@ -179,8 +180,9 @@ def main() -> int:
         print(f"{row.name:<46} {row.median:>9.0f} {row.spread():>13}")
     if theirs:
         ratio = ours.median / best(theirs).median
-        print(verdict(ratio >= SINGLE_TARGET, f"engine 1 process = {ratio:.2f}x RETURNN's best measured row "
-                      f"('{ours.name}' against '{best(theirs).name}'; target >= {SINGLE_TARGET}x)",
+        print(compare(Side.of(ours), Side.of(best(theirs)), f"engine 1 process = {ratio:.2f}x RETURNN's best "
+                      f"measured row, frames/s (target >= {SINGLE_TARGET}x)", better="higher",
+                      factor=SINGLE_TARGET, fmt="{:.0f}",
                       failed=single + ([] if any(not row.failed for row in theirs) else theirs)))
         for row in theirs:
             if row.failed:
@@ -188,9 +190,9 @@ def main() -> int:
     ratio = parallel.median / best_single.median
     print(f"info: the ceiling row = {limit.median / best_single.median:.2f}x the best single process; "
           f"2 ranks = {parallel.median / limit.median:.2f}x the ceiling")
-    print(verdict(ratio >= PARALLEL_TARGET, f"engine 2 ranks = {ratio:.2f}x the best single process "
-                  f"('{best_single.name}'; target >= {PARALLEL_TARGET}x)",
-                  failed=[parallel, *single, *theirs]))
+    print(compare(Side.of(parallel), Side.of(best_single), f"engine 2 ranks = {ratio:.2f}x the best single "
+                  f"process, frames/s (target >= {PARALLEL_TARGET}x)", better="higher",
+                  factor=PARALLEL_TARGET, fmt="{:.0f}", failed=[parallel, *single, *theirs]))
     print(f"\ndev label error by epoch ({args.quality_epochs} epochs, 1 process, 1 thread, one run each):")
     for program, errors in quality.items():
         print(f"{program:<8} " + " ".join(f"{e:.3f}" for e in errors))

@@ -31,7 +31,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from timing import Output, Row, child_env, interleaved, rnn_command, run_stamped, verdict
+from timing import Output, Row, Side, child_env, compare, interleaved, rnn_command, run_stamped
 from workload import make_corpus, write_engine_config, write_returnn_config
 
 DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
@@ -58,9 +58,8 @@ def verdicts(engine_rows: Sequence[Row], returnn_rows: Sequence[Row], units: Seq
     """The engine's best row against RETURNN's best row (the target), then per unit its best row (info)."""
     ours, theirs = best(engine_rows), best(returnn_rows)
     ratio = ours.median / theirs.median
-    lines = [verdict(ratio >= TARGET, f"engine = {ratio:.2f}x RETURNN's best row (engine: '{ours.name}', "
-                                      f"{ours.median:.0f} frames/s; RETURNN: '{theirs.name}', "
-                                      f"{theirs.median:.0f} frames/s; target >= {TARGET}x)",
+    lines = [compare(Side.of(ours), Side.of(theirs), f"engine = {ratio:.2f}x RETURNN's best row, frames/s "
+                     f"(target >= {TARGET}x)", better="higher", factor=TARGET, fmt="{:.0f}",
                      failed=[*engine_rows, *returnn_rows])]
     for unit in units:
         row = best([r for r in returnn_rows if r.name.startswith(f"RETURNN {unit},")])

@@ -51,7 +51,8 @@ import threading
 from typing import Sequence
 
 from bench_timeline import in_graph_cost, span_costs  # the script's own directory is on sys.path
-from timing import Output, Row, RowFailed, child_env, interleaved, rnn_command, run_stamped, verdict
+from timing import (Output, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped,
+                    verdict)
 from workload import make_corpus, write_engine_config
 
 FRAMES_LINE = re.compile(r"^train epoch (\d+): [\d.]+ frames/sec \((\d+) frames", re.M)
@@ -208,19 +209,20 @@ def report(single: list[Row], ceiling: Row, under_mpirun: Row, parallel: dict[st
     print(f"\nverdicts (best single-process row: '{best.name}', {best.median:.0f} frames/s; "
           f"default backend: {default_backend}):")
     default = single[0]
-    print(verdict(default.median >= 0.95 * best.median,
-                  f"1 process with the default threading is {default.median / best.median:.3f}x the best "
-                  f"single-process row (target >= 0.95)", failed=single))
+    print(compare(Side.of(default), Side.of(best), f"1 process with the default threading is "
+                  f"{default.median / best.median:.3f}x the best single-process row, frames/s "
+                  "(target >= 0.95)",
+                  better="higher", factor=0.95, fmt="{:.0f}", failed=single))
     grad = rows["grad"].median / best.median
     ceiling_ratio = "FAIL" if ceiling.failed else f"{ceiling.median / best.median:.2f}x"
-    print(verdict(grad >= 1.8, f"{ranks} ranks grad, default backend and threading: {grad:.2f}x the best "
-                               f"single-process row (target >= 1.8x; ceiling {ceiling_ratio})",
-                  failed=[*single, rows["grad"]]))
+    print(compare(Side.of(rows["grad"]), Side.of(best), f"{ranks} ranks grad, default backend and threading: "
+                  f"{grad:.2f}x the best single-process row, frames/s (target >= 1.8x; ceiling "
+                  f"{ceiling_ratio})", better="higher", factor=1.8, fmt="{:.0f}", failed=single))
     for mode in ("param sync 5", "param sync 20"):
         ratio = rows[mode].median / best.median
-        print(verdict(ratio >= 1.85,
-                      f"{ranks} ranks {mode} (syncs inside the epoch): {ratio:.2f}x (target >= 1.85x)",
-                      failed=[*single, rows[mode]]))
+        print(compare(Side.of(rows[mode]), Side.of(best), f"{ranks} ranks {mode} (syncs inside the epoch): "
+                      f"{ratio:.2f}x, frames/s (target >= 1.85x)", better="higher", factor=1.85, fmt="{:.0f}",
+                      failed=single))
     if len(parallel) > 1:
         for backend, other in list(parallel.items())[1:]:
             ratios = ", ".join(f"{mode} {other[mode].median / rows[mode].median:.2f}x" for mode in MODES)
@@ -277,7 +279,8 @@ def monitoring_verdict(on: Row, off: Row, off_again: Row) -> str:
             f"{noise:.3f}")
     if abs(1 - noise) > 1 - MONITORING_TARGET:
         text += " (beyond the target's margin: a disturbed run, repeat it)"
-    return verdict(ratio >= MONITORING_TARGET, text, failed=[on, off, off_again])
+    return compare(Side.of(on), Side.of(off), text + ", frames/s", better="higher", factor=MONITORING_TARGET,
+                   fmt="{:.0f}", failed=[off_again])
 
 
 def monitoring_report(on: Row, off: Row, off_again: Row, trainer: Trainer, backend: str, tmp: str) -> None:

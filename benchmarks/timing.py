@@ -9,6 +9,13 @@ median of its runs with the range.
 A run that fails ends the benchmark (``run_stamped``), except where a row measures several programs at
 once in threads (where an exit would end only its thread): there a failed program makes the whole row
 FAIL (``RowFailed``), never a number over fewer programs, and a verdict that needs the row says FAIL.
+
+Verdicts (``compare``): a verdict compares two sides, a measured row's runs against another row's runs
+(times a factor: "at least 1.8x the single process") or against a fixed target. Each measured side
+is its median with its range (min..max), over at least ``MIN_RUNS`` interleaved runs. PASS or MISS
+only when the ranges are apart; where they overlap (or a range contains the target) the verdict says
+``INCONCLUSIVE: ranges overlap`` and names no winner; with fewer than ``MIN_RUNS`` runs it says
+``INCONCLUSIVE`` too; a side that failed makes it ``FAIL``, naming the failed row.
 """
 from __future__ import annotations
 
@@ -136,9 +143,93 @@ def interleaved(rows: Sequence[Row], runs: int, progress: bool = True) -> None:
 
 
 def verdict(ok: bool, text: str, failed: Sequence[Row] = ()) -> str:
-    """``PASS`` or ``MISS``; ``FAIL`` when any of the rows the verdict needs failed (its figures are not
-    measurements then, whatever ``ok`` says)."""
+    """``PASS`` or ``MISS`` of a check that is not a measurement with a range (e.g. bit-for-bit equal
+    results); ``FAIL`` when any of the rows the verdict needs failed. Measured figures take ``compare``."""
     failures = [row for row in failed if row.failed]
     if failures:
         return f"FAIL: {text} [failed: {'; '.join(f'{r.name}: {r.failure}' for r in failures)}]"
     return f"{'PASS' if ok else 'MISS'}: {text}"
+
+
+MIN_RUNS = 3  # a verdict on fewer interleaved runs per side is INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a verdict: a row's runs (``of``), or a fixed target (``target``: no runs, no range)."""
+
+    name: str
+    values: tuple[float, ...] = ()
+    failure: str = ""
+    fixed: bool = False
+
+    @classmethod
+    def of(cls, row: Row, scale: float = 1.0, name: str | None = None) -> "Side":
+        return cls(row.name if name is None else name, tuple(v * scale for v in row.values), row.failure)
+
+    @classmethod
+    def target(cls, name: str, value: float) -> "Side":
+        return cls(name, (value,), fixed=True)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failure) or not self.values
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    @property
+    def low(self) -> float:
+        return min(self.values) if self.values else float("nan")
+
+    @property
+    def high(self) -> float:
+        return max(self.values) if self.values else float("nan")
+
+    def describe(self, fmt: str = "{:.3f}", factor: float = 1.0) -> str:
+        """"name 5.20 (4.99..5.42, 3 runs)"; a target "name 5.20"; ``factor`` scales the figures."""
+        if self.failed:
+            return f"{self.name} FAIL"
+        scaled = " x " + f"{factor:.3g}" if factor != 1.0 else ""
+        if self.fixed:
+            return f"{self.name}{scaled} {fmt.format(self.median * factor)}"
+        runs = len(self.values)
+        return (f"{self.name}{scaled} {fmt.format(self.median * factor)} ({fmt.format(self.low * factor)}.."
+                f"{fmt.format(self.high * factor)}, {runs} run{'s' if runs != 1 else ''})")
+
+
+def decide(ours: Side, theirs: Side, better: str = "higher", factor: float = 1.0,
+           min_runs: int = MIN_RUNS) -> tuple[str, str]:
+    """(``PASS`` | ``MISS`` | ``INCONCLUSIVE`` | ``FAIL``, why): whether ``ours`` is ``better``
+    ("higher" or "lower") than ``theirs`` x ``factor``. Decided only when the two ranges are apart
+    (touching counts as overlapping); a side with fewer than ``min_runs`` runs is INCONCLUSIVE."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better must be 'higher' or 'lower', not {better!r}")
+    failed = [side for side in (ours, theirs) if side.failed]
+    if failed:
+        return "FAIL", "failed: " + "; ".join(f"{s.name}: {s.failure or 'no run'}" for s in failed)
+    few = [s for s in (ours, theirs) if not s.fixed and len(s.values) < min_runs]
+    if few:
+        return "INCONCLUSIVE", ", ".join(f"{len(s.values)} run(s) of {s.name}" for s in few) + \
+            f" (at least {min_runs} needed)"
+    lo, hi = theirs.low * factor, theirs.high * factor
+    if ours.low > hi:
+        return ("PASS" if better == "higher" else "MISS"), ""
+    if ours.high < lo:
+        return ("PASS" if better == "lower" else "MISS"), ""
+    return "INCONCLUSIVE", "ranges overlap" if not theirs.fixed else "the range contains the target"
+
+
+def compare(ours: Side, theirs: Side, text: str, better: str = "higher", factor: float = 1.0,
+            fmt: str = "{:.3f}", min_runs: int = MIN_RUNS, failed: Sequence[Row] = ()) -> str:
+    """A verdict line: the status, ``text``, and both sides' medians and ranges (``decide``). ``failed``:
+    more rows the verdict needs (e.g. every row a "best row" was chosen from): one that failed makes it
+    FAIL, naming the row, whatever the two sides say."""
+    status, why = decide(ours, theirs, better, factor, min_runs)
+    extra = [f"{r.name}: {r.failure}" for r in failed if r.failed and r.name not in (ours.name, theirs.name)]
+    if extra:
+        named = [why[len("failed: "):]] if status == "FAIL" else []
+        status, why = "FAIL", "failed: " + "; ".join(named + extra)
+    sides = f"[{ours.describe(fmt)}; {theirs.describe(fmt, factor)}]"
+    return f"{status}{': ' + why if why else ''}: {text} {sides}"

@@ -131,15 +131,19 @@ def test_the_report_prints_a_failed_ceiling_as_fail_not_as_a_figure(capsys):
 
 # ----- bench_train: the monitoring verdict -----
 def test_the_monitoring_target_is_fixed_whatever_the_noise():
-    off, on = row("off", 100.0), row("on", 97.0)
+    off, on = row("off", 100.0, 99.8, 100.2), row("on", 97.0, 96.8, 97.2)
     # a disturbed control row once lowered the bar to 0.88: 3% slower was a PASS
-    disturbed = bench_train.monitoring_verdict(on, off, row("off, again", 90.0))
+    disturbed = bench_train.monitoring_verdict(on, off, row("off, again", 90.0, 90.0, 90.0))
     assert disturbed.startswith("MISS: everything on / everything off: 0.970 (target >= 0.98"), disturbed
     assert "off again / off: 0.900 (beyond the target's margin" in disturbed
-    quiet = bench_train.monitoring_verdict(on, off, row("off, again", 100.5))
+    quiet = bench_train.monitoring_verdict(on, off, row("off, again", 100.5, 100.4, 100.6))
     assert quiet.startswith("MISS") and "0.970" in quiet and "off again / off: 1.005" in quiet
     assert "beyond" not in quiet
-    assert bench_train.monitoring_verdict(row("on", 98.5), off, row("off, again", 103.0)).startswith("PASS")
+    assert bench_train.monitoring_verdict(row("on", 98.5, 98.4, 98.6), off,
+                                          row("off, again", 103.0, 103.0, 103.0)).startswith("PASS")
+    # 0.98 x (99.8..100.2) = 97.8..98.2 overlaps 97.5..98.0: no verdict either way
+    assert bench_train.monitoring_verdict(row("on", 97.8, 97.5, 98.0), off, off).startswith(
+        "INCONCLUSIVE: ranges overlap")
 
 
 def test_a_monitoring_row_that_failed_makes_the_verdict_fail():
@@ -181,6 +185,53 @@ def test_a_verdict_that_needs_a_failed_row_is_fail_even_when_its_figures_pass():
         "FAIL: x [failed: b: exit 2]"
 
 
+def side(name: str, *values: float, failure: str = "") -> timing.Side:
+    return timing.Side(name, tuple(values), failure)
+
+
+def test_a_verdict_decides_only_when_the_ranges_are_apart():
+    fast, slow = side("a", 5.0, 5.2, 5.4), side("b", 5.9, 6.1, 6.6)
+    assert timing.decide(fast, slow, better="lower") == ("PASS", "")
+    assert timing.decide(slow, fast, better="lower") == ("MISS", "")
+    assert timing.decide(fast, slow, better="higher") == ("MISS", "")
+    # the medians differ (5.2 against 5.5), the ranges overlap: no winner
+    assert timing.decide(fast, side("c", 5.3, 5.5, 7.0), better="lower") == ("INCONCLUSIVE", "ranges overlap")
+    assert timing.decide(fast, side("d", 5.4, 5.5, 5.6), better="lower")[0] == "INCONCLUSIVE"  # touching
+    # a factor scales the other side: a >= 1.8 x b
+    assert timing.decide(side("a", 3.7, 3.8, 3.9), side("b", 2.0, 2.0, 2.05), factor=1.8)[0] == "PASS"
+    assert timing.decide(side("a", 3.5, 3.6, 3.7), side("b", 2.0, 2.0, 2.1), factor=1.8)[0] == "INCONCLUSIVE"
+    assert timing.decide(side("a", 3.2, 3.3, 3.4), side("b", 2.0, 2.0, 2.1), factor=1.8)[0] == "MISS"
+
+
+def test_a_verdict_against_a_fixed_target_is_inconclusive_when_the_range_contains_it():
+    target = timing.Side.target("85%", 10.0)
+    assert timing.decide(side("t", 8.0, 9.0, 9.9), target, better="lower") == ("PASS", "")
+    assert timing.decide(side("t", 9.0, 9.5, 10.5), target, better="lower") == \
+        ("INCONCLUSIVE", "the range contains the target")
+    assert timing.decide(side("t", 10.1, 11.0, 12.0), target, better="lower") == ("MISS", "")
+
+
+def test_a_verdict_on_fewer_than_3_runs_or_a_failed_side_decides_nothing():
+    status, why = timing.decide(side("a", 1.0, 1.1), side("b", 5.0, 5.1, 5.2), better="lower")
+    assert status == "INCONCLUSIVE" and "2 run(s) of a" in why and "at least 3" in why
+    status, why = timing.decide(side("a", 1.0, 1.1, 1.2), side("b", failure="exit 1"), better="lower")
+    assert status == "FAIL" and why == "failed: b: exit 1"
+    assert timing.decide(side("a"), side("b", 1.0, 1.0, 1.0))[0] == "FAIL"  # no run at all is no figure
+    with pytest.raises(ValueError):
+        timing.decide(side("a", 1.0), side("b", 1.0), better="faster")
+
+
+def test_the_verdict_line_prints_both_sides_medians_and_ranges():
+    line = timing.compare(side("engine s/step", 5.0, 5.2, 5.4), side("horovod s/step", 5.3, 5.9, 6.6),
+                          "engine vs horovod", better="lower")
+    assert line == ("INCONCLUSIVE: ranges overlap: engine vs horovod [engine s/step 5.200 (5.000..5.400, "
+                    "3 runs); horovod s/step 5.900 (5.300..6.600, 3 runs)]")
+    line = timing.compare(side("f32", 3.7, 3.8, 3.9), side("f16", 2.0, 2.0, 2.05), "x", factor=1.8,
+                          fmt="{:.2f}")
+    assert line == "PASS: x [f32 3.80 (3.70..3.90, 3 runs); f16 x 1.8 3.60 (3.60..3.69, 3 runs)]"
+    assert timing.Side.of(row("r", 1.0, 2.0, 3.0), scale=2.0).values == (2.0, 4.0, 6.0)
+
+
 def test_interleaved_keeps_measuring_the_other_rows_after_one_fails():
     def broken() -> float:
         raise RowFailed("exit 1")
@@ -193,21 +244,27 @@ def test_interleaved_keeps_measuring_the_other_rows_after_one_fails():
 
 # ----- bench_returnn -----
 def test_returnn_is_judged_by_its_best_row():
-    engine = [row("engine, 1 process, default threading", 30000.0),
-              row("engine, 1 process, 1 thread(s)", 26000.0)]
-    returnn = [row("RETURNN BasicLSTM, 1 process, 1 thread(s)", 16000.0),
-               row("RETURNN BasicLSTM, 1 process, 2 thread(s)", 21000.0),
-               row("RETURNN NativeLstm2, 1 process, 1 thread(s)", 8000.0),
-               row("RETURNN NativeLstm2, 1 process, 2 thread(s)", 9000.0)]
+    engine = [row("engine, 1 process, default threading", 30000.0, 29500.0, 30500.0),
+              row("engine, 1 process, 1 thread(s)", 26000.0, 26000.0, 26000.0)]
+    returnn = [row("RETURNN BasicLSTM, 1 process, 1 thread(s)", 16000.0, 15900.0, 16100.0),
+               row("RETURNN BasicLSTM, 1 process, 2 thread(s)", 21000.0, 20800.0, 21200.0),
+               row("RETURNN NativeLstm2, 1 process, 1 thread(s)", 8000.0, 8000.0, 8000.0),
+               row("RETURNN NativeLstm2, 1 process, 2 thread(s)", 9000.0, 9000.0, 9000.0)]
     target, *info = bench_returnn.verdicts(engine, returnn, ["BasicLSTM", "NativeLstm2"])
     # against its 1-thread row alone the engine would be 1.88x (a PASS); its best row is the 2-thread one
     assert target.startswith("MISS: engine = 1.43x RETURNN's best row"), target
-    assert "RETURNN: 'RETURNN BasicLSTM, 1 process, 2 thread(s)'" in target
-    assert "engine: 'engine, 1 process, default threading'" in target
+    assert "RETURNN BasicLSTM, 1 process, 2 thread(s) x 1.5 31500 (31200..31800, 3 runs)" in target
+    assert "[engine, 1 process, default threading 30000 (29500..30500, 3 runs)" in target
     assert info == ["info: engine = 1.43x RETURNN BasicLSTM's best row ('RETURNN BasicLSTM, 1 process, 2 "
                     "thread(s)')", "info: engine = 3.33x RETURNN NativeLstm2's best row ('RETURNN "
                     "NativeLstm2, 1 process, 2 thread(s)')"]
     assert bench_returnn.verdicts(engine, returnn[2:], ["NativeLstm2"])[0].startswith("PASS")
+    # 1.5 x 20000 = 30000 lies in the engine's range 29500..30500: no winner
+    close = [row("RETURNN BasicLSTM, 1 process, 1 thread(s)", 20000.0, 19900.0, 20100.0)]
+    assert bench_returnn.verdicts(engine, close, ["BasicLSTM"])[0].startswith("INCONCLUSIVE: ranges overlap")
+    broken = [*returnn, row("RETURNN BasicLSTM, 1 process, 4 thread(s)", failure="exit 1")]
+    failed = bench_returnn.verdicts(engine, broken, ["BasicLSTM"])[0]
+    assert failed.startswith("FAIL: failed: RETURNN BasicLSTM, 1 process, 4 thread(s): exit 1"), failed
 
 
 def test_each_returnn_thread_count_gets_its_own_config(tmp_path):

@@ -10,8 +10,8 @@ import pytest
 
 from engine.config.loader import Config
 from engine.distributed.settings import DataParallelSettings
-from engine.distributed.wire import (bf16_bits_to_float32, bf16_sum_into, float32_to_bf16_bits, fp16_sum_into,
-                                     numpy_sum, wire_per_tensor)
+from engine.distributed.wire import (SUM_BLOCK, bf16_bits_to_float32, bf16_sum_into, float32_to_bf16_bits,
+                                     fp16_sum_into, numpy_sum, wire_per_tensor)
 from engine.runtime.errors import ConfigError
 from helpers import ROOT, run, run_mpi, run_rnn
 
@@ -52,6 +52,61 @@ def test_bf16_rounding_is_tensorflows_round_to_nearest_even():
     halfway = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 3.4028235e38], np.float32)
     np.testing.assert_array_equal(bf16_bits_to_float32(float32_to_bf16_bits(halfway)),
                                   np.array([1.0, 1 + 2 ** -6, np.inf], np.float32))
+
+
+def half_edge_pairs() -> tuple[np.ndarray, np.ndarray]:
+    """fp16 operand pairs: subnormals (and their sums that become normal), exact ties of the sum (odd
+    and even last bits), inf, NaN, sums that overflow to inf, -0 + -0, -0 + 0, x + -x; then every pair
+    of a random sample, the lot tiled past several ``SUM_BLOCK`` blocks."""
+    f16 = np.float16
+    tiny, sub, big = f16(6.1035e-05), f16(5.96e-08), f16(65504.0)
+    pairs = [(sub, sub), (f16(-5.96e-08), sub), (tiny, -sub), (f16(3.05e-05), f16(3.05e-05)),
+             (f16(2048.0), f16(1.0)), (f16(2050.0), f16(1.0)), (f16(1.0), f16(0.00048828125)),
+             (f16(1.0009765625), f16(0.00048828125)), (f16(np.inf), f16(-np.inf)), (f16(np.inf), big),
+             (f16(np.nan), f16(1.0)), (f16(-np.nan), f16(-np.inf)), (big, big), (big, f16(16.0)),
+             (big, f16(32.0)), (-big, f16(-32.0)), (f16(-0.0), f16(-0.0)), (f16(-0.0), f16(0.0)),
+             (f16(0.0), f16(-0.0)), (f16(3.0), f16(-3.0)), (f16(-2.0), f16(2.0))]
+    a = np.array([p[0] for p in pairs], f16).view(np.uint16)
+    b = np.array([p[1] for p in pairs], f16).view(np.uint16)
+    rng = np.random.default_rng(7)
+    x, y = (rng.integers(0, 2 ** 16, 3000, dtype=np.uint32).astype(np.uint16) for _ in range(2))
+    a, b = np.concatenate([a, x]), np.concatenate([b, y])
+    reps = -(-3 * SUM_BLOCK // a.size) + 1
+    return np.tile(a, reps), np.tile(b, reps)
+
+
+def test_the_sums_in_blocks_equal_numpys_float16_add_and_the_exact_bf16_sum_bit_for_bit():
+    """The engine's fp16 and bf16 sums over arrays of several blocks (``SUM_BLOCK``) give, element
+    for element, numpy's float16 add (fp16) and the exact sum rounded once to bf16, on every edge case:
+    subnormals, ties, inf, NaN, overflow to inf and the signs of zero."""
+    a, b = half_edge_pairs()
+    assert a.size > 3 * SUM_BLOCK
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = (a.view(np.float16) + b.view(np.float16)).view(np.uint16)
+    for add in (fp16_sum_into, lambda x, y: numpy_sum("fp16")(x, y, None)):
+        out = b.copy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            add(a, out)
+        nan = np.isnan(want.view(np.float16))
+        np.testing.assert_array_equal(out[~nan], want[~nan])  # -0 and +0 differ in their bits here
+        assert np.all(np.isnan(out[nan].view(np.float16)))
+    assert {0x8000, 0x0000, 0x7C00, 0xFC00} <= set(want[:21].tolist())  # -0, +0, +-inf really occur
+
+    # bf16: the same pairs' bits as bf16, against float64's exact sum rounded once (by the engine's own
+    # rounding, which test_bf16_rounding_is_tensorflows_round_to_nearest_even checks against TensorFlow)
+    out = b.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        bf16_sum_into(a, out)
+        exact = (bf16_bits_to_float32(a).astype(np.float64) + bf16_bits_to_float32(b)).astype(np.float32)
+    want = float32_to_bf16_bits(exact)
+    nan = np.isnan(exact)
+    np.testing.assert_array_equal(out[~nan], want[~nan])
+    assert np.all(np.isnan(bf16_bits_to_float32(out[nan])))
+    whole = b.copy()  # one block at a time is one element at a time: the same bits as the whole array
+    for start in range(0, a.size, 1000):
+        with np.errstate(over="ignore", invalid="ignore"):
+            bf16_sum_into(a[start:start + 1000], whole[start:start + 1000])
+    np.testing.assert_array_equal(whole, out)
 
 
 @pytest.mark.tf_latest

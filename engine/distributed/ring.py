@@ -26,11 +26,15 @@ from engine.runtime.errors import ConfigError
 Add = Callable[[np.ndarray, np.ndarray], None]
 # Open MPI's TCP transport moves a large message in fragments with only a few in flight, which a link whose
 # queue holds tens of milliseconds of data limits to about 60 % of its rate; larger fragments and a deeper
-# pipeline let one Sendrecv fill the link (set before MPI starts; a value the user set wins).
+# pipeline let one Sendrecv fill the link (set before MPI starts; a value the user set wins). Two TCP
+# connections per pair of ranks (btl_tcp_links): with one, the ring's share of a link changed from run to
+# run and bucketed reductions on a slow link lost time between messages; with two it stayed high
+# (docs/performance.md, "Slow links between hosts", issue 27).
 OPEN_MPI_TCP_DEFAULTS = {
     "OMPI_MCA_btl_tcp_max_send_size": str(1 << 20),
     "OMPI_MCA_pml_ob1_send_pipeline_depth": "16",
     "OMPI_MCA_pml_ob1_recv_pipeline_depth": "16",
+    "OMPI_MCA_btl_tcp_links": "2",
 }
 
 

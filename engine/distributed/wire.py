@@ -12,10 +12,11 @@ MPI has no fp16 or bf16 sum, so the ``mpi`` backend carries the wire values as u
 addition widens both operands to float32, adds, and rounds once to the wire dtype. That is the correctly
 rounded fp16/bf16 sum: float32 holds the exact sum of two such values, or rounds it only far below the
 wire dtype's last bit (where it cannot create or break a tie), and it is what Horovod's own float16 sum
-does. fp16 uses numpy's float16 add (which does exactly that; faster than the same in numpy steps or a
-table lookup). Throughput on one shared core of the test machine: fp16 65-131 MB/s, bf16 265-437 MB/s of
-wire data (``benchmarks/wire_quality.py --op-speed``): far above a 100 Mbit/s link's 12.5 MB/s; at
-1 Gbit/s (125 MB/s) fp16's sum is about as fast as the link (docs/performance.md).
+does. fp16 uses numpy's float16 add (which does exactly that, element by element; the same in numpy
+steps, cast to float32, add, cast back, gives the same bits and measured no faster, since numpy's
+float16 casts are as slow as its add); bf16 goes in blocks that keep its temporaries in cache. Their
+throughput against the link's rate: ``benchmarks/bench_wire_sum.py``, figures in docs/performance.md
+("Wire compression").
 """
 from __future__ import annotations
 
@@ -142,11 +143,19 @@ def fp16_sum_into(a: np.ndarray, b: np.ndarray) -> None:
     np.add(a.view(np.float16), b.view(np.float16), out=b.view(np.float16))
 
 
+# bf16's sum goes in blocks of this many elements: its float32 and uint32 temporaries (a dozen bytes per
+# element) then stay in the CPU cache; over a whole 16 MiB ring chunk at once they doubled its time
+# (benchmarks/bench_wire_sum.py, docs/performance.md)
+SUM_BLOCK = 1 << 16
+
+
 def bf16_sum_into(a: np.ndarray, b: np.ndarray) -> None:
     """b += a, bf16 values as uint16 bits, each sum rounded to bf16."""
-    total = bf16_bits_to_float32(a)
-    total += bf16_bits_to_float32(b)
-    float32_to_bf16_bits(total, out=b)
+    for start in range(0, a.size, SUM_BLOCK):
+        x, y = a[start:start + SUM_BLOCK], b[start:start + SUM_BLOCK]
+        total = bf16_bits_to_float32(x)
+        total += bf16_bits_to_float32(y)
+        float32_to_bf16_bits(total, out=y)
 
 
 SUM_INTO: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {"fp16": fp16_sum_into, "bf16": bf16_sum_into}
