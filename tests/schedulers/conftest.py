@@ -112,7 +112,7 @@ def assert_resumed_where_it_stopped(log: str, signalled_after: Path) -> tuple[st
 def reference_model(tmp_path_factory) -> Path:
     """The last model of the same training run uninterrupted, by plain mpirun on the mpi backend."""
     folder = tmp_path_factory.mktemp("reference")
-    r = run_mpi(2, [str(ROOT / "rnn.py"), CONFIG, "++use_horovod", "1", *TRAIN_ARGS], timeout=300,
+    r = run_mpi(2, [str(ROOT / "rnn.py"), CONFIG, "++use_horovod", "1", *TRAIN_ARGS], timeout=900,
                 cwd=folder)
     assert r.returncode == 0, r.stdout + r.stderr
     return folder / "out" / "12ax" / f"model.{EPOCHS:03d}"

@@ -148,7 +148,7 @@ class SgeCluster:
         self._alias_localhost()
         if self.qconf("-sh").returncode != 0:
             self._daemon("/usr/sbin/sge_qmaster")
-            if not wait_until(lambda: self.qconf("-sh").returncode == 0, 30):
+            if not wait_until(lambda: self.qconf("-sh").returncode == 0, 120):
                 return f"sge_qmaster does not answer: {one_line(self.qconf('-sh').stderr)}"
         for why in (self._configure(), self._start_execd()):
             if why:
@@ -217,7 +217,7 @@ class SgeCluster:
     def _start_execd(self) -> str | None:
         if not self.queue_ready():
             self._daemon("/usr/sbin/sge_execd")
-        if not wait_until(self.queue_ready, 60):
+        if not wait_until(self.queue_ready, 180):
             state = " | ".join(self.command("qstat", "-f").stdout.strip().splitlines())
             return f"the queue {QUEUE}@{self.host} does not take jobs: {state}"
         return None

@@ -82,7 +82,7 @@ def test_make_sanity_as_a_batch_job(slurm, tmp_path):
     # -o install: the environment is this test's interpreter (PYTHON, and its bin/ on PATH), not .venv
     job = submit(slurm, tmp_path, ["sbatch", "--ntasks=2", f"--output={tmp_path}/sanity.%j.out",
                                    "--wrap", f"make -C {ROOT} -o install sanity PYTHON={sys.executable}"])
-    info = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=180)
+    info = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=600)
     log = (tmp_path / f"sanity.{job}.out").read_text()
     assert info["JobState"] == "COMPLETED", (info, log)
     for rank in range(2):
