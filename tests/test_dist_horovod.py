@@ -25,9 +25,9 @@ def test_horovod_backend_exact_and_bitwise_equal_to_mpi():
 def test_horovod_stall_inside_tf_function_is_named_by_both_checks_and_ends_the_job_once():
     start = time.monotonic()
     result = run_mpi(2, [str(SCRIPTS / "dist_failure.py"), "stall_in_graph", "--backend", "horovod",
-                         "--stall-warning", "1", "--stall-timeout", "4"], timeout=120)
+                         "--stall-warning", "1", "--stall-timeout", "4"], timeout=400)
     output = result.stdout + result.stderr
-    assert time.monotonic() - start < 45
+    assert time.monotonic() - start < 200, output  # start-up with TensorFlow's import, 4 s; not the 600 s
     assert result.returncode != 0
     # the engine's watchdog sees the arrival announced from the graph; Horovod's own check lists the tensors
     assert "stall: rank 1 has not reached collective #2 'allreduce in a tf.function'" in output, output

@@ -222,7 +222,7 @@ def test_a_rank_failing_between_its_buckets_ends_the_job_with_its_error(backend)
     assert "RuntimeError: boom: injected failure in the backward pass of rank 1" in output, output
     assert "MPI_ABORT was invoked on rank 1" in output, output
     assert "overlap checks passed" not in output
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - start < 200, output  # ended by the failure, not the 300 s stall watchdog
 
 
 NETWORK = {"lstm": {"class": "rec", "unit": "lstm", "n_out": 8},
@@ -269,4 +269,4 @@ def test_a_failing_rank_in_bucketed_training_ends_the_job(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert output.count("RuntimeError: injected failure in train step 2 on rank 1") == 1, output
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - start < 200, output  # ended by the failure, not the 300 s stall watchdog

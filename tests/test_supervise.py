@@ -2,7 +2,9 @@
 for the scheduler on a stop request, forwards signals; small fake commands, and a real 2-rank mpirun."""
 from __future__ import annotations
 
+import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.training.checkpoints.stop_requests import REPEAT_GRACE_SECONDS
 from helpers import ROOT, child_env, mpirun_cmd
 
 pytestmark = pytest.mark.tf_latest
@@ -34,7 +37,7 @@ sys.exit(int(outcome))
 """
 
 
-def supervise(options: list[str], command: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+def supervise(options: list[str], command: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*SUPERVISE, *options, "--", *command], capture_output=True, text=True,
                           timeout=timeout, env=child_env())
 
@@ -76,20 +79,23 @@ def test_gives_up_after_max_restarts_with_capped_backoff(tmp_path):
 
 def test_a_crash_after_a_long_healthy_run_counts_as_the_first_again(tmp_path):
     # runs 1, 2: quick crashes; run 3 crashes after a healthy stretch (>= --reset-after), so it counts as
-    # the first end: two more restarts with the first back-offs, then runs 4, 5 crash quickly and end it
-    r = supervise(["--max-restarts", "2", "--backoff", "0.05", "--reset-after", "1"],
-                  flaky(tmp_path, "1", "1", "1@1.5", "1"))
+    # the first end: two more restarts with the first back-offs, then runs 4, 5 crash quickly and end it.
+    # "Quick": a Python start, well below --reset-after also on a busy machine.
+    r = supervise(["--max-restarts", "2", "--backoff", "0.05", "--reset-after", "5"],
+                  flaky(tmp_path, "1", "1", "1@5.5", "1"), timeout=120)
     assert r.returncode == 1 and runs(tmp_path) == 5, r.stderr
     assert re.findall(r"restart (\d) of 2 in (\S+) s\.", r.stderr) == \
         [("1", "0.05"), ("2", "0.1"), ("1", "0.05"), ("2", "0.1")], r.stderr
-    assert re.search(r"command ended after 1\.\d s, exit code 1 \(attempt 3 of 3\), a run of --reset-after "
-                     r"1 s or more: counted as attempt 1; restart 1 of 2 in 0\.05 s\.", r.stderr), r.stderr
+    healthy = re.search(r"command ended after (\d+\.\d) s, exit code 1 \(attempt 3 of 3\), a run of "
+                        r"--reset-after 5 s or more: counted as attempt 1; restart 1 of 2 in 0\.05 s\.",
+                        r.stderr)
+    assert healthy and float(healthy.group(1)) >= 5, r.stderr
     assert "(attempt 3 of 3); no restarts left (--max-restarts 2), giving up." in r.stderr
 
 
 def test_without_reset_after_the_restarts_count_over_the_whole_supervision(tmp_path):
     r = supervise(["--max-restarts", "2", "--backoff", "0", "--reset-after", "0"],
-                  flaky(tmp_path, "1", "1@1.2", "1"))
+                  flaky(tmp_path, "1", "1@1.2", "1"), timeout=120)
     assert r.returncode == 1 and runs(tmp_path) == 3, r.stderr
     assert "counted as attempt 1" not in r.stderr
 
@@ -127,11 +133,25 @@ def start_supervisor(options: list[str], command: list[str]) -> subprocess.Popen
                             stderr=subprocess.PIPE, text=True, env=child_env())
 
 
-def wait_for(path: Path, timeout: float = 30) -> None:
+def wait_for(path: Path, timeout: float = 120, lines: int = 0) -> float:
+    """Waits until ``path`` exists (and has ``lines`` lines); returns the time it was seen so."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.05)
+    while not path.exists() or len(path.read_text().splitlines()) < lines:
+        assert time.monotonic() < deadline, f"{path} did not appear" + (f" with {lines} lines" * bool(lines))
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def wait_for_stderr(proc: subprocess.Popen, text: str, timeout: float = 120) -> str:
+    """What ``proc`` wrote to stderr up to and including ``text`` (communicate() returns the rest)."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0 and proc.poll() is None, f"no {text!r} on stderr:\n{seen.decode(errors='replace')}"
+        ready, _, _ = select.select([proc.stderr], [], [], min(left, 1))
+        if ready:
+            seen += os.read(proc.stderr.fileno(), 65536)
+    return seen.decode(errors="replace")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM])
@@ -141,7 +161,7 @@ def test_signals_are_forwarded_and_end_the_supervision(tmp_path, signum):
                             [sys.executable, "-c", WAITS_FOR_SIGNAL, str(got), str(ready)])
     wait_for(ready)
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 99, err
     # SIGTERM goes on as the engine's save-and-exit request that mpirun forwards (mpirun kills on SIGTERM)
     got_as = "SIGUSR2" if signum == signal.SIGTERM else signal.Signals(signum).name
@@ -170,24 +190,31 @@ def test_a_later_second_sigterm_is_forwarded_as_sigterm(tmp_path):
     proc = start_supervisor(["--backoff", "0"], [sys.executable, "-c", SLOW_TO_STOP, str(got), str(ready)])
     wait_for(ready)
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # each next SIGTERM once the one before has been forwarded: the supervisor took it by then
+    first_forwarded = wait_for(got, lines=1)
     proc.send_signal(signal.SIGTERM)  # the same stop delivered twice: still the save-and-exit request
-    time.sleep(2.5)  # past preemption.REPEAT_GRACE_SECONDS: now the sender wants it gone
+    wait_for(got, lines=2)
+    # past REPEAT_GRACE_SECONDS after the supervisor took the first, however late that was: now the sender
+    # wants it gone
+    time.sleep(max(0.0, first_forwarded + REPEAT_GRACE_SECONDS + 0.5 - time.monotonic()))
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert got.read_text().split() == ["SIGUSR2", "SIGUSR2"], err
 
 
 def test_stop_signal_while_waiting_to_restart_exits_resumable(tmp_path):
-    proc = start_supervisor(["--backoff", "60"], flaky(tmp_path, "1"))
-    wait_for(tmp_path / "runs")
-    time.sleep(0.5)  # the first run has ended; the supervisor now waits 60 s
-    start = time.monotonic()
-    proc.send_signal(signal.SIGUSR1)
-    _, err = proc.communicate(timeout=30)
+    proc = start_supervisor(["--backoff", "600"], flaky(tmp_path, "1"))
+    try:
+        before = wait_for_stderr(proc, "restart 1 of 3 in 600 s.")  # the first run has ended: it waits
+        start = time.monotonic()
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    err = before + err
     assert proc.returncode == 99 and runs(tmp_path) == 1, err
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60, err  # at once, not after the back-off
     assert "SIGUSR1 while waiting to restart: exiting 99" in err
 
 
@@ -215,7 +242,7 @@ print("rank", os.environ["OMPI_COMM_WORLD_RANK"], "done", flush=True)
 @pytest.mark.version_independent
 def test_restarts_a_two_rank_mpirun_job_after_a_rank_is_killed(tmp_path):
     command = mpirun_cmd(2, [sys.executable, "-c", RANK_DIES_ONCE, str(tmp_path / "killed-once")])
-    r = supervise(["--backoff", "0.1"], command, timeout=120)
+    r = supervise(["--backoff", "0.1"], command, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert ", exit code 137 (128 + SIGKILL) (attempt 1 of 4); restart 1 of 3 in 0.1 s." in r.stderr, r.stderr
     assert sorted(line for line in r.stdout.splitlines() if line.startswith("rank")) == \
@@ -237,9 +264,9 @@ def test_sigterm_to_the_supervisor_of_a_two_rank_training_saves_a_checkpoint_and
                              "step_sleep=0.2"])
     proc = start_supervisor(["--backoff", "0"], command)
     try:
-        wait_for(ready, timeout=120)
+        wait_for(ready, timeout=300)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 99, out + err

@@ -59,7 +59,7 @@ def run_job(cmd: list[str], env: dict, cwd: str, out, stderr, signal_job) -> int
     ready = os.path.join(os.environ["FAKE_SPOOL"], "mpirun_started")
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=stderr, start_new_session=True)
     if os.environ.get("FAKE_SIGNAL_JOB"):
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not os.path.exists(ready) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         if proc.poll() is None:
@@ -158,7 +158,7 @@ def mpirun(args: list[str]) -> int:
     open(os.path.join(os.environ["FAKE_SPOOL"], "mpirun_started"), "w").close()
     if outcome != "wait-signal":
         return int(outcome)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not received and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.3)  # the same stop may come twice (to the process group and forwarded): collect both

@@ -3,6 +3,9 @@ ranks wait in the step signal (forever, unless the failure handling ends the job
 
     python dist_failure.py exception|engine_error|thread|sigkill|stall|stall_in_graph|freeze [--backend mpi]
         [--failing-rank R] [--stall-warning S] [--stall-timeout S]
+
+Each rank prints ``up at T`` (``time.monotonic()``, the same clock in every process of the machine) once
+every rank has started, so that a test can time the failure handling without the start-up.
 """
 from __future__ import annotations
 
@@ -45,10 +48,13 @@ def main() -> None:
     parser.add_argument("--stall-warning", type=float, default=None)
     parser.add_argument("--stall-timeout", type=float, default=None)
     args = parser.parse_args()
+    if args.mode == "stall_in_graph":
+        import tensorflow  # noqa: F401  (loaded during the start-up, not while the others wait)
     comm = create_communicator(args.backend, StallLimits(args.stall_warning, args.stall_timeout))
     process.set_communicator(comm)
     install_failure_handler()
     step_signal(comm, True, False)  # everyone is up
+    print(f"up at {time.monotonic():.3f}", flush=True)
     if comm.rank == args.failing_rank:
         fail(args.mode)
     if args.mode == "stall_in_graph":  # wait inside a tf.function's reduction, where no Python code runs

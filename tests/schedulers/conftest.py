@@ -1,6 +1,7 @@
 """What the SLURM and Grid Engine tests share: the training job they submit (the 12AX config on 2 ranks,
 epochs long enough to be interrupted in the middle), the uninterrupted reference run on the mpi backend,
-and reading a saved model's parameters."""
+reading a saved model's parameters, and checking that a job stopped by a signal continued from the very
+checkpoint and step where the signal landed."""
 from __future__ import annotations
 
 import re
@@ -14,10 +15,12 @@ import pytest
 from helpers import ROOT, child_env, run_mpi
 
 CONFIG = str(ROOT / "configs" / "12ax.py")
-EPOCHS = 3
-# 12000 sequences: 150 steps and about 4 s an epoch on 2 ranks here. A mid-epoch checkpoint every 50 steps
-# tells the tests when epoch 2 is under way (saving changes no result): a signal sent when
-# model.002.step* appears lands in the middle of epoch 2.
+EPOCHS = 4
+# 12000 sequences: about 150 steps and 4 s an epoch on 2 ranks on an idle machine. A mid-epoch checkpoint
+# every 50 steps tells the tests when epoch 2 is under way (saving changes no result). A signal sent when
+# model.002.step* appears lands some steps later, how many depends on the scheduler and the machine's load
+# (on a busy machine Grid Engine's took over 100 steps, into epoch 3): the tests read where the job
+# stopped, and the epochs after epoch 2 leave room for the signal to land before the training ends.
 TRAIN_ARGS = ["++model", "out/12ax/model", "++num_epochs", str(EPOCHS), "++distributed_backend", "mpi",
               "++checkpoint_interval", "50",
               "++train", "{'class': 'Task12AXDataset', 'num_seqs': 12000, 'fixed_random_seed': 1, "
@@ -66,11 +69,50 @@ def wait_for_file(folder: Path, pattern: str, timeout: float) -> Path:
     raise AssertionError(f"no {pattern} in {folder} within {timeout} s")
 
 
+# Rank 0's last line when the ranks stop on the signal (several ranks may have received it).
+STOP_LINE = re.compile(r"stopping on request: SIGUSR1 received by rank \d+(?:; SIGUSR1 received by rank "
+                       r"\d+)*; saved checkpoint (?P<path>\S+) \((?P<where>[^)]*)\); exiting with code 99")
+
+
+def assert_resumed_where_it_stopped(log: str, signalled_after: Path) -> tuple[str, str]:
+    """The job's log (both runs) shows one stop on SIGUSR1 that saved a checkpoint at or after the step of
+    ``signalled_after`` (the mid-epoch checkpoint that was there when the signal was sent), and a second
+    run that continued from exactly that checkpoint and step: in the middle of an epoch, or after an epoch
+    when the signal landed at its end. Returns the first run's part of the log and the second's."""
+    stops = list(STOP_LINE.finditer(log))
+    assert stops and len({m["path"] for m in stops}) == 1, f"not one stop on SIGUSR1:\n{log}"
+    stop = stops[-1]
+    path, where = stop["path"], stop["where"]
+    first, second = log[:stop.end()], log[stop.end():]
+    sent = re.fullmatch(r"model\.(\d{3})\.step(\d+)", signalled_after.name)
+    assert sent, signalled_after
+    sent_epoch, sent_step = int(sent.group(1)), int(sent.group(2))
+    mid_epoch = re.fullmatch(r"out/12ax/model\.(\d{3})\.step(\d+)", path)
+    if mid_epoch:
+        epoch, global_step = int(mid_epoch.group(1)), int(mid_epoch.group(2))
+        at = re.fullmatch(rf"epoch {epoch}, step (\d+) of the epoch", where)
+        assert at, log
+        assert (epoch, global_step) >= (sent_epoch, sent_step), (signalled_after, log)
+        resumed = [f"resuming in epoch {epoch} at global step {global_step} from {path}",
+                   f"train epoch {epoch}: continuing after step {at.group(1)} ("]
+    else:
+        after = re.fullmatch(r"out/12ax/model\.(\d{3})", path)
+        assert after and where == f"the end of epoch {int(after.group(1))}", log
+        epoch = int(after.group(1))
+        assert epoch >= sent_epoch, (signalled_after, log)
+        resumed = [f"resuming after epoch {epoch} from {path}"]
+    assert "resuming" not in first, log  # the first run started afresh
+    assert second.count("resuming ") == 1, log
+    for line in resumed:
+        assert line in second, f"expected {line!r} after the stop:\n{log}"
+    return first, second
+
+
 @pytest.fixture(scope="session")
 def reference_model(tmp_path_factory) -> Path:
     """The last model of the same training run uninterrupted, by plain mpirun on the mpi backend."""
     folder = tmp_path_factory.mktemp("reference")
-    r = run_mpi(2, [str(ROOT / "rnn.py"), CONFIG, "++use_horovod", "1", *TRAIN_ARGS], timeout=300,
+    r = run_mpi(2, [str(ROOT / "rnn.py"), CONFIG, "++use_horovod", "1", *TRAIN_ARGS], timeout=900,
                 cwd=folder)
     assert r.returncode == 0, r.stdout + r.stderr
     return folder / "out" / "12ax" / f"model.{EPOCHS:03d}"

@@ -1,7 +1,8 @@
 """A one-host Grid Engine cell for tests, on Debian's packages (gridengine-master, -exec, -client 8.1.9):
 installed non-interactively (debconf answers; the package's postinst runs init_cluster), then qmaster and
 execd started, and configured with qconf for this host: root may run jobs, the scheduler runs every
-second, a queue `test.q` of 2 slots with a 10 s `notify` time and no load thresholds (a busy shared
+second, a queue `test.q` of 2 slots with a 60 s `notify` time (between the warning and the suspension:
+the job saves and ends within it also on a busy machine) and no load thresholds (a busy shared
 machine must not put it in alarm state), and a parallel environment `mpi` with `control_slaves TRUE` and
 `$fill_up`. Unlike the SLURM cluster this cell is the system's one (/var/lib/gridengine): ``stop()``
 deletes this user's jobs and stops the daemons it started. Meant for a test machine: it changes the
@@ -23,7 +24,7 @@ from schedulers.packages import wait_until
 SGE_ROOT = "/var/lib/gridengine"
 ENV = {"SGE_ROOT": SGE_ROOT, "SGE_CELL": "default"}
 QUEUE = "test.q"
-NOTIFY_SECONDS = 10
+NOTIFY_SECONDS = 60
 
 PE = """\
 pe_name            mpi
@@ -75,7 +76,7 @@ starter_method        NONE
 suspend_method        NONE
 resume_method         NONE
 terminate_method      NONE
-notify                00:00:{notify:02d}
+notify                {notify}
 owner_list            NONE
 user_lists            NONE
 xuser_lists           NONE
@@ -102,6 +103,11 @@ h_rss                 INFINITY
 s_vmem                INFINITY
 h_vmem                INFINITY
 """
+
+
+def hms(seconds: int) -> str:
+    """Grid Engine's time format, HH:MM:SS."""
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def one_line(text: str) -> str:
@@ -142,7 +148,7 @@ class SgeCluster:
         self._alias_localhost()
         if self.qconf("-sh").returncode != 0:
             self._daemon("/usr/sbin/sge_qmaster")
-            if not wait_until(lambda: self.qconf("-sh").returncode == 0, 30):
+            if not wait_until(lambda: self.qconf("-sh").returncode == 0, 120):
                 return f"sge_qmaster does not answer: {one_line(self.qconf('-sh').stderr)}"
         for why in (self._configure(), self._start_execd()):
             if why:
@@ -195,7 +201,7 @@ class SgeCluster:
         steps.append(("-Me" if have("-sel", self.host) else "-Ae", EXEC_HOST.format(host=self.host)))
         steps.append(("-Mp" if have("-spl", "mpi") else "-Ap", PE))
         steps.append(("-Mq" if have("-sql", QUEUE) else "-Aq",
-                      QUEUE_CONF.format(queue=QUEUE, host=self.host, notify=NOTIFY_SECONDS)))
+                      QUEUE_CONF.format(queue=QUEUE, host=self.host, notify=hms(NOTIFY_SECONDS))))
         if not have("-ss", self.host):
             steps.append(("-as", None))
         for flag, text in steps:
@@ -211,7 +217,7 @@ class SgeCluster:
     def _start_execd(self) -> str | None:
         if not self.queue_ready():
             self._daemon("/usr/sbin/sge_execd")
-        if not wait_until(self.queue_ready, 60):
+        if not wait_until(self.queue_ready, 180):
             state = " | ".join(self.command("qstat", "-f").stdout.strip().splitlines())
             return f"the queue {QUEUE}@{self.host} does not take jobs: {state}"
         return None

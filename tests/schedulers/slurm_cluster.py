@@ -90,11 +90,11 @@ class SlurmCluster:
         self._spawn(["munged", "-F", "--force", f"--key-file={key}", f"--socket={f}/munge.sock",
                      f"--pid-file={f}/munged.pid", f"--log-file={f}/munged.log",
                      f"--seed-file={f}/munge.seed"])
-        if not wait_until(lambda: (f / "munge.sock").exists(), 10):
+        if not wait_until(lambda: (f / "munge.sock").exists(), 60):
             return f"munged did not start: {self.tail('munged.log')}"
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)])
         self._spawn(["slurmd", "-D", "-f", str(self.conf), "-N", self.host])
-        if not wait_until(lambda: self.node_state() == "idle", 60):
+        if not wait_until(lambda: self.node_state() == "idle", 180):
             return (f"the SLURM node did not become idle (state {self.node_state()!r}): "
                     f"slurmctld: {self.tail('slurmctld.log')} slurmd: {self.tail('slurmd.log')}")
         return None

@@ -1,7 +1,8 @@
 """tools/qsub_train.sh in a real one-host Grid Engine cell (sge_qmaster and sge_execd, a queue with
 `notify`, the parallel environment `mpi`): a 2-slot training job runs both ranks from PE_HOSTFILE to the
-end; a job submitted with -notify and suspended with `qmod -sj` mid-epoch gets SIGUSR1, saves, exits 99,
-is rescheduled by Grid Engine and resumes to the same parameters bit for bit as an uninterrupted run."""
+end; a job submitted with -notify and suspended with `qmod -sj` mid-training gets SIGUSR1, saves, exits 99,
+is rescheduled by Grid Engine and resumes from where the signal landed to the same parameters bit for bit
+as an uninterrupted run."""
 from __future__ import annotations
 
 import re
@@ -12,7 +13,8 @@ import pytest
 
 from helpers import ROOT
 from prerequisites import missing
-from schedulers.conftest import CONFIG, EPOCHS, TRAIN_ARGS, assert_bitwise_equal, job_env, wait_for_file
+from schedulers.conftest import (CONFIG, EPOCHS, TRAIN_ARGS, assert_bitwise_equal,
+                                 assert_resumed_where_it_stopped, job_env, wait_for_file)
 from schedulers.sge_cluster import NOTIFY_SECONDS, SgeCluster
 
 pytestmark = [pytest.mark.scheduler, pytest.mark.mpi]
@@ -43,7 +45,7 @@ def submit(sge: SgeCluster, folder: Path) -> str:
 
 def test_qsub_train_runs_both_ranks_from_the_pe_hostfile_to_the_end(sge, tmp_path):
     job = submit(sge, tmp_path)
-    assert sge.wait_job_gone(job, timeout=240), sge.command("qstat", "-j", job).stdout
+    assert sge.wait_job_gone(job, timeout=600), sge.command("qstat", "-j", job).stdout
     log = (tmp_path / "log" / f"train-12ax.o{job}").read_text()
     assert f"job {job} on {sge.host}: 2 ranks on {sge.host} (restarted 0)" in log, log
     assert re.search(r"make_hostfile: 1 host\(s\), 2 slot\(s\) from .*pe_hostfile", log), log
@@ -58,19 +60,19 @@ def test_qsub_train_runs_both_ranks_from_the_pe_hostfile_to_the_end(sge, tmp_pat
 def test_qmod_suspend_warns_with_sigusr1_the_job_exits_99_and_is_rescheduled_to_resume_bitwise(
         sge, tmp_path, reference_model):
     job = submit(sge, tmp_path)
-    wait_for_file(tmp_path / "out" / "12ax", "model.002.step*", timeout=240)
+    under_way = wait_for_file(tmp_path / "out" / "12ax", "model.002.step*", timeout=600)
     # -notify: SIGUSR1 now, SIGSTOP after the queue's notify time; the job is gone before that
     r = sge.command("qmod", "-sj", job)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sge.wait_job_gone(job, timeout=300), sge.command("qstat", "-j", job).stdout
+    assert sge.wait_job_gone(job, timeout=900), sge.command("qstat", "-j", job).stdout
     log = (tmp_path / "log" / f"train-12ax.o{job}").read_text()
-    stop = re.search(r"SIGUSR1 received by rank \d; saved checkpoint (out/12ax/model\.002\.step(\d+)) .*"
-                     r"exiting with code 99", log)
-    assert stop, log
+    # where the signal landed depends on how fast SGE delivers it: wherever that was, the rescheduled job
+    # continues from the checkpoint saved there
+    first, second = assert_resumed_where_it_stopped(log, under_way)
+    assert f"job {job} on {sge.host}: 2 ranks on {sge.host} (restarted 0)" in first, log
     assert f"job {job}: the training stopped on request after saving a checkpoint; exit status 99 makes" \
-        " SGE reschedule the job" in log, log
-    assert f"job {job} on {sge.host}: 2 ranks on {sge.host} (restarted 1)" in log, log
-    assert f"resuming in epoch 2 at global step {stop.group(2)} from {stop.group(1)}" in log, log
+        " SGE reschedule the job" in second, log
+    assert f"job {job} on {sge.host}: 2 ranks on {sge.host} (restarted 1)" in second, log
     assert f"saved model to out/12ax/model.{EPOCHS:03d}" in log, log
     assert_bitwise_equal(tmp_path / "out" / "12ax" / f"model.{EPOCHS:03d}", reference_model)
-    assert NOTIFY_SECONDS >= 5  # the time the ranks have to save after the warning
+    assert NOTIFY_SECONDS >= 30  # the time the ranks have to save after the warning, on a busy machine too
