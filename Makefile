@@ -60,7 +60,8 @@ lint: install
 # versions) on the newest TensorFlow. Two pytest workers: the tests spend much of their time waiting for
 # subprocesses, mpirun jobs and timeouts. Each suite prints its 15 slowest tests and its time.
 PYTEST := pytest -n 2 --dist worksteal --durations=15
-test: test-stable test-latest
+test:  # both suites, the second also when the first fails (-k); fails when either does
+	@$(MAKE) --no-print-directory -k test-stable test-latest
 
 test-stable: install
 	@TIMEFORMAT='test-stable (TensorFlow 2.15 + Horovod): %0R s'; time $(VENV)/bin/$(PYTEST) tests
