@@ -80,7 +80,7 @@ def test_check_numerics_stops_at_the_first_nan_with_one_paragraph(tmp_path):
     text = ("task = 'train'\ntrain = {'class': 'HDFDataset', 'files': ['nan.hdf']}\nbatch_size = 5\n"
             "num_epochs = 1\nnetwork = {'output': {'class': 'softmax', 'loss': 'ce'}}\n")
     config = write(tmp_path, text, 3)
-    # without either check (stop_on_nonfinite_train_score off, as RETURNN allows), the NaN only spoils the score
+    # without either check (stop_on_nonfinite_train_score off, as RETURNN allows) the NaN spoils the score
     r = run_rnn([config, "++stop_on_nonfinite_train_score", "False"], cwd=tmp_path)
     assert r.returncode == 0 and "score: nan" in r.stdout, r.stdout + r.stderr
     r = run_rnn([config, "++debug_add_check_numerics_ops", "1"], cwd=tmp_path)
