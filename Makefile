@@ -69,7 +69,7 @@ test-stable: install
 test-latest: install-latest
 	@TIMEFORMAT='test-latest (newest TensorFlow): %0R s'; time $(VENV_LATEST)/bin/$(PYTEST) -m "tf_latest and not version_independent" tests
 
-# The inner loop (about 3 minutes): single-process tests on TensorFlow 2.15, no mpirun, nothing marked slow.
+# The inner loop (about 2 minutes): single-process tests on TensorFlow 2.15, no mpirun, nothing marked slow.
 # It leaves out every multi-rank test (collectives, failures, stalls, resume across ranks), the multi-host
 # and link-rate tests, the recipes' training runs, one process's kill-and-resume runs and the newest-TensorFlow
 # run: `make test` runs them.
@@ -77,7 +77,7 @@ test-quick: install
 	@TIMEFORMAT='test-quick: %0R s'; time ENGINE_TESTS_NO_MPIRUN=1 $(VENV)/bin/$(PYTEST) -m "not mpi and not slow" tests
 
 # Jobs submitted to real SLURM and Grid Engine daemons on this machine (tests/schedulers; installs
-# slurm-wlm, munge and gridengine with apt-get when missing, as root; about 6 minutes). A test whose
+# slurm-wlm, munge and gridengine with apt-get when missing, as root; 2 minutes on a quiet machine, 8-9 on a busy one). A test whose
 # scheduler cannot be installed or started skips with the reason, or fails in CI (CI=true).
 test-schedulers: install
 	@TIMEFORMAT='test-schedulers: %0R s'; time ENGINE_SCHEDULER_TESTS=1 $(VENV)/bin/pytest tests/schedulers
