@@ -1,5 +1,6 @@
 """accum_grad_multiple_step with real mpirun: k accumulated batches make one update equal to one process
-on the union of those batches (frames summed, then divided), on 1 and 2 ranks; an epoch's incomplete
+on the union of those batches, with the L2 term once per batch as RETURNN sums whole gradients, on 1 and 2
+ranks; an epoch's incomplete
 last group makes no update (as in RETURNN's PyTorch engine); a stop inside a group waits for its end;
 bad values and unsupported combinations are refused naming the key."""
 import numpy as np
@@ -15,6 +16,7 @@ tf_latest = pytest.mark.tf_latest
 CORPUS = {"class": "Task12AXDataset", "num_seqs": 10, "fixed_random_seed": 5}
 FEED_FORWARD = {"hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "L2": 0.02},
                 "output": {"class": "softmax", "loss": "ce", "from": "hidden"}}
+L2_TIMES_4 = {**FEED_FORWARD, "hidden": {**FEED_FORWARD["hidden"], "L2": 0.08}}
 # clipping and noise act on the update's gradient, so they must act once per group
 COMMON = dict(train=CORPUS, batch_size=10000, network=FEED_FORWARD, gradient_clip=0.5,
               gradient_noise=0.01, gradient_clip_global_norm=2.0)
@@ -25,7 +27,8 @@ def test_one_process_accumulation_equals_the_union_batch_and_drops_the_last_shor
     # 10 batches of one sequence in groups of 4: updates on sequences 0-3 and 4-7; 8-9 make none
     accumulated, out = train(tmp_path, 1, base_config(max_seqs=1, accum_grad_multiple_step=4, **COMMON,
                                                       log_verbosity=4))
-    first_8 = {**COMMON, "train": {**CORPUS, "num_seqs": 8}}
+    # each of the 4 batches' gradients holds the L2 term (RETURNN's accum_grad_multiple_step sums them)
+    first_8 = {**COMMON, "train": {**CORPUS, "num_seqs": 8}, "network": L2_TIMES_4}
     union, _ = train(tmp_path, 1, base_config(max_seqs=4, **first_8))
     per_batch, _ = train(tmp_path, 1, base_config(max_seqs=1, **COMMON))
     assert accumulated[0]["num_steps"] == 10 and union[0]["num_steps"] == 2
@@ -48,21 +51,26 @@ def test_two_ranks_global_frames_accumulation_equals_one_process_on_the_union_ba
     ranks, _ = train(tmp_path, 2, base_config(max_seqs=1, accum_grad_multiple_step=4, use_horovod=True,
                                               distributed_backend=backend,
                                               horovod_grad_normalization="global_frames", **common))
-    first_8 = {**common, "train": {**CORPUS, "num_seqs": 8}}
-    single, _ = train(tmp_path, 1, base_config(max_seqs=8, **first_8))
+    # one process (global_frames divides by the frames on one rank too); rank 0 adds the L2 term to each
+    # of its 4 batches of a group
+    first_8 = {**common, "train": {**CORPUS, "num_seqs": 8}, "network": L2_TIMES_4}
+    single, _ = train(tmp_path, 1, base_config(max_seqs=8, use_horovod=True, distributed_backend=backend,
+                                               horovod_grad_normalization="global_frames", **first_8))
     assert ranks[0]["num_steps"] == ranks[1]["num_steps"] == 6 and single[0]["num_steps"] == 1
     np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
     np.testing.assert_allclose(ranks[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
 
 
 @tf_latest
-def test_two_ranks_average_mode_with_equal_lengths_equals_the_union_batch(tmp_path):
-    # 'average': the ranks' mean of each rank's group average; with equal lengths the union's average
+def test_two_ranks_average_mode_with_equal_lengths_equals_the_union_batch_at_half_the_rate(tmp_path):
+    # 'average': half the sum of the ranks' group sums, i.e. the union batch's gradient at half the rate
     # (without L2, which 'average' counts once per rank as RETURNN does)
     network = {**FEED_FORWARD, "hidden": {**FEED_FORWARD["hidden"], "L2": 0.0}}
-    common = {**COMMON, "train": base_config()["train"], "network": network}
+    common = {**COMMON, "train": base_config()["train"], "network": network, "gradient_clip": 0.0,
+              "gradient_noise": 0.0, "gradient_clip_global_norm": 0.0, "learning_rate": 0.05}
     ranks, _ = train(tmp_path, 2, base_config(max_seqs=1, accum_grad_multiple_step=2, use_horovod=True,
                                               distributed_backend="mpi", horovod_avg_grad=True, **common))
+    common["learning_rate"] = 0.025
     single, _ = train(tmp_path, 1, base_config(max_seqs=4, **common))
     assert ranks[0]["num_steps"] == 8 and single[0]["num_steps"] == 4
     np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])

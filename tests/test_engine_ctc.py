@@ -127,7 +127,9 @@ def test_global_frames_with_ctc_equals_one_process_on_the_union_batch(tmp_path, 
 
     exact, _ = train(tmp_path, 2, config(use_horovod=True, distributed_backend="mpi",
                                          horovod_grad_normalization="global_frames"), timeout=300)
-    single, _ = train(tmp_path, 1, config(max_seqs=4), timeout=300)  # each batch: both ranks' of that step
+    # global_frames is use_normalized_loss over the union batch: each batch holds both ranks' of that step
+    normalized = {**NETWORK, "output": {**NETWORK["output"], "loss_opts": {"use_normalized_loss": True}}}
+    single, _ = train(tmp_path, 1, config(max_seqs=4, network=normalized), timeout=300)
     assert exact[0]["num_steps"] == single[0]["num_steps"] == 25
     np.testing.assert_array_equal(exact[0]["params"], exact[1]["params"])
     assert not np.allclose(exact[0]["params"], exact[0]["after_step"][0])  # it did train

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.mpi
 
 NETWORK = {"lstm": {"class": "rec", "unit": "lstm", "n_out": 8},
            "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+NORMALIZED_NETWORK = {**NETWORK, "output": {**NETWORK["output"], "loss_opts": {"use_normalized_loss": True}}}
 
 
 def base_config(**overrides):
@@ -46,7 +47,8 @@ BACKENDS = [pytest.param("mpi", marks=pytest.mark.tf_latest), "horovod"]
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grad_mode_equals_one_process_on_concatenated_batches(tmp_path, backend):
-    parallel = base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend=backend)
+    # RETURNN's objective is the loss sum, and the ranks' gradients are summed: the union batch's gradient
+    parallel = base_config(use_horovod=True, distributed_backend=backend)
     ranks, _ = train(tmp_path, 2, parallel)
     single, _ = train(tmp_path, 1, base_config(batch_size=80))  # rank 0's and rank 1's batch together
     assert ranks[0]["num_steps"] == ranks[1]["num_steps"] == single[0]["num_steps"] == 2
@@ -73,11 +75,12 @@ def test_global_frames_normalization_equals_one_process_on_the_union_batch_with_
                                          horovod_grad_normalization="global_frames"))
     averaged, _ = train(tmp_path, 2, config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
                                             horovod_grad_normalization="average"))
-    single, _ = train(tmp_path, 1, config(max_seqs=4))  # each batch: both ranks' batches of that step
+    # global_frames is use_normalized_loss over the union batch: each batch holds both ranks' batches
+    single, _ = train(tmp_path, 1, config(max_seqs=4, network=NORMALIZED_NETWORK))
     assert exact[0]["num_steps"] == single[0]["num_steps"] == 4
     np.testing.assert_array_equal(exact[0]["params"], exact[1]["params"])
     np.testing.assert_allclose(exact[0]["params"], single[0]["params"], rtol=1e-5, atol=1e-6)
-    # RETURNN's normalisations weigh each rank's frames by 1/its own count: not the union-batch mean.
+    # 'average' halves the sum of the ranks' loss sums: not the union batch's frame average
     assert not np.allclose(averaged[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)
 
 

@@ -22,11 +22,11 @@ def scaled_l2(network, factor):
             for name, layer in network.items()}
 
 
-def test_average_mode_counts_l2_on_every_rank_as_returnn_does(tmp_path):
-    parallel = base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend="mpi", **TRAINING)
+def test_sum_mode_counts_l2_on_every_rank_as_returnn_does(tmp_path):
+    parallel = base_config(use_horovod=True, distributed_backend="mpi", **TRAINING)
     ranks, _ = train(tmp_path, 2, parallel)
-    # equal frames per rank: the ranks' mean of (CE / N_r + L2 R / N_r) is CE_union / N + 2 L2 R / N, the
-    # union batch with twice the L2; the norm term and the noise belong to the reduced gradient
+    # the ranks' sum of (CE_r + L2 R) is CE_union + 2 L2 R: the union batch with twice the L2; the norm
+    # term and the noise belong to the reduced gradient
     single, _ = train(tmp_path, 1, base_config(batch_size=80,
                                                **{**TRAINING, "network": scaled_l2(NETWORK, 2)}))
     assert ranks[0]["num_steps"] == single[0]["num_steps"] == 2
@@ -42,18 +42,20 @@ def test_global_frames_counts_l2_once_and_equals_the_union_batch(tmp_path):
                   **{**TRAINING, "network": feed_forward})
     exact, _ = train(tmp_path, 2, base_config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
                                               horovod_grad_normalization="global_frames", **common))
-    single, _ = train(tmp_path, 1, base_config(max_seqs=4, **common))
+    # one process with global_frames (it divides by the frames on one rank too): the L2 term once
+    single, _ = train(tmp_path, 1, base_config(max_seqs=4, use_horovod=True, distributed_backend="mpi",
+                                               horovod_grad_normalization="global_frames", **common))
     assert exact[0]["num_steps"] == single[0]["num_steps"] == 2
     np.testing.assert_array_equal(exact[0]["params"], exact[1]["params"])
     np.testing.assert_allclose(exact[0]["params"], single[0]["params"], rtol=1e-4, atol=1e-5)
 
 
 def test_decoupled_l2_decays_once_per_update_whatever_the_ranks(tmp_path):
-    # decouple_constraints: L2 leaves the loss, so the ranks' mean gradient is the union batch's, and the
+    # decouple_constraints: L2 leaves the loss, so the ranks' summed gradient is the union batch's, and the
     # decay 2 L2 w is applied once per update; as a loss term, the same L2 would count once per rank (see
     # the first test), so the single process would need twice the L2 to agree
     training = {**TRAINING, "gradient_clip_norm": 0.3, "decouple_constraints": True}
-    parallel = base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend="mpi", **training)
+    parallel = base_config(use_horovod=True, distributed_backend="mpi", **training)
     ranks, _ = train(tmp_path, 2, parallel)
     single, _ = train(tmp_path, 1, base_config(batch_size=80, **training))
     assert ranks[0]["num_steps"] == single[0]["num_steps"] == 2

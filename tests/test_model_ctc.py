@@ -100,7 +100,7 @@ def test_value_equals_numpy_forward_and_brute_force_with_finite_gradients(labels
         np.testing.assert_allclose(ctc_brute_force(logits[0, :frames], labels), expected[0], rtol=1e-9)
     np.testing.assert_allclose(result.loss.numpy(), sum(expected), rtol=1e-5)
     assert result.num_frames.numpy() == len(labels) + 2  # target labels, not frames
-    np.testing.assert_allclose(result.objective.numpy(), sum(expected) / (len(labels) + 2), rtol=1e-5)
+    np.testing.assert_allclose(result.objective.numpy(), sum(expected), rtol=1e-5)  # RETURNN's: the sum
     grads = tape.gradient(result.objective, model.trainable_variables)
     assert all(np.isfinite(g.numpy()).all() for g in grads)
 
@@ -110,7 +110,8 @@ def test_loss_scale_and_subsampled_lengths_from_the_layer():
     x = rng.randn(1, 5, 4).astype("float32")
     plain = losses(model_for(ctc_network()), x, [5], [[0, 1]], [2])[1]
     scaled = losses(model_for(ctc_network(loss_opts={"scale": 0.5})), x, [5], [[0, 1]], [2])[1]
-    np.testing.assert_allclose(scaled.loss.numpy(), 0.5 * plain.loss.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(scaled.objective.numpy(), 0.5 * plain.objective.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(scaled.loss.numpy(), plain.loss.numpy(), rtol=1e-6)  # reported unscaled
     model = model_for(ctc_network())
     outputs = model(tf.constant(x), tf.constant([5]))
     outputs["output:lengths"] = tf.constant([3])  # what a subsampling layer before it would report
@@ -186,7 +187,13 @@ def test_returnn_normalisation_sums_then_divides_by_target_labels():
              for i in range(3)]
     np.testing.assert_allclose(whole.loss.numpy(), sum(r.loss.numpy() for r in parts), rtol=1e-5)
     assert whole.num_frames.numpy() == 6.0
-    np.testing.assert_allclose(whole.objective.numpy(), whole.loss.numpy() / 6.0, rtol=1e-6)
+    np.testing.assert_allclose(whole.objective.numpy(), whole.loss.numpy(), rtol=1e-6)
+    normalized = model_for(ctc_network(loss_opts={"use_normalized_loss": True, "scale": 2.0}))
+    for mine, theirs in zip(normalized.variables, model.variables):
+        mine.assign(theirs)
+    result = losses(normalized, x, [7, 6, 4], targets, [3, 2, 1])[1]
+    np.testing.assert_allclose(result.objective.numpy(), 2.0 * whole.loss.numpy() / 6.0, rtol=1e-6)
+    np.testing.assert_allclose(result.loss.numpy(), whole.loss.numpy(), rtol=1e-6)
 
 
 def test_darc1_against_numpy():
@@ -209,7 +216,8 @@ def test_only_on_eval_is_left_out_of_training():
     x = rng.randn(1, 4, 4).astype("float32")
     train = losses(model, x, [4], [[0, 1, 2, 0]], [4], training=True)[1]
     evaluated = losses(model, x, [4], [[0, 1, 2, 0]], [4])[1]
-    assert evaluated.loss.numpy() > train.loss.numpy() > 0
+    assert evaluated.objective.numpy() > train.objective.numpy() > 0
+    np.testing.assert_allclose(evaluated.loss.numpy(), train.loss.numpy(), rtol=1e-6)  # the main layer's
     with pytest.raises(ConfigError, match="every loss has only_on_eval"):
         build_model(ctc_network(only_on_eval=True), input_dim=4, input_sparse=False,
                     target_dims={"classes": 3})
@@ -280,7 +288,7 @@ def test_options_that_change_the_labels():
     ({"ctc_opts": {"time_major": True}}, r"ctc_opts \['time_major'\] are not supported"),
     ({"ctc_opts": {"ctc_merge_repeated": 1}}, "ctc_opts ctc_merge_repeated must be True or False"),
     ({"beam_width": -1}, "beam_width must be an int >= 0"),
-    ({"use_normalized_loss": True}, "use_normalized_loss=True is not supported"),
+    ({"use_normalized_loss": 1}, "use_normalized_loss must be True or False"),
 ])
 def test_unknown_or_unsupported_loss_opts_are_refused(loss_opts, message):
     with pytest.raises(ConfigError, match=message):

@@ -125,9 +125,15 @@ def test_losses_equal_manual_computation_with_two_loss_layers():
 
     ce_out, err_out, n_out = manual("output", "classes", lengths)
     ce_aux, _, n_aux = manual("aux", "phones", phone_lengths)
-    np.testing.assert_allclose(res.loss, ce_out + 0.3 * ce_aux, rtol=1e-5)
+    np.testing.assert_allclose(res.loss, ce_out, rtol=1e-5)  # the main layer's, unscaled (RETURNN's score)
     assert res.error.numpy() == err_out and res.num_frames.numpy() == n_out == 8
-    np.testing.assert_allclose(res.objective, ce_out / n_out + 0.3 * ce_aux / n_aux, rtol=1e-5)
+    np.testing.assert_allclose(res.objective, ce_out + 0.3 * ce_aux, rtol=1e-5)  # RETURNN's: loss sums
+    net["aux"]["loss_opts"] = {"use_normalized_loss": True}
+    normalized = build_model(net, input_dim=3, input_sparse=False, target_dims={"classes": 4, "phones": 5})
+    for mine, theirs in zip(normalized.variables, model.variables):
+        mine.assign(theirs)
+    res = normalized.compute_losses(out, targets, {"classes": lengths, "phones": phone_lengths})
+    np.testing.assert_allclose(res.objective, ce_out + 0.3 * ce_aux / n_aux, rtol=1e-5)
     with pytest.raises(DataError, match="'aux' needs target 'phones'"):
         model.compute_losses(out, {"classes": targets["classes"]}, {"classes": lengths})
 

@@ -24,17 +24,48 @@ def batch(rng, lengths, dim):
     return x, np.array(lengths, np.int32), y
 
 
-@pytest.mark.parametrize("unit", ["LSTMBlockFused", "NativeLstmLowMem", "lstmp", "CudnnLSTM", "BasicLSTM",
-                                  "VanillaLSTM", "nativelstm", "StandardLSTM"])
-def test_every_lstm_unit_name_is_the_same_lstm(unit):
+def unit_outputs(units, x, lengths, weights=None):
+    """Each unit's rec layer on ``x``; with ``weights`` (W, b) all of them get those parameters."""
+    outputs = []
+    for unit in units:
+        network = {"l": {"class": "rec", "unit": unit, "n_out": 3}, "output": {"class": "copy", "from": "l"}}
+        model = build_model(network, input_dim=4, input_sparse=False, target_dims={"classes": 3})
+        if weights is not None:
+            model.layers["l"].params["W"].assign(weights[0])
+            model.layers["l"].params["b"].assign(weights[1])
+        outputs.append(model(x, lengths)["output"].numpy())
+    return outputs
+
+
+@pytest.mark.parametrize("unit", ["LSTMBlockFused", "NativeLstmLowMem", "lstmp", "CudnnLSTM", "LSTMBlock",
+                                  "VanillaLSTM", "nativelstm", "NativeLstm2"])
+def test_every_native_lstm_unit_name_is_returnns_nativelstm2(unit):
+    """In RETURNN on TF 2 these units all run NativeLSTM2 (no forget bias); so do they here."""
     assert unit.lower() in LSTM_UNITS
-    rng = np.random.RandomState(0)
-    x, lengths, _ = batch(rng, [5, 3], 4)
-    outputs = [build_model({"l": {"class": "rec", "unit": u, "n_out": 3},
-                            "output": {"class": "copy", "from": "l"}},
-                           input_dim=4, input_sparse=False, target_dims={"classes": 3})(x, lengths)["output"]
-               for u in ("lstm", unit)]
+    x, lengths, _ = batch(np.random.RandomState(0), [5, 3], 4)
+    outputs = unit_outputs(["lstm", unit], x, lengths)
     np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_tf_cell_units_add_forget_bias_1_at_run_time_and_start_as_returnn():
+    rng = np.random.RandomState(1)
+    x, lengths, _ = batch(rng, [5, 3], 4)
+    weights = (rng.randn(4 + 3, 12).astype("float32") * 0.5, rng.randn(12).astype("float32") * 0.1)
+    lstm, basic, standard = unit_outputs(["lstm", "BasicLSTM", "StandardLSTM"], x, lengths, weights)
+    np.testing.assert_array_equal(basic, standard)
+    shifted = (weights[0], weights[1] + np.repeat([0.0, 0.0, 1.0, 0.0], 3).astype("float32"))
+    np.testing.assert_allclose(standard, unit_outputs(["lstm"], x, lengths, shifted)[0], atol=1e-6)
+    assert not np.allclose(lstm, standard)
+    # initialisation: bias 0; NativeLSTM2 draws input and recurrent weights each glorot (RETURNN's
+    # xavier), a TF cell one glorot matrix over both
+    for unit, limits in (("lstm", [(6 / (4 + 12)) ** 0.5, (6 / (3 + 12)) ** 0.5]),
+                         ("StandardLSTM", [(6 / (7 + 12)) ** 0.5] * 2)):
+        model = build_model({"output": {"class": "rec", "unit": unit, "n_out": 3}}, input_dim=4,
+                            input_sparse=False, target_dims={})
+        w, b = (model.layers["output"].params[k].numpy() for k in ("W", "b"))
+        assert not b.any()
+        for block, limit in zip((w[:4], w[4:]), limits):
+            assert np.abs(block).max() <= limit and np.abs(block).max() > 0.7 * limit
 
 
 @pytest.mark.parametrize("unit", ["GRU", "ZoneoutLSTM", "LayerNormVariantsLSTM", 3])
@@ -99,8 +130,8 @@ def test_ce_loss_options_follow_returnns_formulas(loss_opts):
             frame = -(q * np.log(p[bi, t])).sum() - entropy
             expected += frame * (1 - p[bi, t, y[bi, t]]) ** g
     expected *= loss_opts.get("scale", 1.0)
-    np.testing.assert_allclose(float(losses.loss), expected, rtol=1e-5)
-    np.testing.assert_allclose(float(losses.objective), expected / 8, rtol=1e-5)
+    np.testing.assert_allclose(float(losses.loss), expected / loss_opts.get("scale", 1.0), rtol=1e-5)
+    np.testing.assert_allclose(float(losses.objective), expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("layer, message", [

@@ -38,14 +38,15 @@ SEED = tf.constant([7, 3], tf.int64)
 # ----- the hand-written reference -----
 
 def gradients(p: dict, data: np.ndarray, classes: np.ndarray, lengths: np.ndarray) -> tuple[dict, int]:
-    """Gradients of the cross-entropy averaged over the non-padded frames, and their number."""
+    """Gradients of the cross-entropy summed over the non-padded frames (RETURNN's objective), and their
+    number."""
     valid = np.arange(data.shape[1])[None, :] < lengths[:, None]
     x, y = data[valid].astype(np.float64), classes[valid]
     h = np.tanh(x @ p["hidden/W"] + p["hidden/b"])
     z = h @ p["output/W"] + p["output/b"]
     prob = np.exp(z - z.max(axis=1, keepdims=True))
     prob /= prob.sum(axis=1, keepdims=True)
-    dz = (prob - np.eye(3)[y]) / len(y)
+    dz = prob - np.eye(3)[y]
     dh = dz @ p["output/W"].T * (1.0 - h * h)
     return {"hidden/W": x.T @ dh, "hidden/b": dh.sum(0), "output/W": h.T @ dz, "output/b": dz.sum(0)}, len(y)
 
@@ -89,9 +90,9 @@ def reference(initial: dict, steps: list, *, optimizer: str, lr: float, clip: fl
         per_rank = []
         for r, batch in enumerate(batches):
             run = runs[r if reduce == "param" else 0]
-            g, frames = gradients(run.p, *batch)
-            if not decouple:  # RETURNN's L2 * sum(w^2) on the summed loss, per frame here
-                g = {k: v + 2 * L2 * run.p[k] / frames if k in DECAYED else v for k, v in g.items()}
+            g, _ = gradients(run.p, *batch)
+            if not decouple:  # RETURNN's L2 * sum(w^2) on the summed loss
+                g = {k: v + 2 * L2 * run.p[k] if k in DECAYED else v for k, v in g.items()}
             per_rank.append(g)
         if reduce == "param":
             for run, g in zip(runs, per_rank):

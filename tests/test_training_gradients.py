@@ -63,7 +63,8 @@ def test_bad_values_are_errors():
     ({"rmsprop": True, "momentum": 0.5}, "rmsprop", {"decay": 0.9, "momentum": 0.5, "epsilon": 1e-16}),
     ({"rmsprop": 0.8}, "rmsprop", {"decay": 0.8, "momentum": 0.0}),
     ({"momentum": 0.9}, "momentum", {"momentum": 0.9, "nesterov": False}),
-    ({"adam": False, "momentum": 0.0}, "adam", {}),
+    ({"adam": False, "momentum": 0.0}, "sgd", {}),  # RETURNN's default: plain gradient descent
+    ({}, "sgd", {}),
     ({"optimizer": {"class": "adam", "epsilon": 1e-3}, "optimizer_epsilon": 1e-5}, "adam", {"epsilon": 1e-3}),
     ({"optimizer": "rmsprop", "optimizer_epsilon": 1e-5}, "rmsprop", {"epsilon": 1e-5}),
 ])
@@ -129,14 +130,13 @@ def test_l2_enters_the_step_at_returnns_weight_relative_to_the_summed_loss():
     batch = one_batch()
     params = list(model.trainable_variables)
     with tf.GradientTape() as tape:
-        losses = losses_of(model, batch)
-        mean_ce = losses.loss / losses.num_frames
-    grads, frames = tape.gradient(mean_ce, params), float(losses.num_frames)
+        summed_ce = losses_of(model, batch).loss
+    grads = tape.gradient(summed_ce, params)
     before = [p.numpy() for p in params]
     steps.train(batch)
-    # RETURNN's objective: sum of CE + L2 * sum(w^2) over the hidden layer's W and b; per frame: / frames
+    # RETURNN's objective: sum of CE + L2 * sum(w^2) over the hidden layer's W and b
     for name, p, w, g in zip(model.named_trainable_variables(), params, before, grads):
-        l2 = 2 * 0.05 * w / frames if name.startswith("hidden/") else 0.0
+        l2 = 2 * 0.05 * w if name.startswith("hidden/") else 0.0
         np.testing.assert_allclose(p.numpy(), w - (g.numpy() + l2), rtol=1e-5, atol=1e-7)
 
 
@@ -151,7 +151,7 @@ def test_maximize_grad_norm_adds_the_gradient_of_minus_f_times_the_gradient_norm
     def gradient():  # of what the step differentiates (the L2 term as checked above)
         with tf.GradientTape() as tape:
             losses = losses_of(model, batch)
-            total = losses.objective + losses.regularizer / losses.num_frames
+            total = losses.objective + losses.regularizer
         return [g.numpy().astype(np.float64) for g in tape.gradient(total, params)]
 
     def norm():

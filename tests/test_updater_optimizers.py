@@ -150,9 +150,10 @@ def test_clipping_none_gradients_and_learning_rate():
 def test_config_defaults_and_errors():
     updater = Updater.from_config(Config({"gradient_clip_global_norm": 0}), [tf.Variable([1.0])])
     assert (
-        updater.optimizer.name == "adam" and updater.learning_rate == 1.0
-        and updater.gradient_options.clip_global_norm == 0.0 and updater.optimizer.opts["epsilon"] == 1e-16
+        updater.optimizer.name == "sgd" and updater.learning_rate == 1.0  # RETURNN's defaults
+        and updater.gradient_options.clip_global_norm == 0.0
     )
+    assert optimizer_from_config("adam").opts["epsilon"] == 1e-16
     with pytest.raises(ConfigError, match="unknown class 'adamw'"):
         optimizer_from_config({"class": "adamw"})
     with pytest.raises(ConfigError, match=r"adam has no option 'learning_rate'.*'beta1'"):

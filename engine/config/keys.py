@@ -88,7 +88,7 @@ _section(
     "training",
     ("num_epochs", "int", 5, "epochs to train"),
     ("optimizer", "any", None, "adam | sgd | momentum | rmsprop | nadam, or a dict with 'class'",
-     '{"class": "adam"}'),
+     "plain gradient descent (sgd), RETURNN's default"),
     ("adam", "bool", False, "legacy flag: the adam optimizer (instead of 'optimizer')"),
     ("nadam", "bool", False, "legacy flag: the nadam optimizer (instead of 'optimizer')"),
     ("rmsprop", "any", False, "legacy flag: rmsprop (True, or its decay as a float; instead of 'optimizer')"),

@@ -18,9 +18,10 @@ from engine.runtime.errors import ConfigError
 
 REDUCE_TYPES = ("grad", "param")
 DATASET_DISTRIBUTIONS = ("shard", "random_seed_offset")
-# sum: the ranks' frame-averaged gradients are added (RETURNN); average: and divided by the number of
-# ranks; global_frames: each rank's gradient of its loss sum, added and divided by all ranks' frames,
-# i.e. exactly the gradient of one process on the union batch, also when the ranks' frame counts differ.
+# sum: the ranks' gradients of RETURNN's objective (loss sums) are added, as RETURNN with Horovod does:
+# the gradient of one process on the union batch; average: and divided by the number of ranks
+# (horovod_avg_grad); global_frames: added and divided by all ranks' frames (this engine's option: the
+# union batch's frame-averaged gradient, also when the ranks' frame counts differ).
 GRAD_NORMALIZATIONS = ("sum", "average", "global_frames")
 CONFIG_BACKENDS = ("auto", "horovod", "mpi")
 HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param_sync_time_diff",

@@ -310,7 +310,10 @@ class ParamAverage(Strategy):
 
 
 def build_strategy(settings: DataParallelSettings, comm: Communicator) -> Strategy:
-    if not settings.enabled or comm.size == 1:  # one rank: every mode is plain training
+    # one rank: every mode is plain training, except global_frames, which divides by the batch's frames
+    single = comm.size == 1 and not (settings.reduce_type == "grad" and settings.grad_normalization
+                                     == "global_frames")
+    if not settings.enabled or single:
         if settings.wire_format is not None:
             log.info(f"distributed_wire_format = {settings.wire_format!r} has no effect: this is a single "
                      "process (nothing is reduced), so values stay float32")

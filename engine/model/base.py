@@ -19,15 +19,15 @@ from engine.runtime.errors import DataError
 class LossResult(NamedTuple):
     """Scalar float32 tensors for one batch (a NamedTuple, so it can leave a ``tf.function``).
 
-    ``loss``: sum over loss layers of ``loss_scale`` * loss (cross-entropy with the layer's
-    ``loss_opts`` summed over non-padded frames; CTC: -log p summed over sequences).
+    ``loss``: the main loss layer's loss (cross-entropy with the layer's ``loss_opts`` summed over
+    non-padded frames; CTC: -log p summed over sequences), unscaled: the reported score, as RETURNN's
+    ``score_output``.
     ``error``: of the main loss layer: frame errors (argmax != target) summed over non-padded frames;
     CTC: the edit distances of the decoded labels to the targets, summed.
     ``num_frames``: what the main loss layer's scores are divided by: the non-padded frames of its
     target, for CTC its target labels (RETURNN's normalisation of both).
-    ``objective``: what to differentiate for one batch on its own: each loss layer's ``loss_scale`` *
-    loss divided by its own count, summed over layers. With one loss layer it equals
-    ``loss / num_frames``.
+    ``objective``: RETURNN's objective for the batch: over the loss layers, ``loss_scale`` * the loss
+    summed over the batch (divided by the layer's own count where ``use_normalized_loss`` says so).
     ``regularizer``: the layers' ``L2`` terms (not normalised by frames; ``Steps`` decides how it
     enters the differentiated quantity), 0 without any.
     ``data_regularizer``: the layers' ``darc1`` terms: like ``regularizer``, but they depend on the

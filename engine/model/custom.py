@@ -7,8 +7,9 @@ Calling convention (keyword arguments only; accept ``**kwargs`` for forward comp
 
 The config key ``model_loss`` picks the loss against the ``classes`` target:
 
-- ``"ce"`` (default): frame-averaged cross-entropy over the non-padded frames; ``output_dim`` is the dim
-  of ``classes`` and the model gives one output frame per input frame.
+- ``"ce"`` (default): cross-entropy summed over the non-padded frames (RETURNN's objective; the reported
+  score is its frame average); ``output_dim`` is the dim of ``classes`` and the model gives one output
+  frame per input frame.
 - ``"ctc"``: the ``ctc`` loss of a softmax layer (``engine/model/losses/ctc.py``, with ``model_loss_opts``
   as that layer's ``loss_opts``); ``output_dim`` is the dim of ``classes`` + 1, the blank being the last.
   The model may subsample time.
@@ -177,8 +178,11 @@ class CustomModel(SeqModel):
             value, err, n = self.ctc.sums(
                 model_outputs["output:logits"], model_outputs["output:lengths"], targets[TARGET],
                 target_lengths[TARGET], layer="get_model output", target=TARGET, training=training)
-            value = self.ctc.scale * value
+            objective = self.ctc.scale * value
+            if self.ctc.normalized:
+                objective = objective / tf.maximum(n, 1.0)
         else:
             value, err, n = masked_ce_sums(model_outputs["output:logits"], targets[TARGET],
                                            target_lengths[TARGET], where="get_model output")
-        return LossResult(loss=value, error=err, num_frames=n, objective=value / tf.maximum(n, 1.0))
+            objective = value
+        return LossResult(loss=value, error=err, num_frames=n, objective=objective)

@@ -133,6 +133,12 @@ class NetworkModel(SeqModel):
         return {self.layers[name].target for name in self.loss_layers}
 
     @property
+    def normalized_loss_layers(self) -> list[str]:
+        """The loss layers whose ``loss_opts`` set ``use_normalized_loss``."""
+        return [name for name in self.loss_layers
+                if getattr(self.layers[name].criterion, "normalized", False)]
+
+    @property
     def recurrent(self) -> bool:
         return any(self.specs[name].cls in RECURRENT_CLASSES for name in self.order)
 
@@ -237,7 +243,8 @@ class NetworkModel(SeqModel):
                 "The network has no layer with a loss (a 'softmax' layer with 'loss': 'ce' or 'ctc'), "
                 "so it cannot be trained or scored."
             )
-        loss = objective = error = frames = None
+        loss = error = frames = None
+        terms = []
         for name in self.loss_layers:
             layer = self.layers[name]
             if training and layer.only_on_eval:
@@ -263,17 +270,23 @@ class NetworkModel(SeqModel):
                     where=name,
                     criterion=layer.criterion,
                 )
-            scaled = layer.criterion.scale * value
-            per_frame = scaled / tf.maximum(n, 1.0)
-            if loss is None:
-                loss, objective, error, frames = scaled, per_frame, err, n
-            else:
-                loss, objective = loss + scaled, objective + per_frame
+            if error is None:  # the main loss layer: its error and count are reported
+                error, frames = err, n
+            if layer.loss == "edit_distance":
+                continue  # statistics only: no loss value (RETURNN's EditDistanceLoss has none)
+            if loss is None:  # the first loss value is reported unscaled, as RETURNN's score_<layer>
+                loss = value
+            # RETURNN's objective: each loss summed over the batch, times its scale, and divided by its
+            # count only with use_normalized_loss (LossHolder in returnn/tf/network.py)
+            term = layer.criterion.scale * value
+            terms.append(term / tf.maximum(n, 1.0) if layer.criterion.normalized else term)
         regularized = [l2_term(factor, self.layers[name].params.values())
                        for name, factor in self.l2.items() if factor and self.layers[name].params]
         darc1 = [darc1_term(factor, model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"])
                  for name, factor in self.darc1.items() if factor]
-        return LossResult(loss=loss, error=error, num_frames=frames, objective=objective,
+        zero = tf.constant(0.0)
+        return LossResult(loss=zero if loss is None else loss, error=error, num_frames=frames,
+                          objective=tf.add_n(terms) if terms else zero,
                           regularizer=tf.add_n(regularized) if regularized else 0.0,
                           data_regularizer=tf.add_n(darc1) if darc1 else 0.0)
 

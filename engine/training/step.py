@@ -7,12 +7,11 @@ or not: the step itself never knows the data-parallel mode. The updater then pos
 gradients (``gradients.py``) and updates. Random numbers (dropout, gradient noise) are stateless, keyed by
 (``random_seed``, the global step) and for dropout the rank, so a resumed run draws the same ones.
 
-With ``accum_grad_multiple_step`` k > 1 a batch only adds its gradient of the loss *sum* (and its score
+With ``accum_grad_multiple_step`` k > 1 a batch only adds its gradient of the objective (and its score
 sums) to per-variable accumulators; after k batches one reduction and one update use the accumulated
-sum, divided by the group's frames as for one batch of their union (in ``global_frames`` mode the
-strategy divides by all ranks' frames, as without accumulation). The layers' L2 term enters with the
-first batch of a group only, so it counts once per update. An incomplete group at the epoch's end makes
-no update, as in RETURNN's PyTorch engine.
+sum, as RETURNN's ``accum_grad_multiple_step`` does (in ``global_frames`` mode the strategy divides it by
+all ranks' frames of the group). Each batch's gradient holds the constraints (L2), as in RETURNN. An
+incomplete group at the epoch's end makes no update, as in RETURNN's PyTorch engine.
 """
 from __future__ import annotations
 
@@ -116,6 +115,11 @@ class Steps:
             raise ConfigError("horovod_grad_normalization = 'global_frames' divides the summed gradient by "
                               "the frames of one target, but the network's losses use several targets "
                               f"({', '.join(sorted(model.loss_targets))}). Use 'sum' or 'average'.")
+        normalized = getattr(model, "normalized_loss_layers", [])
+        if strategy is not None and strategy.differentiates_loss_sum and normalized:
+            raise ConfigError("horovod_grad_normalization = 'global_frames' divides the summed loss by all "
+                              f"ranks' frames, but the loss of {normalized} sets use_normalized_loss, which "
+                              "divides it by this rank's frames already. Use one of them.")
         if check_numerics:
             tf.debugging.enable_check_numerics()  # instruments what is traced from now on
         self.params = list(model.trainable_variables)
@@ -146,9 +150,8 @@ class Steps:
             self._acc_scores = tf.Variable(tf.zeros([len(SCORE_NAMES)]), trainable=False,
                                            name="accumulated_scores")
             self._present: list[bool] | None = None  # which variables get a gradient; set when traced
-            flags = [tf.TensorSpec([], tf.float32, name="l2_weight"),
-                     tf.TensorSpec([], tf.int32, name="index")]
-            self._accumulate = _CompiledStep(self._accumulate_step, signature + flags)
+            self._accumulate = _CompiledStep(self._accumulate_step,
+                                             signature + [tf.TensorSpec([], tf.int32, name="index")])
             self._apply = _CompiledStep(self._apply_step, [])
             self._drop = _CompiledStep(self._drop_step, [])
 
@@ -231,15 +234,12 @@ class Steps:
 
         return tf.cond(tf.logical_and(loss_finite, grads_finite), apply, skip)
 
-    def _accumulate_step(self, data, lengths, targets, target_lengths, l2_weight, index):
+    def _accumulate_step(self, data, lengths, targets, target_lengths, index):
         seed = fold_in(fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank), index)
         with tf.GradientTape() as tape:
             outputs = self.model(data, lengths, training=True, seed=seed)
             losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
-            regularizer = 0.0 if self.decoupled_l2 else losses.regularizer
-            # the loss sum: the group's frames are known only after its last batch
-            differentiated = (losses.loss + l2_weight * regularizer * self.strategy.regularizer_share
-                              + losses.data_regularizer)
+            differentiated = self._differentiated(losses)
         local = tape.gradient(differentiated, self.params)
         self._present = [g is not None for g in local]
         for acc, grad in zip(self._acc, local):
@@ -252,9 +252,6 @@ class Steps:
     def _apply_step(self):
         grads = [acc.read_value() for acc in self._acc]
         scores = self._acc_scores.read_value()
-        if not self.strategy.differentiates_loss_sum:  # else the strategy divides by all ranks' frames
-            frames = tf.maximum(scores[2], 1.0)
-            grads = [g / frames for g in grads]
         grads, reduced = self.strategy.reduce_gradients(grads, scores)
         grads = [g if p else None for g, p in zip(grads, self._present)]
         found = self._update(grads, reduced)
@@ -272,15 +269,14 @@ class Steps:
         return reduced
 
     def _differentiated(self, losses):
-        """The loss whose gradient is reduced: the frame average (the loss sum in global_frames mode, where
-        the strategy divides by all ranks' frames) plus the L2 terms at RETURNN's weight relative to the
-        summed loss; in global_frames mode the L2 terms enter once for all ranks, not once per rank. With
-        decouple_constraints the L2 terms are left out: the updater applies them as weight decay. The
-        darc1 terms depend on each rank's batch: every rank adds its own, in every mode."""
+        """RETURNN's objective (the loss sums: ``LossResult.objective``) plus the layers' constraints as
+        RETURNN adds them: L2 and darc1 on every rank, so summing the ranks' gradients counts them once
+        per rank, as RETURNN with Horovod does. In global_frames mode, where the strategy divides by all
+        ranks' frames, the L2 terms enter on one rank only, so the result is one process's gradient on the
+        union batch. With decouple_constraints the L2 terms are left out: the updater applies them as
+        weight decay. The darc1 terms depend on each rank's batch: every rank adds its own."""
         regularizer = 0.0 if self.decoupled_l2 else losses.regularizer
-        if self.strategy.differentiates_loss_sum:
-            return losses.loss + regularizer * self.strategy.regularizer_share + losses.data_regularizer
-        return losses.objective + (regularizer + losses.data_regularizer) / tf.maximum(losses.num_frames, 1.0)
+        return losses.objective + regularizer * self.strategy.regularizer_share + losses.data_regularizer
 
     def _grad_norm_gradient(self, outer, local, grads, scores):
         """d||G||/dw for the reduced gradient G: each rank's Hessian-vector product with G/||G||, reduced
@@ -330,8 +326,7 @@ class Steps:
         """With ``accum_steps`` > 1: add ``batch`` to the accumulators, and update when the group is full.
         Returns this batch's own score sums, and the group's reduced score sums when it updated."""
         self.nonfinite = FINITE  # a batch that only accumulates makes no update
-        first = 1.0 if self._pending == 0 else 0.0
-        scores = self._accumulate(*self._inputs(batch), np.float32(first), np.int32(self._pending)).numpy()
+        scores = self._accumulate(*self._inputs(batch), np.int32(self._pending)).numpy()
         self._pending += 1
         if self._pending < self.accum_steps:
             return scores, None

@@ -18,16 +18,19 @@ import tensorflow as tf
 from engine.runtime.errors import ConfigError
 
 
-def glorot_variable(name: str, shape: tuple[int, ...], random_seed: int) -> tf.Variable:
-    """Glorot-uniform weights, a pure function of (random_seed, name, shape). A conv filter (width, in,
+def glorot_values(name: str, shape: tuple[int, ...], random_seed: int) -> tf.Tensor:
+    """Glorot-uniform values, a pure function of (random_seed, name, shape). A conv filter (width, in,
     out) counts its width in both fans, as TF's initializer does."""
     receptive = 1
     for size in shape[:-2]:
         receptive *= size
     limit = (6.0 / (receptive * (shape[-2] + shape[-1]))) ** 0.5
     seed = tf.constant([random_seed, zlib.crc32(name.encode())], tf.int64)
-    init = tf.random.stateless_uniform(shape, seed=seed, minval=-limit, maxval=limit)
-    return tf.Variable(init, name=name)
+    return tf.random.stateless_uniform(shape, seed=seed, minval=-limit, maxval=limit)
+
+
+def glorot_variable(name: str, shape: tuple[int, ...], random_seed: int) -> tf.Variable:
+    return tf.Variable(glorot_values(name, shape, random_seed), name=name)
 
 
 def positive_int(layer: str, opts: dict, key: str) -> int:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.model.layers.base import Layer, glorot_variable, positive_int
+from engine.model.layers.base import Layer, glorot_values, glorot_variable, positive_int
 from engine.model.layers.lstm import fused_lstm, scan_lstm
 from engine.runtime.errors import ConfigError
+
+# RETURNN's TF-2 units that run as TensorFlow's LSTM cell (StandardLSTM; TF 2 has no BasicLSTM, so RETURNN
+# takes StandardLSTM): one glorot matrix over [input; recurrent], and forget bias 1 added at run time
+# (returnn/tf/layers/rec.py, get_rnn_cell_class). Every other unit runs as NativeLSTM2 (lstm, lstmp, and in
+# TF 2 also LSTMBlock, LSTMBlockFused and CudnnLSTM without a GPU): input and recurrent weights each
+# glorot on their own, and no forget bias.
+TF_CELL_UNITS = ("basiclstm", "standardlstm")
 
 
 class Rec(Layer):
     """``rec`` with an LSTM unit; ``direction`` -1 runs over the valid part of each sequence reversed.
+    Its parameters start as RETURNN's unit's do (``TF_CELL_UNITS``), and it computes what that unit does.
 
     The LSTM is ``lstm.fused_lstm`` (``lstm.scan_lstm`` when the gradient must be differentiable again).
     Padding cannot leak into valid frames: forward, padded frames come after all valid ones; backward,
@@ -25,16 +33,27 @@ class Rec(Layer):
         if self.direction not in (1, -1):
             raise ConfigError(f"Network layer '{name}': direction must be 1 or -1, got {self.direction!r}.")
         self._lstm = scan_lstm if twice_differentiable else fused_lstm
+        self.unit = opts.get("unit", "lstm").lower()
         n = self.n_out
-        self.params["W"] = glorot_variable(f"{name}/W", (in_dim + n, 4 * n), random_seed)
-        # Forget-gate bias 1 (held in the variable, not added by the op) so early training keeps memory.
-        bias = tf.concat([tf.zeros([2 * n]), tf.ones([n]), tf.zeros([n])], axis=0)
-        self.params["b"] = tf.Variable(bias, name=f"{name}/b")
+        if self.unit in TF_CELL_UNITS:
+            self.params["W"] = glorot_variable(f"{name}/W", (in_dim + n, 4 * n), random_seed)
+            self.forget_bias = 1.0
+        else:
+            weights = tf.concat([glorot_values(f"{name}/W", (in_dim, 4 * n), random_seed),
+                                 glorot_values(f"{name}/W_re", (n, 4 * n), random_seed)], axis=0)
+            self.params["W"] = tf.Variable(weights, name=f"{name}/W")
+            self.forget_bias = 0.0
+        # the variable holds RETURNN's bias (starting at 0); the forget bias is added where it is used
+        self.params["b"] = tf.Variable(tf.zeros([4 * n]), name=f"{name}/b")
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         if self.direction == -1:
             x = tf.reverse_sequence(x, lengths, seq_axis=0, batch_axis=1)
-        h = self._lstm(x, lengths, self.params["W"], self.params["b"], self.n_out)
+        bias = self.params["b"]
+        if self.forget_bias:
+            n = self.n_out
+            bias = bias + tf.concat([tf.zeros([2 * n]), tf.fill([n], self.forget_bias), tf.zeros([n])], 0)
+        h = self._lstm(x, lengths, self.params["W"], bias, self.n_out)
         if self.direction == -1:
             h = tf.reverse_sequence(h, lengths, seq_axis=0, batch_axis=1)
         return h

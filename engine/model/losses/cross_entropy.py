@@ -5,7 +5,10 @@ Per frame with target y, probabilities p = softmax(logits) and V classes (as RET
 - ``label_smoothing`` s: cross-entropy against the soft target (1 - s on y, s / (V - 1) elsewhere),
   minus that target's own entropy (so a perfect fit scores 0);
 - ``focal_loss_factor`` g: the above times (1 - p_y)^g (gradients flow through that factor too);
-- ``scale`` (or the layer's ``loss_scale``): multiplies the loss in the objective and the score.
+- ``scale`` (or the layer's ``loss_scale``): multiplies the loss in the objective (not the reported score,
+  as in RETURNN);
+- ``use_normalized_loss``: the objective takes this loss divided by the batch's target frames instead of
+  its sum (RETURNN's default is the sum: ``engine/model/network.py``).
 ``use_fused`` picks between two formulations of the same value in RETURNN; here it changes nothing.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tensorflow as tf
 
 from engine.runtime.errors import ConfigError
 
-CE_OPTIONS = ("scale", "focal_loss_factor", "label_smoothing", "use_fused")
+CE_OPTIONS = ("scale", "focal_loss_factor", "label_smoothing", "use_fused", "use_normalized_loss")
 
 
 def _number(layer: str, key: str, value: Any, low: float, high: float | None = None) -> float:
@@ -53,11 +56,21 @@ def loss_scale(layer: str, opts: dict, loss_opts: dict) -> float:
     return scale
 
 
+def normalized_loss(layer: str, loss_opts: dict) -> bool:
+    """``loss_opts`` ``use_normalized_loss``: RETURNN's objective divides this loss by its count."""
+    value = loss_opts.get("use_normalized_loss", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"Network layer '{layer}': loss_opts use_normalized_loss must be True or False, "
+                          f"got {value!r}.")
+    return value
+
+
 @dataclass(frozen=True)
 class CrossEntropy:
     scale: float = 1.0
     focal_loss_factor: float = 0.0
     label_smoothing: float = 0.0
+    normalized: bool = False  # use_normalized_loss
 
     @classmethod
     def from_layer_options(cls, layer: str, opts: dict, num_classes: int) -> "CrossEntropy":
@@ -71,7 +84,7 @@ class CrossEntropy:
         if smoothing and num_classes < 2:
             raise ConfigError(f"Network layer '{layer}': label_smoothing needs at least 2 classes.")
         focal = _number(layer, "loss_opts focal_loss_factor", loss_opts.get("focal_loss_factor", 0.0), 0.0)
-        return cls(scale, focal, smoothing)
+        return cls(scale, focal, smoothing, normalized_loss(layer, loss_opts))
 
     def frame_losses(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         """Unscaled loss per frame: ``logits`` (..., V), ``labels`` (...) valid class ids."""

@@ -20,14 +20,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from engine.model.losses.cross_entropy import loss_options, loss_scale
+from engine.model.losses.cross_entropy import loss_options, loss_scale, normalized_loss
 from engine.model.losses.data_checks import require
 from engine.model.losses.decoding import beam_labels, collapse_repeated, edit_distances, greedy_labels, \
     sparse_labels
 from engine.runtime.errors import ConfigError
 
 CTC_OPTIONS = ("scale", "beam_width", "ctc_opts", "target_collapse_repeated", "auto_clip_target_len",
-               "output_in_log_space", "use_native", "use_viterbi", "use_flatten_frames")
+               "output_in_log_space", "use_native", "use_viterbi", "use_flatten_frames",
+               "use_normalized_loss")
 CTC_OPTS_KEYS = ("preprocess_collapse_repeated", "ctc_merge_repeated", "ignore_longer_outputs_than_inputs")
 # loss_opts RETURNN takes that change what is optimised in a way this engine does not do, and why
 _REFUSED = {
@@ -35,10 +36,9 @@ _REFUSED = {
     "use_viterbi": "training on the best alignment only (Viterbi) is not implemented",
     "output_in_log_space": "a softmax layer's output is probabilities, not log-probabilities (RETURNN "
                            "would treat the probabilities as logits)",
-    "use_normalized_loss": "this engine always differentiates the loss normalised by the batch's "
-                           "target labels",
-    "custom_norm_factor": "the ctc loss is normalised by the target labels, as in RETURNN by default",
-    "custom_inv_norm_factor": "the ctc loss is normalised by the target labels, as in RETURNN by default",
+    "custom_norm_factor": "scores and use_normalized_loss divide by the target labels (RETURNN's default)",
+    "custom_inv_norm_factor": "scores and use_normalized_loss divide by the target labels (RETURNN's "
+                              "default)",
 }
 
 
@@ -57,6 +57,7 @@ class CtcLoss:
     preprocess_collapse_repeated: bool = False
     ctc_merge_repeated: bool = True
     ignore_longer_outputs_than_inputs: bool = False
+    normalized: bool = False  # use_normalized_loss
 
     @classmethod
     def from_layer_options(cls, layer: str, opts: dict) -> "CtcLoss":
@@ -91,7 +92,8 @@ class CtcLoss:
                    _flag(layer, "target_collapse_repeated", loss_opts.get("target_collapse_repeated", False)),
                    _flag(layer, "auto_clip_target_len", loss_opts.get("auto_clip_target_len", False)),
                    *(_flag(layer, f"ctc_opts {key}", ctc_opts.get(key, default))
-                     for key, default in zip(CTC_OPTS_KEYS, (False, True, False))))
+                     for key, default in zip(CTC_OPTS_KEYS, (False, True, False))),
+                   normalized_loss(layer, loss_opts))
 
     def sums(self, logits: tf.Tensor, lengths: tf.Tensor, targets: tf.Tensor, target_lengths: tf.Tensor, *,
              layer: str, target: str, training: bool) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

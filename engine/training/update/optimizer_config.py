@@ -6,7 +6,7 @@ RETURNN's flags (for configs without ``optimizer``):
   Keras' Nadam instead, whose momentum schedule differs;
 - ``rmsprop = <float>``: rmsprop with that decay;  ``rmsprop = True``: rmsprop (decay 0.9); both take
   ``momentum`` as rmsprop's momentum;
-- ``momentum = <m>`` (not 0): momentum SGD;  none of them: the engine's default (adam).
+- ``momentum = <m>`` (not 0): momentum SGD;  none of them: plain gradient descent (RETURNN's default).
 ``optimizer_epsilon`` [1e-16] is the epsilon of every optimizer that has one (adam, nadam, rmsprop),
 also of an ``optimizer`` dict that gives none, as in RETURNN.
 

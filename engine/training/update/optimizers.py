@@ -129,8 +129,8 @@ def optimizer_from_config(value: Any, *, epsilon: float | None = None) -> Optimi
 
     ``epsilon`` (default: the key ``optimizer_epsilon``'s, 1e-16) is the epsilon of optimizers that have
     one, unless the dict gives its own (RETURNN's rule)."""
-    if value is None:
-        value = {"class": "adam"}
+    if value is None:  # RETURNN's default: plain gradient descent
+        value = {"class": "sgd"}
     if isinstance(value, str):
         value = {"class": value}
     if not isinstance(value, dict) or not isinstance(value.get("class"), str):

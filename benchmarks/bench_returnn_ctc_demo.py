@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""RETURNN's own BLSTM-CTC demo (``demos/demo-timit-lstm-ctc.config``) as written, on a synthetic corpus:
+the dev score and label error per epoch, this engine beside RETURNN.
+
+    .venv/bin/python benchmarks/bench_returnn_ctc_demo.py [--epochs 3] [--seeds 1,2] [--train 600]
+
+Only the dataset is swapped: the demo reads TIMIT (or NLTK's excerpt) through RETURNN's ``TimitDataset``;
+here ``--train`` utterances and 60 dev utterances are synthesised and written as HDF, with the demo's
+shapes (80 input dims, 61 phone classes). Each utterance is 4..12 random phones, each phone 4..9 frames of
+its own random prototype plus noise, with silence (a prototype of its own) before, between some and after.
+The demo's ``ler_39`` layer maps the 61 phones to 39 with ``TimitDataset.get_label_map()``; the corpus
+has no phonetics, so here the map folds phone ``i`` onto ``i % 39``. Everything else (network, nadam,
+``gradient_noise = 0.1``, L2 and darc1, newbob, batching) is the demo's. ``num_epochs`` is ``--epochs``.
+
+Each ``--seeds`` value is one run of each program with that ``random_seed`` (the corpus stays the same), so
+the spread between seeds shows what a difference between the programs means. RETURNN runs where
+``$RETURNN_PYTHON`` or ``/tmp/returnn-venv/bin/python`` has it (``bench_returnn.py``); else its rows are
+left out with one line. Prints, per program and seed, the dev score and the dev label error (``ler_39``'s
+error, RETURNN's ``dev_error_ler_39``) after each epoch, read from the learning-rate file each writes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from bench_returnn import returnn_python
+from engine.datasets import DataKeyInfo, HDFWriter
+from timing import ROOT, child_env
+
+INPUT_DIM, PHONES = 80, 61
+
+DEMO = """
+num_outputs = {{'data': (40*2, 2), 'classes': (61, 1)}}
+num_inputs = num_outputs["data"][0]
+num_seqs = {{'train': {num_train}, 'dev': 60}}
+EpochSplit = 1
+SeqOrderTrainBins = num_seqs["train"] // 10
+TrainSeqOrder = "laplace:%i" % SeqOrderTrainBins
+train = {{"class": "HDFDataset", "files": [{train!r}], "seq_ordering": TrainSeqOrder}}
+dev = {{"class": "HDFDataset", "files": [{dev!r}], "seq_ordering": "sorted"}}
+cache_size = "0"
+window = 1
+network = {{
+"fwd0": {{"class": "rec", "unit": "nativelstm2", "direction": 1, "L2": 0.01, "dropout": 0., "n_out": 250}},
+"bwd0": {{"class": "rec", "unit": "nativelstm2", "direction": -1, "L2": 0.01, "dropout": 0., "n_out": 250}},
+"fwd1": {{"class": "rec", "unit": "nativelstm2", "direction": 1, "L2": 0.01, "dropout": 0., "n_out": 250,
+          "from": ["fwd0", "bwd0"]}},
+"bwd1": {{"class": "rec", "unit": "nativelstm2", "direction": -1, "L2": 0.01, "dropout": 0., "n_out": 250,
+          "from": ["fwd0", "bwd0"]}},
+"fwd2": {{"class": "rec", "unit": "nativelstm2", "direction": 1, "L2": 0.01, "dropout": 0., "n_out": 250,
+          "from": ["fwd1", "bwd1"]}},
+"bwd2": {{"class": "rec", "unit": "nativelstm2", "direction": -1, "L2": 0.01, "dropout": 0., "n_out": 250,
+          "from": ["fwd1", "bwd1"]}},
+"output": {{"class": "softmax", "loss": "ctc", "target": "classes", "from": ["fwd2", "bwd2"],
+            "darc1": 0.001}},
+"ler_39": {{"class": "copy", "from": ["output"], "only_on_eval": True,
+    "loss": "edit_distance", "loss_opts": {{"ctc_decode": True, "label_map": {label_map!r}}}}}
+}}
+batching = "random"
+batch_size = 2000
+max_seqs = 64
+max_seq_length = batch_size
+truncation = -1
+num_epochs = {epochs}
+model = {model!r}
+cleanup_old_models = True
+learning_rate_file = {lr_file!r}
+optimizer = {{"class": "nadam"}}
+gradient_noise = 0.1
+learning_rate = 0.001
+learning_rate_control = "newbob_multi_epoch"
+learning_rate_control_relative_error_relative_lr = True
+learning_rate_control_min_num_epochs_per_new_lr = 3
+newbob_learning_rate_decay = 0.8
+newbob_multi_num_epochs = 6
+newbob_multi_update_interval = 1
+random_seed = {seed}
+log_verbosity = 3
+"""
+RETURNN_HEAD = """#!rnn.py
+use_tensorflow = True
+task = "train"
+device = "cpu"
+"""
+
+
+def make_corpus(path: str, num_seqs: int, seed: int, prototypes: np.ndarray) -> None:
+    rng = np.random.RandomState(seed)
+    keys = {"data": DataKeyInfo(dim=INPUT_DIM), "classes": DataKeyInfo(dim=PHONES, sparse=True)}
+    with HDFWriter(path, keys) as writer:
+        for i in range(num_seqs):
+            phones = rng.randint(0, PHONES, rng.randint(4, 13))
+            frames = [prototypes[PHONES]] * rng.randint(2, 6)  # leading silence
+            for phone in phones:
+                frames += [prototypes[phone]] * rng.randint(4, 10)
+                if rng.rand() < 0.3:
+                    frames += [prototypes[PHONES]] * rng.randint(1, 4)
+            frames += [prototypes[PHONES]] * rng.randint(2, 6)
+            features = np.array(frames) + 0.5 * rng.standard_normal((len(frames), INPUT_DIM))
+            writer.insert(f"seq-{i}", {"data": features.astype(np.float32), "classes": phones})
+
+
+def write_config(folder: str, name: str, corpus: dict, epochs: int, seed: int, returnn: bool) -> str:
+    run = os.path.join(folder, name)
+    os.makedirs(run, exist_ok=True)
+    text = DEMO.format(num_train=corpus["num_train"], train=corpus["train"], dev=corpus["dev"], epochs=epochs,
+                       model=os.path.join(run, "model"), lr_file=os.path.join(run, "newbob.data"),
+                       label_map={i: i % 39 for i in range(PHONES)}, seed=seed)
+    path = os.path.join(folder, f"{name}.config")
+    with open(path, "w") as f:
+        f.write((RETURNN_HEAD if returnn else "") + text)
+    return path
+
+
+def curve(lr_file: str, epochs: int) -> list[tuple[float, float]]:
+    """(dev score, dev label error) per epoch, from a learning-rate file (both programs write one)."""
+    from engine.training.update.lr_history import read_history_file
+
+    history = read_history_file(lr_file)
+    rows = []
+    for epoch in range(1, epochs + 1):
+        errors = history[epoch].scores
+        score = errors.get("dev_score", errors.get("dev_score_output"))
+        ler = errors.get("dev_error_ler_39", errors.get("dev_error"))
+        rows.append((score, ler))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--seeds", default="1,2")
+    parser.add_argument("--train", type=int, default=600)
+    parser.add_argument("--folder", help="keep the corpus and runs here (default: a temporary folder)")
+    args = parser.parse_args()
+    folder = args.folder or tempfile.mkdtemp(prefix="bench-ctc-demo-")
+    prototypes = np.random.RandomState(0).standard_normal((PHONES + 1, INPUT_DIM))
+    corpus = {"num_train": args.train, "train": os.path.join(folder, "train.hdf"),
+              "dev": os.path.join(folder, "dev.hdf")}
+    if not os.path.exists(corpus["train"]):
+        make_corpus(corpus["train"], args.train, 1, prototypes)
+        make_corpus(corpus["dev"], 60, 2, prototypes)
+    returnn = returnn_python()
+    if returnn is None:
+        print("RETURNN: not found ($RETURNN_PYTHON or /tmp/returnn-venv/bin/python); its rows are left out.")
+    programs = [("engine", [sys.executable, os.path.join(ROOT, "rnn.py")])]
+    if returnn:
+        programs.append(("returnn", [returnn, "-m", "returnn"]))
+    results = {}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for program, command in programs:
+            name = f"{program}-seed{seed}"
+            config = write_config(folder, name, corpus, args.epochs, seed, returnn=program == "returnn")
+            env = child_env(extra={"DISABLE_CUDA": "1"} if program == "returnn" else None)
+            with open(os.path.join(folder, f"{name}.log"), "w") as log:
+                done = subprocess.run(command + [config], env=env, stdout=log, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                print(f"{name}: FAILED (exit {done.returncode}); see {log.name}")
+                continue
+            results[name] = curve(os.path.join(folder, name, "newbob.data"), args.epochs)
+            epochs = [f"epoch {e + 1}: score {s:.3f} ler {100 * err:.1f} %"
+                      for e, (s, err) in enumerate(results[name])]
+            print(f"{name}: " + "  ".join(epochs), flush=True)
+    print(f"\nfolder: {folder}")
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
