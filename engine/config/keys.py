@@ -145,7 +145,13 @@ _section(
     ("start_epoch", "any", "auto", "auto: resume after the newest checkpoint; or an epoch >= 1"),
     ("move_old_checkpoints", "bool", False,
      "a start that does not continue the newest files moves an earlier run's later ones aside, not refuses"),
-    ("load", "str", None, "checkpoint to load (initialisation for train; the model for eval/forward)"),
+    ("load", "str", None, "checkpoint to load, this engine's or RETURNN's TensorFlow one (initialisation for "
+     "train; the model for eval/forward)"),
+    ("import_model_train_epoch1", "str", None,
+     "train: initial parameters when starting at epoch 1 (wins over load); this engine's or RETURNN's "
+     "checkpoint"),
+    ("preload_from_files", "dict", None, "{name: {filename, prefix, init_for_train, ignore_missing, "
+     "ignore_params, ignore_params_prefixes, var_name_mapping}}: parameters from other checkpoints"),
     ("load_epoch", "int", None, "eval/forward: load <model>.<load_epoch>", "the newest"),
 )
 _section(

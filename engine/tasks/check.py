@@ -15,6 +15,7 @@ from engine.config.loader import Config
 from engine.datasets.factory import dataset_findings
 from engine.model.spec import layer_findings, parse_network
 from engine.runtime.errors import ConfigError, EngineError
+from engine.training.checkpoints.preload_options import preload_entries
 
 DATASET_KEYS = ("train", "dev", "eval")
 _ORDER = (NOT_IMPLEMENTED, UNKNOWN, IGNORED, NO_EFFECT, IMPLEMENTED, EXEMPT)
@@ -24,7 +25,7 @@ _SECTIONS = (("config", "config keys"), ("layer", "network layer options"), ("da
 def collect(config: Config) -> tuple[list[Finding], list[str]]:
     """Every verdict (config keys, the options of each layer of a ``network`` dict and of each dataset),
     and the problems that are not about one name (a layer dict that does not parse, an unknown dataset
-    class), as messages."""
+    class, a bad ``preload_from_files`` entry), as messages."""
     findings = config_findings(config)
     ignored = ignored_names(config)
     problems = []
@@ -34,6 +35,10 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
             findings += layer_findings(parse_network(network), ignored)
         except EngineError as exc:
             problems.append(str(exc))
+    try:
+        preload_entries(config)
+    except EngineError as exc:
+        problems.append(str(exc))
     for key in DATASET_KEYS:
         spec = config.typed(key)
         if spec and not callable(spec):

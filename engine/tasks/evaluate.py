@@ -8,7 +8,8 @@ from engine.model import SeqModel, build_model
 from engine.runtime import log
 from engine.runtime.device import select_device
 from engine.runtime.errors import ConfigError, EngineError
-from engine.training.checkpoints.file_format import checkpoint_to_load, load_checkpoint
+from engine.training.checkpoints.file_format import checkpoint_to_load
+from engine.training.checkpoints.initial_params import load_for_inference
 from engine.training.loop import evaluate
 from engine.training.step import Steps
 
@@ -21,7 +22,7 @@ def load_model_for_inference(config: Config, comm: Communicator, dataset: Datase
                         target_dims=dims.target_dims)
     path, epoch = checkpoint_to_load(config, comm)
     if comm.rank == 0:
-        load_checkpoint(path, model.named_variables())
+        load_for_inference(config, model, path, "load" if config.str("load") else "model")
         log.info(f"loaded model from {path}")
     return model, epoch
 

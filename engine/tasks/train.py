@@ -16,7 +16,7 @@ from engine.runtime.device import select_device
 from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoints import stop_requests
 from engine.training.checkpoints.cleanup import CleanupPolicy, cleanup_old_models
-from engine.training.checkpoints.file_format import load_checkpoint
+from engine.training.checkpoints.initial_params import init_for_training
 from engine.training.checkpoints.policy import Checkpointer
 from engine.training.checkpoints.resume import ResumePoint, choose_resume_point
 from engine.training.loop import evaluate, train_epoch
@@ -81,9 +81,8 @@ class Trainer:
         if self.start_epoch <= self.num_epochs:
             if stored is not None:
                 self.checkpoints.load(self.resume, stored)
-            elif self.config.str("load"):
-                load_checkpoint(self.config.str("load"), self.model.named_variables())
-                log.info(f"initialised the parameters from {self.config.str('load')}")
+            elif source := init_for_training(self.config, self.model):  # preload_from_files, load, ...
+                log.info(f"initialised the parameters from {source}")
             if self.lr_file and os.path.exists(self.lr_file):
                 try:
                     self.lr_control.load(self.lr_file)

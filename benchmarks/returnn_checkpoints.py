@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""RETURNN's TensorFlow checkpoints both ways, against real RETURNN: the proof, and the test fixtures.
+
+    .venv/bin/python benchmarks/returnn_checkpoints.py [--cases dense,rec_LSTM,...]
+    .venv/bin/python benchmarks/returnn_checkpoints.py --write-fixtures tests/fixtures/returnn_ckpt
+
+A dev script: RETURNN is no dependency of this project. It runs RETURNN in a Python of its own,
+``$RETURNN_PYTHON`` or else ``/tmp/returnn-venv/bin/python`` (``python3 -m venv /tmp/returnn-venv &&
+/tmp/returnn-venv/bin/pip install tensorflow-cpu==2.15.1 returnn dm-tree h5py``), and ends with exit
+code 2 and one line saying so when there is none. RETURNN runs with ``DISABLE_CUDA=1``: a CUDA toolkit
+on a machine without GPU makes it compile its native LSTM ops with CUDA headers that tensorflow-cpu
+lacks (``bench_returnn.py``).
+
+Each case (``CASES``) is a ``network`` dict run on fixed inputs (3 sequences of 7, 5 and 2 frames):
+
+- in: RETURNN builds the network (``TFNetwork.construct_from_dict``), sets every parameter to random
+  values (biases too, so that a forget bias counts), runs the inputs and saves the checkpoint with
+  ``TFNetwork.save_params_to_file`` (TensorFlow's Saver, as its training does). The engine loads it as
+  ``load`` (``initial_params.load_for_inference``) and runs the inputs;
+- out: the engine builds the network, sets random values, saves its own checkpoint and exports it with
+  ``export-returnn-checkpoint``'s function; RETURNN loads that (``TFNetwork.load_params_from_file``, which
+  needs every variable of its network in the file) and runs the inputs.
+
+Printed per case and direction: the largest absolute difference between RETURNN's and the engine's
+output of every layer over the valid frames. ``--write-fixtures DIR`` writes the "in" side for the
+tests instead: ``DIR/<case>.index`` and ``.data-00000-of-00001`` (RETURNN's checkpoint, without the
+``.meta`` that only RETURNN reads), ``DIR/<case>.npz`` (``data``, ``lengths`` and ``out:<layer>``, RETURNN's
+outputs) and ``DIR/cases.json`` (each case's network and streams, RETURNN's and TensorFlow's versions).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zlib
+
+import numpy as np
+
+DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
+DENSE = {"data": {"dim": 5}, "classes": {"dim": 4, "sparse": True}}
+SPARSE = {"data": {"dim": 7, "sparse": True}, "classes": {"dim": 4, "sparse": True}}
+LENGTHS = [7, 5, 2]
+UNITS = ("LSTM", "lstmp", "NativeLstm2", "NativeLstm", "NativeLstmLowMem", "VanillaLSTM", "StandardLSTM",
+         "BasicLSTM", "LSTMBlock", "LSTMBlockFused", "CudnnLSTM")
+
+
+def _rec_case(unit: str) -> dict:
+    return {"extern_data": DENSE, "network": {
+        "fw": {"class": "rec", "unit": unit, "n_out": 3, "from": "data"},
+        "bw": {"class": "rec", "unit": unit, "n_out": 3, "direction": -1, "from": "data"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["fw", "bw"]}}}
+
+
+CASES: dict[str, dict] = {
+    "dense": {"extern_data": DENSE, "network": {
+        "hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "from": "data"},
+        "output": {"class": "softmax", "loss": "ce", "from": "hidden"}}},
+    "embedding": {"extern_data": SPARSE, "network": {
+        "embed": {"class": "linear", "n_out": 4, "from": "data"},
+        "output": {"class": "softmax", "loss": "ce", "from": "embed"}}},
+    **{f"rec_{unit}": _rec_case(unit) for unit in UNITS},
+    "conv_attention": {"extern_data": DENSE, "network": {
+        "conv": {"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 6, "activation": "relu",
+                 "with_bias": True, "from": "data"},
+        "norm": {"class": "layer_norm", "from": "conv"},
+        "att": {"class": "self_attention", "num_heads": 2, "total_key_dim": 4, "n_out": 6, "from": "norm"},
+        "sum": {"class": "combine", "kind": "add", "with_bias": True, "from": ["att", "norm"]},
+        "output": {"class": "softmax", "loss": "ce", "from": "sum"}}},
+}
+
+
+def inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The case's fixed input batch (B, T[, F]) and lengths (B,); padding is 0."""
+    rng = np.random.RandomState(1)
+    stream = case["extern_data"]["data"]
+    shape = (len(LENGTHS), max(LENGTHS))
+    if stream.get("sparse"):
+        data = rng.randint(0, stream["dim"], shape).astype(np.int32)
+    else:
+        data = rng.standard_normal(shape + (stream["dim"],)).astype(np.float32)
+    for b, n in enumerate(LENGTHS):
+        data[b, n:] = 0
+    return data, np.array(LENGTHS, np.int32)
+
+
+def case_seed(name: str) -> int:
+    """The seed of a case's random parameter values: the same whichever cases run."""
+    return zlib.crc32(name.encode()) % 2**31
+
+
+def random_values(shapes: dict, seed: int) -> dict[str, np.ndarray]:
+    """Values for every parameter, biases included (RETURNN and the engine start those at 0)."""
+    rng = np.random.RandomState(seed)
+    return {name: (0.5 * rng.standard_normal(shape)).astype(np.float32)
+            for name, shape in sorted(shapes.items())}
+
+
+# ----- the RETURNN side: runs under RETURNN's Python (``--returnn-side JOBS.json``) -----
+def returnn_side(jobs_path: str) -> None:
+    import tensorflow as tf
+    from returnn.config import Config
+    from returnn.tf.network import TFNetwork
+    from returnn.util.basic import BackendEngine
+
+    BackendEngine.select_engine(engine=BackendEngine.TensorFlow)
+    tf.compat.v1.disable_eager_execution()
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    for job in jobs:
+        case = CASES[job["case"]]
+        data, lengths = inputs(case)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            net = TFNetwork(config=Config({"extern_data": case["extern_data"]}), train_flag=False)
+            net.construct_from_dict(case["network"])
+            net.initialize_params(session)
+            if job["mode"] == "make":
+                params = {v.name[:-2]: v for v in net.get_params_list()}
+                values = random_values({n: v.shape.as_list() for n, v in params.items()}, seed=job["seed"])
+                for name, var in params.items():
+                    var.load(values[name], session)
+                net.save_params_to_file(job["checkpoint"], session)
+            else:
+                net.load_params_from_file(job["checkpoint"], session)
+            extern = net.extern_data.data["data"]
+            layers = [name for name in case["network"]]
+            fetches = [net.layers[name].output.copy_as_batch_major().placeholder for name in layers]
+            outs = session.run(fetches, {extern.placeholder: data, extern.get_sequence_lengths(): lengths})
+        np.savez(job["outputs"], data=data, lengths=lengths, **{f"out:{n}": o for n, o in zip(layers, outs)})
+
+
+# ----- the engine side -----
+def returnn_python() -> str | None:
+    path = os.environ.get("RETURNN_PYTHON") or DEFAULT_RETURNN_PYTHON
+    return path if os.access(path, os.X_OK) else None
+
+
+def run_returnn(python: str, jobs: list[dict], folder: str) -> None:
+    path = os.path.join(folder, f"jobs-{len(os.listdir(folder))}.json")
+    with open(path, "w") as f:
+        json.dump(jobs, f)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(DISABLE_CUDA="1", TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([python, os.path.abspath(__file__), "--returnn-side", path], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"returnn_checkpoints: RETURNN failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+
+
+def returnn_versions(python: str) -> dict:
+    code = "import json, returnn, tensorflow as tf; print(json.dumps([returnn.__version__, tf.__version__]))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    returnn_version, tf_version = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"returnn": returnn_version, "tensorflow": tf_version}
+
+
+def engine_model(case: dict, seed: int = 42):
+    from engine.model import build_model
+
+    streams = case["extern_data"]
+    return build_model(case["network"], input_dim=streams["data"]["dim"],
+                       input_sparse=bool(streams["data"].get("sparse")),
+                       target_dims={k: v["dim"] for k, v in streams.items() if k != "data"}, random_seed=seed)
+
+
+def engine_outputs(model, data: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
+    result = model(data, lengths)
+    return {name: result[name].numpy() for name in model.layers}
+
+
+def max_differences(expected: dict, got: dict, lengths: np.ndarray) -> dict[str, float]:
+    """Per layer: the largest |difference| over the valid frames (padding differs by design)."""
+    return {name: max(float(np.abs(expected[f"out:{name}"][b, :n] - got[name][b, :n]).max(initial=0.0))
+                      for b, n in enumerate(lengths))
+            for name in got}
+
+
+def import_side(case: dict, checkpoint: str) -> dict[str, np.ndarray]:
+    from engine.config.loader import Config
+    from engine.training.checkpoints.initial_params import load_for_inference
+
+    model = engine_model(case)
+    load_for_inference(Config({"load": checkpoint}), model, checkpoint)
+    return engine_outputs(model, *inputs(case))
+
+
+def export_side(name: str, case: dict, folder: str) -> tuple[str, dict[str, np.ndarray]]:
+    """The engine's model with random values, saved and exported; returns (RETURNN prefix, outputs)."""
+    from engine.tools.export_returnn_checkpoint import export
+    from engine.training.checkpoints.file_format import save_checkpoint
+
+    model = engine_model(case)
+    variables = model.named_variables()
+    for key, value in random_values({k: tuple(v.shape) for k, v in variables.items()}, seed=7).items():
+        variables[key].assign(value)
+    engine_file = os.path.join(folder, f"engine-{name}.001")
+    save_checkpoint(engine_file, variables, [], epoch=1, global_step=11)
+    config = os.path.join(folder, f"engine-{name}.config.json")
+    with open(config, "w") as f:
+        json.dump({"network": case["network"], "extern_data": case["extern_data"]}, f)
+    prefix = os.path.join(folder, f"exported-{name}")
+    export(config, engine_file, prefix)
+    return prefix, engine_outputs(model, *inputs(case))
+
+
+def write_fixtures(python: str, names: list[str], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [{"case": n, "mode": "make", "seed": case_seed(n), "checkpoint": os.path.join(tmp, n),
+                 "outputs": os.path.join(out, f"{n}.npz")} for n in names]
+        run_returnn(python, jobs, tmp)
+        for name in names:
+            for suffix in (".index", ".data-00000-of-00001"):
+                shutil.copyfile(os.path.join(tmp, name + suffix), os.path.join(out, name + suffix))
+    manifest = {"made_by": "benchmarks/returnn_checkpoints.py --write-fixtures", **returnn_versions(python),
+                "cases": {n: CASES[n] for n in names}}
+    with open(os.path.join(out, "cases.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    print(f"wrote {len(names)} RETURNN checkpoints with their inputs and outputs to {out}")
+
+
+def compare(python: str, names: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [{"case": n, "mode": "make", "seed": case_seed(n), "checkpoint": os.path.join(tmp, n),
+                 "outputs": os.path.join(tmp, f"{n}.in.npz")} for n in names]
+        run_returnn(python, jobs, tmp)
+        exported = {n: export_side(n, CASES[n], tmp) for n in names}
+        run_returnn(python, [{"case": n, "mode": "load", "checkpoint": exported[n][0],
+                              "outputs": os.path.join(tmp, f"{n}.out.npz")} for n in names], tmp)
+        print(f"RETURNN: {python} {returnn_versions(python)}; max |RETURNN - engine| over the valid frames")
+        print(f"{'case':<22} {'in (RETURNN -> engine)':>24} {'out (engine -> RETURNN)':>24}  worst layer")
+        worst = 0.0
+        for name in names:
+            case = CASES[name]
+            lengths = inputs(case)[1]
+            got_in = max_differences(np.load(os.path.join(tmp, f"{name}.in.npz")),
+                                     import_side(case, os.path.join(tmp, name)), lengths)
+            got_out = max_differences(np.load(os.path.join(tmp, f"{name}.out.npz")), exported[name][1],
+                                      lengths)
+            layer = max({**got_in, **got_out}, key=lambda k: max(got_in[k], got_out[k]))
+            worst = max(worst, *got_in.values(), *got_out.values())
+            print(f"{name:<22} {max(got_in.values()):>24.2e} {max(got_out.values()):>24.2e}  {layer}")
+        print(f"largest difference: {worst:.2e}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated names of CASES")
+    parser.add_argument("--write-fixtures", metavar="DIR", help="write the RETURNN side for the tests")
+    parser.add_argument("--returnn-side", metavar="JOBS", help=argparse.SUPPRESS)  # the RETURNN process
+    args = parser.parse_args()
+    if args.returnn_side:
+        returnn_side(args.returnn_side)
+        return 0
+    python = returnn_python()
+    if python is None:
+        print(f"returnn_checkpoints: no RETURNN found (RETURNN_PYTHON is unset and {DEFAULT_RETURNN_PYTHON} "
+              "does not exist). This dev script needs a Python with returnn and tensorflow-cpu 2.15: "
+              "python3 -m venv /tmp/returnn-venv && /tmp/returnn-venv/bin/pip install tensorflow-cpu==2.15.1 "
+              "returnn dm-tree h5py", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the engine imports TensorFlow
+    from engine.runtime import log
+
+    log.init(verbosity=log.WARNING)  # the table, not the engine's load lines
+    names = args.cases.split(",")
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; cases: {', '.join(CASES)}")
+    if args.write_fixtures:
+        write_fixtures(python, names, args.write_fixtures)
+    else:
+        compare(python, names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
