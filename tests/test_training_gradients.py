@@ -10,6 +10,7 @@ from engine.config.loader import Config
 from engine.distributed.local_backend import LocalCommunicator
 from engine.distributed.strategy import Strategy
 from engine.model import build_model
+from engine.runtime import log
 from engine.runtime.errors import ConfigError
 from engine.training.step import Steps
 from engine.training.update.gradients import NOISE_STREAM, GradientOptions, process_gradients
@@ -67,11 +68,27 @@ def test_bad_values_are_errors():
     ({}, "sgd", {}),
     ({"optimizer": {"class": "adam", "epsilon": 1e-3}, "optimizer_epsilon": 1e-5}, "adam", {"epsilon": 1e-3}),
     ({"optimizer": "rmsprop", "optimizer_epsilon": 1e-5}, "rmsprop", {"epsilon": 1e-5}),
+    # RETURNN's names of the same rules (TensorFlow 1's classes; its plain SGD on TF 2 is "gradientdescent")
+    ({"optimizer": {"class": "gradientdescent"}}, "sgd", {}),
+    ({"optimizer": "GradientDescentOptimizer"}, "sgd", {}),
+    ({"optimizer": {"class": "AdamOptimizer", "epsilon": 1e-3}}, "adam", {"epsilon": 1e-3}),
+    ({"optimizer": "NadamOptimizer"}, "nadam", {"epsilon": 1e-16}),
+    ({"optimizer": {"class": "MomentumOptimizer", "momentum": 0.5}}, "momentum", {"momentum": 0.5}),
+    ({"optimizer": "RMSPropOptimizer"}, "rmsprop", {"decay": 0.9}),
 ])
 def test_optimizer_flags(values, name, opts):
     optimizer = optimizer_for_config(Config(values))
     assert optimizer.name == name
     assert {k: optimizer.opts[k] for k in opts} == opts
+
+
+def test_the_nadam_flag_says_which_rule_it_runs(capsys):
+    log.init(verbosity=log.INFO)
+    assert optimizer_for_config(Config({"nadam": True})).name == "nadam"
+    out = capsys.readouterr().out
+    assert "nadam = True: RETURNN's NadamOptimizer" in out and "Keras' Nadam" in out
+    optimizer_for_config(Config({"optimizer": "nadam"}))  # what the line explains is the flag
+    assert "nadam = True" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("values, message", [

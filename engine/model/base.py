@@ -137,6 +137,13 @@ class SeqModel(tf.Module):
         of ``LossResult.regularizer`` carrying them. A model without layer L2 options has none."""
         return {}
 
+    def returnn_parts(self) -> dict[str, tuple[int, ...]]:
+        """Trainable variable name -> the row counts of the separate variables RETURNN keeps it as, for
+        the variables this engine merges (an LSTM's input and recurrent weights in one ``W``). What RETURNN
+        does to each of its variables on its own (``gradient_clip_norm``) the updater does to each part.
+        A model whose variables are RETURNN's one to one has none."""
+        return {}
+
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
         return tuple(self.named_variables().values())

@@ -169,6 +169,10 @@ class NetworkModel(SeqModel):
         return {f"{name}/{key}": self.l2[name] for name, layer in self.layers.items() if self.l2[name]
                 for key, var in layer.params.items() if var.trainable}
 
+    def returnn_parts(self) -> dict[str, tuple[int, ...]]:
+        return {f"{name}/{key}": rows for name, layer in self.layers.items()
+                for key, rows in layer.returnn_parts.items() if layer.params[key].trainable}
+
     def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
                  seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         lengths = tf.cast(lengths, tf.int32)

@@ -51,7 +51,7 @@ class Trainer:
         self.model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                                  target_dims=dims.target_dims)
         self.updater = Updater.from_config(config, self.model.named_trainable_variables(),
-                                           l2=self.model.l2_factors())
+                                           l2=self.model.l2_factors(), parts=self.model.returnn_parts())
         self.lr_control = LearningRateControl.from_config(config)
         self.monitor = RunMonitor(config, self.comm, self.lr_control)
         self.steps = Steps(self.model, self.updater, strategy,

@@ -131,6 +131,13 @@ class Steps:
             if updater.decay != wanted:
                 raise ValueError("Steps: the updater's decoupled L2 differs from the model's layer L2 (build "
                                  "it with Updater.from_config(config, variables, l2=model.l2_factors())).")
+        if updater is not None and updater.gradient_options.clip_norm:
+            parts = model.returnn_parts()
+            if updater.parts != [parts.get(name) for name in model.named_trainable_variables()]:
+                raise ValueError("Steps: gradient_clip_norm clips each of RETURNN's variables on its own, "
+                                 "but the updater does not know how the model's variables split into them "
+                                 "(build it with Updater.from_config(config, variables, "
+                                 "parts=model.returnn_parts())).")
         self.target_keys = sorted(model.loss_targets)
         # what the steps read; other streams of the dataset are not loaded
         self.batch_keys = ["data"] + [k for k in self.target_keys if k != "data"]

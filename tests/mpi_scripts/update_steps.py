@@ -39,7 +39,8 @@ def main() -> None:
     strategy = start(config)
     rank = strategy.comm.rank
     model = build_model(config, input_dim=2, input_sparse=False, target_dims={"classes": 3})
-    updater = Updater.from_config(config, model.named_trainable_variables(), l2=model.l2_factors())
+    updater = Updater.from_config(config, model.named_trainable_variables(), l2=model.l2_factors(),
+                                  parts=model.returnn_parts())
     broadcast_initial(strategy.comm, list(model.variables) + updater.variables)
     steps = Steps(model, updater, strategy)
     named = model.named_trainable_variables()

@@ -83,6 +83,8 @@ class Layer(tf.Module):
         self.in_dim = in_dim
         self.n_out = in_dim
         self.params: dict[str, tf.Variable] = {}
+        # param key -> row counts of the separate variables RETURNN keeps it as (see SeqModel.returnn_parts)
+        self.returnn_parts: dict[str, tuple[int, ...]] = {}
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         return x

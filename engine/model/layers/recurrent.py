@@ -14,6 +14,9 @@ from engine.runtime.errors import ConfigError
 # TF 2 also LSTMBlock, LSTMBlockFused and CudnnLSTM without a GPU): input and recurrent weights each
 # glorot on their own, and no forget bias.
 TF_CELL_UNITS = ("basiclstm", "standardlstm")
+# the units whose RETURNN cell keeps input and recurrent weights in one variable, as this engine's W does
+# (the rest keep W and W_re: engine/training/checkpoints/returnn_format.py, LSTM_LAYOUTS)
+ONE_KERNEL_UNITS = TF_CELL_UNITS + ("nativelstmlowmem",)
 
 
 class Rec(Layer):
@@ -45,6 +48,8 @@ class Rec(Layer):
             self.forget_bias = 0.0
         # the variable holds RETURNN's bias (starting at 0); the forget bias is added where it is used
         self.params["b"] = tf.Variable(tf.zeros([4 * n]), name=f"{name}/b")
+        # W's rows as RETURNN's variables: W (input) and W_re (recurrent), or one kernel (model.returnn_parts)
+        self.returnn_parts = {} if self.unit in ONE_KERNEL_UNITS else {"W": (in_dim, n)}
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         if self.direction == -1:

@@ -1,10 +1,10 @@
 """The layers' ``L2`` and ``darc1`` terms.
 
 ``L2`` on a layer adds L2 * (sum of squares of all its parameters, weights and biases) to RETURNN's
-objective, which is the loss summed over frames. The engine differentiates frame-averaged losses, so
-``Steps`` divides the term by the batch's frames: the gradient has RETURNN's direction. ``darc1`` adds
+objective, which is the loss summed over frames, undivided (``Steps._differentiated``). ``darc1`` adds
 darc1 * (max over output dims of the summed |value| over the batch's frames) of the layer's output
 before its activation, entered the same way (but once per rank in every mode: it depends on the data).
+Both equal RETURNN's in one update (tests/test_returnn_parity.py).
 """
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ Keys (0 = off):
   beyond), is added to every gradient; the same s at every step.
 - ``gradient_clip`` c: every gradient value is clipped to [-c, c].
 - ``gradient_clip_norm`` n: each gradient tensor on its own is scaled by n / max(||t||, n), ||t|| being
-  that tensor's L2 norm after the steps above (``tf.clip_by_norm``, as RETURNN calls it).
+  that tensor's L2 norm after the steps above (``tf.clip_by_norm``, as RETURNN calls it). The tensors are
+  RETURNN's variables: where this engine keeps two of them in one (an LSTM's ``W`` holds RETURNN's ``W``
+  and ``W_re``: ``parts``), each part is clipped on its own.
 - ``gradient_clip_global_norm`` n: all gradients are scaled by n / max(||g||, n), where ||g|| is the
   norm of the gradients as they came (before the steps above), as RETURNN computes it.
 
@@ -55,10 +57,21 @@ def global_norm(grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
     return tf.linalg.global_norm([g for g in grads if g is not None])
 
 
+def clip_by_norm(grad: tf.Tensor, clip_norm: float, rows: Sequence[int] | None = None) -> tf.Tensor:
+    """``tf.clip_by_norm``, or with ``rows`` on each block of that many rows (axis 0) on its own."""
+    if not rows:
+        return tf.clip_by_norm(grad, clip_norm)
+    parts = tf.split(grad, list(rows), axis=0)
+    return tf.concat([tf.clip_by_norm(part, clip_norm) for part in parts], axis=0)
+
+
 def process_gradients(grads: Sequence[tf.Tensor | None], options: GradientOptions, seed: tf.Tensor,
-                      extra: Sequence[tf.Tensor | None] | None = None) -> list[tf.Tensor | None]:
+                      extra: Sequence[tf.Tensor | None] | None = None,
+                      parts: Sequence[Sequence[int] | None] | None = None) -> list[tf.Tensor | None]:
     """The gradients to apply. ``extra``: the ``maximize_grad_norm`` term per gradient (or None);
-    ``seed``: int64 (2,), the step's key for the noise. A None gradient stays None (no update)."""
+    ``seed``: int64 (2,), the step's key for the noise; ``parts``: per gradient None, or the row counts
+    of the RETURNN variables its variable holds (``gradient_clip_norm`` clips each on its own). A None
+    gradient stays None (no update)."""
     norm = global_norm(grads) if options.clip_global_norm else None
     out = []
     for index, grad in enumerate(grads):
@@ -75,7 +88,7 @@ def process_gradients(grads: Sequence[tf.Tensor | None], options: GradientOption
         if options.clip_value:
             grad = tf.clip_by_value(grad, -options.clip_value, options.clip_value)
         if options.clip_norm:
-            grad = tf.clip_by_norm(grad, options.clip_norm)
+            grad = clip_by_norm(grad, options.clip_norm, parts[index] if parts is not None else None)
         if norm is not None:
             grad = grad * (options.clip_global_norm / tf.maximum(norm, options.clip_global_norm))
         out.append(grad)

@@ -2,8 +2,11 @@
 
 RETURNN's flags (for configs without ``optimizer``):
 - ``adam = True``: adam;  ``nadam = True``: nadam (both refuse a ``momentum``). nadam is the rule of
-  RETURNN's own NadamOptimizer (also its ``optimizer = "nadam"``); RETURNN on TensorFlow 2 gives the flag
-  Keras' Nadam instead, whose momentum schedule differs;
+  RETURNN's own NadamOptimizer (its ``optimizer = {"class": "nadam"}``; one update equals RETURNN's:
+  tests/test_returnn_parity.py), which RETURNN on TensorFlow 1 also ran for the flag (TF 1's
+  ``tf.contrib.opt.NadamOptimizer``). RETURNN on TensorFlow 2 gives the flag Keras' Nadam instead, whose
+  momentum schedule differs, and on TensorFlow 2.15 (Keras' new optimizers) cannot run it at all: its
+  Keras wrapper stops with "'Nadam' object has no attribute '_name'". A line at start says which rule runs;
 - ``rmsprop = <float>``: rmsprop with that decay;  ``rmsprop = True``: rmsprop (decay 0.9); both take
   ``momentum`` as rmsprop's momentum;
 - ``momentum = <m>`` (not 0): momentum SGD;  none of them: plain gradient descent (RETURNN's default).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.runtime import log
 from engine.runtime.errors import ConfigError
 from engine.training.update.optimizers import Optimizer, optimizer_from_config
 
@@ -62,6 +66,11 @@ def optimizer_for_config(config) -> Optimizer:
         if not isinstance(rmsprop, bool):
             options["decay"] = rmsprop
         return optimizer_from_config(options, epsilon=epsilon)
+    if chosen == ["nadam"]:
+        log.info("nadam = True: RETURNN's NadamOptimizer (what RETURNN's optimizer = {'class': 'nadam'} "
+                 "runs, and the flag ran on TensorFlow 1); RETURNN on TensorFlow 2 maps the flag to Keras' "
+                 "Nadam instead, whose momentum schedule differs (and which it cannot run on TensorFlow "
+                 "2.15)")
     if chosen:
         return optimizer_from_config(chosen[0], epsilon=epsilon)
     if momentum:

@@ -13,7 +13,8 @@ which RETURNN uses):
 - ``momentum``: a = mu a + g;  w -= lr a  (``nesterov``: w -= lr (g + mu a))
 - ``adam``:     m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  w -= lr_t m / (sqrt(v) + eps),
                 lr_t = lr sqrt(1-b2^t) / (1-b1^t)
-- ``nadam``:    as adam, but w -= lr_t (b1 m + (1-b1) g) / (sqrt(v) + eps)
+- ``nadam``:    as adam, but w -= lr_t (b1 m + (1-b1) g) / (sqrt(v) + eps)  (RETURNN's NadamOptimizer:
+                TensorFlow's ApplyAdam with use_nesterov)
 - ``rmsprop``:  s = rho s + (1-rho) g^2;  a = mu a + lr g / sqrt(s + eps);  w -= a  (s starts at 1,
                 as in TensorFlow 1, which damps the first steps; every other slot starts at 0)
 eps is ``optimizer_epsilon`` (1e-16) unless the optimizer's dict gives its own, as in RETURNN.
@@ -122,10 +123,18 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "nadam": Nadam,
     "rmsprop": RmsProp,
 }
+# RETURNN's class names of the same rules: TensorFlow 1's optimizers, which it registers with and without
+# the "Optimizer" suffix. On TensorFlow 2 its "sgd" is Keras' SGD, which its Keras wrapper cannot take on
+# TF 2.15 ("'SGD' object has no attribute '_name'"), so RETURNN configs say "gradientdescent" there.
+RETURNN_CLASS_NAMES = {
+    "gradientdescent": "sgd", "gradientdescentoptimizer": "sgd", "momentumoptimizer": "momentum",
+    "adamoptimizer": "adam", "nadamoptimizer": "nadam", "rmspropoptimizer": "rmsprop",
+}
 
 
 def optimizer_from_config(value: Any, *, epsilon: float | None = None) -> Optimizer:
-    """``"adam"`` or ``{"class": "adam", "beta1": ...}`` (class names in any case) -> an ``Optimizer``.
+    """``"adam"`` or ``{"class": "adam", "beta1": ...}`` (class names in any case, also RETURNN's
+    ``RETURNN_CLASS_NAMES``) -> an ``Optimizer``.
 
     ``epsilon`` (default: the key ``optimizer_epsilon``'s, 1e-16) is the epsilon of optimizers that have
     one, unless the dict gives its own (RETURNN's rule)."""
@@ -138,9 +147,11 @@ def optimizer_from_config(value: Any, *, epsilon: float | None = None) -> Optimi
             f"Config key 'optimizer' must be a class name or a dict with 'class', got {value!r}."
         )
     name = value["class"].lower()
+    name = RETURNN_CLASS_NAMES.get(name, name)
     if name not in OPTIMIZERS:
         raise ConfigError(
-            f"Config key 'optimizer': unknown class {value['class']!r}; known: {', '.join(OPTIMIZERS)}."
+            f"Config key 'optimizer': unknown class {value['class']!r}; known: {', '.join(OPTIMIZERS)} (and "
+            f"RETURNN's names of them: {', '.join(RETURNN_CLASS_NAMES)})."
         )
     options = {k: v for k, v in value.items() if k != "class"}
     if "epsilon" in OPTIMIZERS[name].defaults and "epsilon" not in options:

@@ -35,6 +35,8 @@ class Updater:
     names then label the slots in ``named_variables()``. ``random_seed`` keys the gradient noise.
     ``decoupled_l2``: None, the layers' ``L2`` is a loss term (``Steps`` adds it); or a dict variable name
     -> L2 (names as in ``named_variables``, each listed variable decays by 2 * L2 per update, see above).
+    ``parts``: variable name -> the row counts of the RETURNN variables it holds (the model's
+    ``returnn_parts()``), for ``gradient_clip_norm``.
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class Updater:
         gradient_options: GradientOptions = GradientOptions(),
         random_seed: int = 0,
         decoupled_l2: Mapping[str, float] | None = None,
+        parts: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         if isinstance(variables, dict):
             names, self.vars = list(variables), list(variables.values())
@@ -59,6 +62,12 @@ class Updater:
             if unknown:
                 raise ValueError(f"Updater: decoupled_l2 names variables it does not update: {unknown}.")
             self.decay = [2.0 * float(decoupled_l2.get(name, 0.0)) for name in names]
+        unknown = sorted(set(parts or {}) - set(names))
+        if unknown:
+            raise ValueError(f"Updater: parts names variables it does not update: {unknown}.")
+        # per variable: None, or the row counts of the RETURNN variables it holds
+        self.parts: list[tuple[int, ...] | None] = [
+            tuple(parts[name]) if parts and name in parts else None for name in names]
         self.optimizer = optimizer
         self.gradient_options = gradient_options
         self.random_seed = int(random_seed)
@@ -76,11 +85,12 @@ class Updater:
 
     @classmethod
     def from_config(cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable],
-                    l2: Mapping[str, float] | None = None) -> "Updater":
+                    l2: Mapping[str, float] | None = None,
+                    parts: Mapping[str, Sequence[int]] | None = None) -> "Updater":
         """The optimizer (``optimizer_config``), ``learning_rate`` (the loop sets each epoch's rate with
         ``set_learning_rate``), the gradient keys of ``gradients.py``, ``random_seed`` and
         ``decouple_constraints``; ``l2``: the model's ``l2_factors()`` (variable name -> its layer's L2),
-        decayed here when ``decouple_constraints`` is set."""
+        decayed here when ``decouple_constraints`` is set; ``parts``: the model's ``returnn_parts()``."""
         return cls(
             variables,
             optimizer_for_config(config),
@@ -88,6 +98,7 @@ class Updater:
             gradient_options=GradientOptions.from_config(config),
             random_seed=config.int("random_seed"),
             decoupled_l2=dict(l2 or {}) if config.bool("decouple_constraints") else None,
+            parts=parts,
         )
 
     @property
@@ -138,7 +149,7 @@ class Updater:
                 f"Updater.apply_gradients: {len(grads)} gradients for {len(self.vars)} variables."
             )
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
-        return process_gradients(grads, self.gradient_options, self.step_seed(), extra)
+        return process_gradients(grads, self.gradient_options, self.step_seed(), extra, self.parts)
 
     def apply_processed(self, grads: Sequence[tf.Tensor | None]) -> None:
         """The update step with gradients from ``processed_gradients`` (of this step: the noise is keyed
