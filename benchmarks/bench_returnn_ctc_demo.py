@@ -6,17 +6,21 @@ the dev score and label error per epoch, this engine beside RETURNN.
 
 Only the dataset is swapped: the demo reads TIMIT (or NLTK's excerpt) through RETURNN's ``TimitDataset``;
 here ``--train`` utterances and 60 dev utterances are synthesised and written as HDF, with the demo's
-shapes (80 input dims, 61 phone classes). Each utterance is 4..12 random phones, each phone 4..9 frames of
-its own random prototype plus noise, with silence (a prototype of its own) before, between some and after.
+shapes (80 input dims, 61 phone classes) and about TIMIT's utterance length (2-3 s). Each utterance is
+15..40 random phones, each phone 4..11 frames of its own random prototype plus noise, with silence (a
+prototype of its own) before, between some and after.
 The demo's ``ler_39`` layer maps the 61 phones to 39 with ``TimitDataset.get_label_map()``; the corpus
 has no phonetics, so here the map folds phone ``i`` onto ``i % 39``. Everything else (network, nadam,
-``gradient_noise = 0.1``, L2 and darc1, newbob, batching) is the demo's. ``num_epochs`` is ``--epochs``.
+``gradient_noise = 0.1``, L2 and darc1, newbob, batching) is the demo's. ``num_epochs`` is ``--epochs``;
+``--no-darc1`` and ``--gradient-noise`` change the recipe on both sides (RETURNN 1.20261022 on TensorFlow
+2.15 fails to build ``darc1``: its mask does not broadcast against the output).
 
 Each ``--seeds`` value is one run of each program with that ``random_seed`` (the corpus stays the same), so
 the spread between seeds shows what a difference between the programs means. RETURNN runs where
 ``$RETURNN_PYTHON`` or ``/tmp/returnn-venv/bin/python`` has it (``bench_returnn.py``); else its rows are
-left out with one line. Prints, per program and seed, the dev score and the dev label error (``ler_39``'s
-error, RETURNN's ``dev_error_ler_39``) after each epoch, read from the learning-rate file each writes.
+left out with one line. Prints, per program and seed, the dev score and the dev label error of the
+``output`` layer (61 phones; RETURNN's ``dev_score_output`` and ``dev_error_output``, the engine's
+``dev_score`` and ``dev_error``) after each epoch, read from the learning-rate file each writes.
 """
 from __future__ import annotations
 
@@ -56,8 +60,7 @@ network = {{
           "from": ["fwd1", "bwd1"]}},
 "bwd2": {{"class": "rec", "unit": "nativelstm2", "direction": -1, "L2": 0.01, "dropout": 0., "n_out": 250,
           "from": ["fwd1", "bwd1"]}},
-"output": {{"class": "softmax", "loss": "ctc", "target": "classes", "from": ["fwd2", "bwd2"],
-            "darc1": 0.001}},
+"output": {{"class": "softmax", "loss": "ctc", "target": "classes", "from": ["fwd2", "bwd2"]{darc1}}},
 "ler_39": {{"class": "copy", "from": ["output"], "only_on_eval": True,
     "loss": "edit_distance", "loss_opts": {{"ctc_decode": True, "label_map": {label_map!r}}}}}
 }}
@@ -71,7 +74,7 @@ model = {model!r}
 cleanup_old_models = True
 learning_rate_file = {lr_file!r}
 optimizer = {{"class": "nadam"}}
-gradient_noise = 0.1
+gradient_noise = {noise}
 learning_rate = 0.001
 learning_rate_control = "newbob_multi_epoch"
 learning_rate_control_relative_error_relative_lr = True
@@ -94,10 +97,10 @@ def make_corpus(path: str, num_seqs: int, seed: int, prototypes: np.ndarray) -> 
     keys = {"data": DataKeyInfo(dim=INPUT_DIM), "classes": DataKeyInfo(dim=PHONES, sparse=True)}
     with HDFWriter(path, keys) as writer:
         for i in range(num_seqs):
-            phones = rng.randint(0, PHONES, rng.randint(4, 13))
+            phones = rng.randint(0, PHONES, rng.randint(15, 41))
             frames = [prototypes[PHONES]] * rng.randint(2, 6)  # leading silence
             for phone in phones:
-                frames += [prototypes[phone]] * rng.randint(4, 10)
+                frames += [prototypes[phone]] * rng.randint(4, 12)
                 if rng.rand() < 0.3:
                     frames += [prototypes[PHONES]] * rng.randint(1, 4)
             frames += [prototypes[PHONES]] * rng.randint(2, 6)
@@ -105,12 +108,14 @@ def make_corpus(path: str, num_seqs: int, seed: int, prototypes: np.ndarray) -> 
             writer.insert(f"seq-{i}", {"data": features.astype(np.float32), "classes": phones})
 
 
-def write_config(folder: str, name: str, corpus: dict, epochs: int, seed: int, returnn: bool) -> str:
+def write_config(folder: str, name: str, corpus: dict, epochs: int, seed: int, returnn: bool,
+                 changes: argparse.Namespace) -> str:
     run = os.path.join(folder, name)
     os.makedirs(run, exist_ok=True)
     text = DEMO.format(num_train=corpus["num_train"], train=corpus["train"], dev=corpus["dev"], epochs=epochs,
                        model=os.path.join(run, "model"), lr_file=os.path.join(run, "newbob.data"),
-                       label_map={i: i % 39 for i in range(PHONES)}, seed=seed)
+                       label_map={i: i % 39 for i in range(PHONES)}, seed=seed,
+                       darc1="" if changes.no_darc1 else ', "darc1": 0.001', noise=changes.gradient_noise)
     path = os.path.join(folder, f"{name}.config")
     with open(path, "w") as f:
         f.write((RETURNN_HEAD if returnn else "") + text)
@@ -126,7 +131,7 @@ def curve(lr_file: str, epochs: int) -> list[tuple[float, float]]:
     for epoch in range(1, epochs + 1):
         errors = history[epoch].scores
         score = errors.get("dev_score", errors.get("dev_score_output"))
-        ler = errors.get("dev_error_ler_39", errors.get("dev_error"))
+        ler = errors.get("dev_error", errors.get("dev_error_output"))
         rows.append((score, ler))
     return rows
 
@@ -137,6 +142,11 @@ def main() -> int:
     parser.add_argument("--seeds", default="1,2")
     parser.add_argument("--train", type=int, default=600)
     parser.add_argument("--folder", help="keep the corpus and runs here (default: a temporary folder)")
+    parser.add_argument("--no-darc1", action="store_true",
+                        help="leave out the output layer's darc1 (RETURNN 1.20261022 on TF 2.15 cannot "
+                        "build it)")
+    parser.add_argument("--gradient-noise", type=float, default=0.1, help="the demo's is 0.1")
+    parser.add_argument("--programs", default="engine,returnn")
     args = parser.parse_args()
     folder = args.folder or tempfile.mkdtemp(prefix="bench-ctc-demo-")
     prototypes = np.random.RandomState(0).standard_normal((PHONES + 1, INPUT_DIM))
@@ -151,11 +161,12 @@ def main() -> int:
     programs = [("engine", [sys.executable, os.path.join(ROOT, "rnn.py")])]
     if returnn:
         programs.append(("returnn", [returnn, "-m", "returnn"]))
+    programs = [(name, command) for name, command in programs if name in args.programs.split(",")]
     results = {}
     for seed in [int(s) for s in args.seeds.split(",")]:
         for program, command in programs:
             name = f"{program}-seed{seed}"
-            config = write_config(folder, name, corpus, args.epochs, seed, returnn=program == "returnn")
+            config = write_config(folder, name, corpus, args.epochs, seed, program == "returnn", args)
             env = child_env(extra={"DISABLE_CUDA": "1"} if program == "returnn" else None)
             with open(os.path.join(folder, f"{name}.log"), "w") as log:
                 done = subprocess.run(command + [config], env=env, stdout=log, stderr=subprocess.STDOUT)
