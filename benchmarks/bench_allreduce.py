@@ -24,6 +24,9 @@ without it (``-off``: the guard turned off, as only benchmarks do), side by side
   hvd-fp16     horovod backend, allreduce_tensors
   hvd-bkt16    horovod backend, allreduce_tensor_buckets in 25 MB buckets
 
+and the guard's exchange alone, the MAX of one float per tensor: ``raw-peaks`` (mpi4py's Allreduce) and
+``mpi-peaks`` (the mpi backend's allreduce_tensors in a tf.function, as a reduction's exchange runs).
+
 Phase 1 runs before Horovod is initialised (as a job on the mpi backend runs); phase 2 after
 ``hvd.init`` (as a job on the horovod backend runs: Horovod's background thread polls all the time).
 Targets (issue 4): mpi >= 0.9x raw, and at least as fast as Horovod. The guard's cost is reported as
@@ -92,8 +95,8 @@ class Bench:
         # One communicator per engine path, as in a job that uses only that path: results handed to
         # TensorFlow keep their fusion buffer until TensorFlow's deferred release, so paths sharing one
         # communicator would steal each other's pooled buffers in this interleaved timing.
-        paths = ("mpi", "mpi-graph", "mpi-eager") + tuple(f"{path}{off}" for path in GUARDED[:2]
-                                                          for off in ("", "-off"))
+        guarded = tuple(f"{path}{off}" for path in GUARDED[:2] for off in ("", "-off"))
+        paths = ("mpi", "mpi-graph", "mpi-eager", "mpi-peaks") + guarded
         self.comms = {path: create_communicator("mpi") for path in paths}
         self.data = {}
         for key in args.models.split(","):
@@ -116,10 +119,15 @@ class Bench:
         def mpi_eager() -> None:
             [tf.convert_to_tensor(r) for r in comms["mpi-eager"].allreduce([t.numpy() for t in tensors])]
 
+        # the range guard's exchange alone: one float per tensor, MAX (raw, and in a tf.function)
+        peaks = self.np.ones(len(tensors), self.np.float32)
+        peaks_tensor = tf.constant(peaks)
         return {"raw": lambda: world.Allreduce(MPI.IN_PLACE, raw), "raw-seg": raw_segmented,
                 "mpi": lambda: comms["mpi"].allreduce(arrays, "sum"),
                 "mpi-graph": tf.function(lambda: comms["mpi-graph"].allreduce_tensors(tensors, "sum")),
                 "mpi-eager": mpi_eager,
+                "raw-peaks": lambda: world.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX),
+                "mpi-peaks": tf.function(lambda: comms["mpi-peaks"].allreduce_tensors([peaks_tensor], "max")),
                 **self.fp16_methods("mpi", lambda path: comms[path], tensors)}
 
     def fp16_methods(self, backend: str, comm_for: Callable, tensors: list) -> dict[str, Callable]:
@@ -157,7 +165,7 @@ class Bench:
         for title, reps, arrays, tensors in self.data.values():
             methods = make_methods(arrays, tensors)
             if self.args.fp16_only:
-                methods = {k: f for k, f in methods.items() if k == "raw" or "16" in k}
+                methods = {k: f for k, f in methods.items() if k == "raw" or "16" in k or "peaks" in k}
             want = self.world.allreduce(arrays[-2], op=self.MPI.SUM)
             for name in ("mpi", "mpi-graph", "hvd", "hvd-graph"):
                 if name in methods:
