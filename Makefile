@@ -94,6 +94,7 @@ bench: install
 	$(PY) benchmarks/bench_ctc.py
 	$(PY) benchmarks/bench_forward.py
 	$(PY) benchmarks/bench_wire_sum.py
+	$(PY) benchmarks/bench_wire_guard.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_chaos.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_multihost.py
 

@@ -15,9 +15,22 @@ in interleaved rounds (the machine is noisy: read the ratios, not the absolute t
   hvd-graph    engine horovod backend, comm.allreduce_tensors inside a tf.function (grouped allreduce)
   hvd          engine horovod backend, comm.allreduce(list of numpy arrays)
 
+and with ``distributed_wire_format = "fp16"``, inside a tf.function, each with fp16's range guard
+(engine/distributed/wire_guard.py: the peaks' exchange, the scaling before the cast and after it) and
+without it (``-off``: the guard turned off, as only benchmarks do), side by side in every round:
+
+  mpi-fp16     mpi backend, allreduce_tensors: one fused reduction
+  mpi-bkt16    mpi backend, allreduce_tensor_buckets in 25 MB buckets (training's default path)
+  hvd-fp16     horovod backend, allreduce_tensors
+  hvd-bkt16    horovod backend, allreduce_tensor_buckets in 25 MB buckets
+
+and the guard's exchange alone, the MAX of one float per tensor: ``raw-peaks`` (mpi4py's Allreduce) and
+``mpi-peaks`` (the mpi backend's allreduce_tensors in a tf.function, as a reduction's exchange runs).
+
 Phase 1 runs before Horovod is initialised (as a job on the mpi backend runs); phase 2 after
 ``hvd.init`` (as a job on the horovod backend runs: Horovod's background thread polls all the time).
-Targets (issue 4): mpi >= 0.9x raw, and at least as fast as Horovod.
+Targets (issue 4): mpi >= 0.9x raw, and at least as fast as Horovod. The guard's cost is reported as
+the ratio of guarded to unguarded time, per round (issue 28; no target).
 """
 from __future__ import annotations
 
@@ -44,6 +57,9 @@ def lstm_shapes(n_in: int, units: int, layers: int, n_out: int, directions: int 
     return shapes + [(dim, n_out), (n_out,)]
 
 
+BUCKET_MB = 25.0  # distributed_bucket_mb's default
+GUARDED = ("mpi-fp16", "mpi-bkt16", "hvd-fp16", "hvd-bkt16")  # each also measured with "-off"
+
 # name: (title, shapes, reductions per timed block)
 MODELS = {
     "lstm": ("2-layer LSTM 128 (in 40, out 50)", lstm_shapes(40, 128, 2, 50), 200),
@@ -59,6 +75,7 @@ def launch(args: argparse.Namespace) -> int:
            "--map-by", "slot", "-np", str(args.np), sys.executable, __file__, "--worker",
            "--rounds", str(args.rounds), "--models", args.models]
     cmd += ["--no-horovod"] if args.no_horovod else []
+    cmd += ["--fp16-only"] if args.fp16_only else []
     return subprocess.call(cmd, env=env, cwd=ROOT)
 
 
@@ -78,7 +95,9 @@ class Bench:
         # One communicator per engine path, as in a job that uses only that path: results handed to
         # TensorFlow keep their fusion buffer until TensorFlow's deferred release, so paths sharing one
         # communicator would steal each other's pooled buffers in this interleaved timing.
-        self.comms = {path: create_communicator("mpi") for path in ("mpi", "mpi-graph", "mpi-eager")}
+        guarded = tuple(f"{path}{off}" for path in GUARDED[:2] for off in ("", "-off"))
+        paths = ("mpi", "mpi-graph", "mpi-eager", "mpi-peaks") + guarded
+        self.comms = {path: create_communicator("mpi") for path in paths}
         self.data = {}
         for key in args.models.split(","):
             title, shapes, reps = MODELS[key]
@@ -100,15 +119,53 @@ class Bench:
         def mpi_eager() -> None:
             [tf.convert_to_tensor(r) for r in comms["mpi-eager"].allreduce([t.numpy() for t in tensors])]
 
+        # the range guard's exchange alone: one float per tensor, MAX (raw, and in a tf.function)
+        peaks = self.np.ones(len(tensors), self.np.float32)
+        peaks_tensor = tf.constant(peaks)
         return {"raw": lambda: world.Allreduce(MPI.IN_PLACE, raw), "raw-seg": raw_segmented,
                 "mpi": lambda: comms["mpi"].allreduce(arrays, "sum"),
                 "mpi-graph": tf.function(lambda: comms["mpi-graph"].allreduce_tensors(tensors, "sum")),
-                "mpi-eager": mpi_eager}
+                "mpi-eager": mpi_eager,
+                "raw-peaks": lambda: world.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX),
+                "mpi-peaks": tf.function(lambda: comms["mpi-peaks"].allreduce_tensors([peaks_tensor], "max")),
+                **self.fp16_methods("mpi", lambda path: comms[path], tensors)}
+
+    def fp16_methods(self, backend: str, comm_for: Callable, tensors: list) -> dict[str, Callable]:
+        """The fp16 rows of ``backend``, fused and in buckets, each with the range guard and without it
+        (``comm_for(path)``: the communicator of that row)."""
+        from engine.distributed.buckets import buckets_for
+
+        buckets = buckets_for(tensors, BUCKET_MB)
+        methods = {}
+        for path in (f"{backend}-fp16", f"{backend}-bkt16"):
+            for name in (path, f"{path}-off"):
+                comm = comm_for(name)
+                if path.endswith("bkt16"):
+                    def reduce(comm=comm) -> list:
+                        return comm.allreduce_tensor_buckets(tensors, buckets, "sum", wire="fp16")
+                else:
+                    def reduce(comm=comm) -> list:
+                        return comm.allreduce_tensors(tensors, "sum", wire="fp16")
+                methods[name] = self.traced(comm, reduce, guarded=not name.endswith("-off"))
+        return methods
+
+    def traced(self, comm, fn: Callable, guarded: bool) -> Callable:
+        """``tf.function(fn)``, traced now with fp16's range guard on or off (read while tracing)."""
+        saved = comm.fp16_range
+        comm.fp16_range = saved if guarded else None
+        try:
+            function = self.tf.function(fn)
+            function.get_concrete_function()
+        finally:
+            comm.fp16_range = saved
+        return function
 
     def run_phase(self, make_methods: Callable) -> list[tuple[str, int, dict[str, list[float]]]]:
         rows = []
         for title, reps, arrays, tensors in self.data.values():
             methods = make_methods(arrays, tensors)
+            if self.args.fp16_only:
+                methods = {k: f for k, f in methods.items() if k == "raw" or "16" in k or "peaks" in k}
             want = self.world.allreduce(arrays[-2], op=self.MPI.SUM)
             for name in ("mpi", "mpi-graph", "hvd", "hvd-graph"):
                 if name in methods:
@@ -145,7 +202,7 @@ def worker(args: argparse.Namespace) -> None:
             methods = {k: methods[k] for k in ("raw", "mpi", "mpi-graph")}
             methods["hvd-graph"] = bench.tf.function(lambda: hvd.allreduce_tensors(tensors, "sum"))
             methods["hvd"] = lambda: hvd.allreduce(arrays, "sum")
-            return methods
+            return {**methods, **bench.fp16_methods("hvd", lambda path: hvd, tensors)}
 
         phase2 = bench.run_phase(with_horovod)
         phases.append(("phase 2: Horovod initialised (its background thread runs)", phase2))
@@ -158,17 +215,38 @@ def report(phases: list, args: argparse.Namespace, MPI, tf) -> None:
     print(f"allreduce benchmark: {args.np} ranks, {lib}, TensorFlow {tf.__version__}, "
           f"median of {args.rounds} interleaved rounds; 'raw/this' > 1 means faster than raw")
     for phase, rows in phases:
-        print(f"\n{phase}\n{'model':36} {'params':>11} {'MB':>7}  {'method':10} {'time/red':>10} "
+        print(f"\n{phase}\n{'model':36} {'params':>11} {'MB':>7}  {'method':13} {'time/red':>10} "
               f"{'range ms':>17} {'alg GB/s':>9} {'raw/this':>9}")
         for title, count, times in rows:
             medians = {name: statistics.median(t) for name, t in times.items()}
             for name, t in medians.items():
                 spread = f"{min(times[name]) * 1e3:.3f}..{max(times[name]) * 1e3:.3f}"
-                print(f"{title:36} {count:>11,} {count * 4 / 1e6:>7.2f}  {name:10} {t * 1e3:>8.3f}ms "
+                print(f"{title:36} {count:>11,} {count * 4 / 1e6:>7.2f}  {name:13} {t * 1e3:>8.3f}ms "
                       f"{spread:>17} {count * 4 / t / 1e9:>9.2f} {medians['raw'] / t:>8.2f}x")
     print()
     for line in verdicts(phases):
         print(line)
+    print("\nfp16's range guard: time per reduction with it and without it (-off), median of the rounds; the "
+          "ratio is taken per round (the two ran side by side), its median and range")
+    for line in guard_costs(phases):
+        print(line)
+
+
+def guard_costs(phases: list) -> list[str]:
+    """Per model and fp16 row: guarded and unguarded medians, the difference, and the per-round ratios."""
+    out = []
+    for _, rows in phases:
+        for title, _, times in rows:
+            for name in GUARDED:
+                if name not in times:
+                    continue
+                on, off = times[name], times[f"{name}-off"]
+                ratios = [a / b for a, b in zip(on, off)]
+                out.append(f"{title:36} {name:10} {statistics.median(on) * 1e3:9.3f} ms  off "
+                           f"{statistics.median(off) * 1e3:9.3f} ms  "
+                           f"+{(statistics.median(on) - statistics.median(off)) * 1e3:8.3f} ms  "
+                           f"ratio {statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})")
+    return out
 
 
 def verdicts(phases: list) -> list[str]:
@@ -182,6 +260,8 @@ def verdicts(phases: list) -> list[str]:
     second = {title: times for title, _, times in phases[1][1]} if len(phases) > 1 else {}
     out = []
     for title, m in first.items():
+        if "mpi" not in m:  # --fp16-only
+            continue
         ratio = statistics.median(m["raw"]) / statistics.median(m["mpi"])
         graph = statistics.median(m["mpi-graph"]) / statistics.median(m["mpi"])
         eager = statistics.median(m["mpi-eager"]) / statistics.median(m["mpi"])
@@ -210,6 +290,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--models", default="lstm,large", help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--no-horovod", action="store_true", help="skip phase 2")
+    parser.add_argument("--fp16-only", action="store_true",
+                        help="only raw and the fp16 rows with and without the range guard (issue 28)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

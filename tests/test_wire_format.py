@@ -209,7 +209,7 @@ BACKENDS = [pytest.param("mpi", marks=pytest.mark.tf_latest), "horovod"]
 def test_two_ranks_reduce_exactly_as_the_references(backend):
     r = run_mpi(2, [str(SCRIPTS / "wire_reduce.py"), "--backend", backend], timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
-    checks = 80 if backend == "mpi" else 78  # the horovod backend has no uint16 tensor beside the others
+    checks = 154 if backend == "mpi" else 152  # the horovod backend has no uint16 tensor beside the others
     for rank in (0, 1):
         assert f"rank {rank}: {checks} wire checks passed ({backend})" in r.stdout, r.stdout + r.stderr
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Seque
 import numpy as np
 
 from engine.distributed.watchdog import StallLimits, Watchdog
-from engine.distributed.wire import Wire
+from engine.distributed.wire import Wire, wire_per_tensor
+from engine.distributed.wire_guard import RangeGuard
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -40,11 +41,14 @@ def check_reduction(op: str, dtypes: Sequence[np.dtype] = ()) -> None:
                              "sum them and divide where the rounding you want is clear")
 
 
-def tensor_bytes(tensors: Sequence[tf.Tensor]) -> int | None:
-    """Bytes of the tensors when their shapes are known while tracing (gradients' are), else None."""
+def tensor_bytes(tensors: Sequence[tf.Tensor], wire: Wire = None, op: str = "sum") -> int | None:
+    """Bytes of the tensors on the wire when their shapes are known while tracing (gradients' are), else
+    None: 2 a value for the float32 tensors that ``wire`` compresses."""
     if not all(t.shape.is_fully_defined() for t in tensors):
         return None
-    return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
+    fmt, marked = wire_per_tensor(wire, len(tensors), op)
+    return sum(t.shape.num_elements() * (2 if fmt and m and t.dtype.name == "float32" else t.dtype.size)
+               for t, m in zip(tensors, marked))
 
 
 class Communicator(abc.ABC):
@@ -71,6 +75,9 @@ class Communicator(abc.ABC):
         side channel nor aborts through MPI; it watches this rank's own waits and ends the process."""
         self.side_channel = side_channel
         self.watchdog = None
+        # fp16 on the wire: the factors that keep each reduction in fp16's range (wire_guard.py). None
+        # turns the guard off; only benchmarks do that, to measure what it costs.
+        self.fp16_range: RangeGuard | None = RangeGuard(self.size)
         if stall is not None and stall.enabled:
             if watchdog_calls_mpi:
                 self.watchdog = Watchdog(stall, self.abort, rank=self.rank, size=self.size,
@@ -116,7 +123,9 @@ class Communicator(abc.ABC):
         the collective is timed as that phase (``engine.report.phases``), with its wire bytes and tensor
         count. ``wire`` "fp16" | "bf16" (op "sum" or "average"): float32 tensors are cast to that dtype,
         summed in it and cast back, then divided for an average (``wire.py``); a list gives one entry per
-        tensor (None: not compressed). Other dtypes are never compressed."""
+        tensor (None: not compressed). Other dtypes are never compressed. fp16 values are scaled into its
+        range first, by a power of two per tensor from all ranks' values, and unscaled after the cast
+        back (``wire_guard.py``; one more small allreduce per call)."""
 
     def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
                         wire: Optional[str] = None) -> ReductionHandle:

@@ -23,7 +23,7 @@ from engine.distributed.backend import TimedAs, check_buckets, check_reduction, 
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator, check_thread_level
 from engine.distributed.watchdog import StallLimits
-from engine.distributed.wire import Wire, compress, decompress, wire_per_tensor
+from engine.distributed.wire import OnWire, Wire, compress, decompress, wire_of, wire_per_tensor
 from engine.report import phases
 from engine.runtime.errors import DistributedError
 
@@ -74,30 +74,33 @@ class HorovodCommunicator(MPICommunicator):
             # int64, half, float, double): bf16 goes through the mpi backend's reduction, on mpi4py's
             # communicator beside Horovod's, with the same result as distributed_backend = 'mpi'.
             return super().allreduce_tensors(tensors, op, timed_as=timed_as, wire=wire)
-        # fp16: Horovod sums float16 itself (its MPI float16 op adds in float32, rounds each sum to fp16)
-        tensors, wired, fmt = compress(tensors, wire, op, as_bits=False)
+        # fp16: Horovod sums float16 itself (its MPI float16 op adds in float32, rounds each sum to fp16);
+        # the range guard's exchange goes over mpi4py's communicator, in program order with the graph's
+        # other numpy_functions (Horovod's ops are not stateful, so they do not wait for it). It is not
+        # timed on its own: timed_in_graph's span around run holds it.
         reduce = self._grouped_allreduce if self.watchdog is None else self._watched_allreduce
-        reduce_op = "sum" if fmt is not None and op == "average" else op  # divide after the cast back
+        sent = []  # run's OnWire (no annotation: autograph rejects annotated nonlocals)
 
         def run(ts: list[tf.Tensor]) -> list[tf.Tensor]:
-            return reduce(ts, reduce_op)
+            on_wire = compress(ts, wire, op, as_bits=False, exchange=self._wire_exchange(None))
+            sent.append(on_wire)
+            return reduce(on_wire.tensors, _reduce_op(on_wire, op))
 
         if timed_as is None:
             results = run(tensors)
         else:  # Horovod reduces in its own thread, out of Python's sight: markers in the graph time it.
             name, category = timed_as
             results = phases.timed_in_graph(name, category, tensors, run,
-                                            bytes=tensor_bytes(tensors), tensors=len(tensors))
-        return self._decompressed(results, wired, fmt, op)
+                                            bytes=tensor_bytes(tensors, wire, op), tensors=len(tensors))
+        return self._decompressed(results, sent[0], op)
 
-    def _decompressed(self, results: list[tf.Tensor], wired: list[bool], fmt: str | None,
-                      op: str) -> list[tf.Tensor]:
-        """The fp16 sums cast back to float32; for an average, every result divided (the compressed ones
-        after the cast back, the others as _grouped_allreduce divides)."""
-        if fmt is None or op != "average":
-            return decompress(results, wired, fmt)
+    def _decompressed(self, results: list[tf.Tensor], on_wire: OnWire, op: str) -> list[tf.Tensor]:
+        """The fp16 sums cast back to float32 and unscaled; for an average, every result divided (the
+        compressed ones after the cast back, the others as _grouped_allreduce divides)."""
+        if on_wire.fmt is None or op != "average":
+            return decompress(results, on_wire)
         return [r / np.array(self.size, r.dtype.as_numpy_dtype) if not w else r
-                for r, w in zip(decompress(results, wired, fmt, self.size), wired)]
+                for r, w in zip(decompress(results, on_wire, self.size), on_wire.flags)]
 
     def allreduce_tensor_buckets(self, tensors: Sequence[tf.Tensor], buckets: Sequence[Sequence[int]],
                                  op: str = "sum", *, timed_as: TimedAs = None,
@@ -106,7 +109,8 @@ class HorovodCommunicator(MPICommunicator):
         computing while Horovod's thread reduces a bucket (fused up to HOROVOD_FUSION_THRESHOLD, which
         ``buckets.set_horovod_fusion_threshold`` sets from distributed_bucket_mb). ``timed_as`` times the
         exposed part: from the moment every tensor exists to the moment every result does. ``wire``: as
-        ``allreduce_tensors`` (fp16 through Horovod's float16 sum, bf16 through the mpi backend's)."""
+        ``allreduce_tensors`` (fp16 through Horovod's float16 sum, each bucket with its own range
+        exchange; bf16 through the mpi backend's)."""
         import tensorflow as tf
 
         check_buckets(len(tensors), buckets)
@@ -116,8 +120,7 @@ class HorovodCommunicator(MPICommunicator):
             return []
         if wire_per_tensor(wire, len(tensors), op)[0] == "bf16":  # no bfloat16 in Horovod 0.28
             return super().allreduce_tensor_buckets(tensors, buckets, op, timed_as=timed_as, wire=wire)
-        tensors, wired, fmt = compress(tensors, wire, op, as_bits=False)
-        reduce_op = "sum" if fmt is not None and op == "average" else op  # divide after the cast back
+        sent = []  # each bucket's OnWire (no annotation: autograph rejects annotated nonlocals)
 
         def reduce(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
             inputs = list(inputs)
@@ -131,7 +134,10 @@ class HorovodCommunicator(MPICommunicator):
                         inputs[i] = tf.identity(inputs[i])
             results: list[tf.Tensor] = [None] * len(inputs)  # type: ignore[list-item]
             for bucket in buckets:
-                reduced = self._grouped_allreduce([inputs[i] for i in bucket], reduce_op)
+                on_wire = compress([inputs[i] for i in bucket], wire_of(wire, bucket), op, as_bits=False,
+                                   exchange=self._wire_exchange(None))  # timed as part of reduce
+                sent.append(on_wire)
+                reduced = self._grouped_allreduce(on_wire.tensors, _reduce_op(on_wire, op))
                 for i, result in zip(bucket, reduced):
                     results[i] = result
             if self.watchdog is None:
@@ -142,11 +148,17 @@ class HorovodCommunicator(MPICommunicator):
                 return [tf.identity(r) for r in results]
 
         if timed_as is None:
-            return self._decompressed(reduce(tensors), wired, fmt, op)
-        name, category = timed_as
-        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors), "buckets": len(buckets)}
-        results = phases.timed_in_graph(name, category, tensors, reduce, gate_inputs=False, **sizes)
-        return self._decompressed(results, wired, fmt, op)
+            results = reduce(tensors)
+        else:
+            name, category = timed_as
+            sizes = {"bytes": tensor_bytes(tensors, wire, op), "tensors": len(tensors),
+                     "buckets": len(buckets)}
+            results = phases.timed_in_graph(name, category, tensors, reduce, gate_inputs=False, **sizes)
+        out: list[tf.Tensor] = [None] * len(tensors)  # type: ignore[list-item]
+        for bucket, on_wire in zip(buckets, sent):
+            for i, result in zip(bucket, self._decompressed([results[i] for i in bucket], on_wire, op)):
+                out[i] = result
+        return out
 
     def _watched_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """The reduction, with the graph telling the stall watchdog when it starts and ends waiting in
@@ -201,3 +213,9 @@ def _set_horovod_stall_check(stall: StallLimits) -> None:
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(min(warning, shutdown or warning)))
     if shutdown:
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(shutdown))
+
+
+def _reduce_op(on_wire: OnWire, op: str) -> str:
+    """Horovod's op for the compressed tensors: an average of wire values is a sum, divided after the cast
+    back (``_decompressed``)."""
+    return "sum" if on_wire.fmt is not None and op == "average" else op

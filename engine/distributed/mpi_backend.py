@@ -23,8 +23,9 @@ from engine.distributed.fusion import SEGMENT_BYTES, FusionBuffers
 from engine.distributed.ring import NUMPY_OPS, RING_SEGMENT_BYTES, ring_allreduce, ring_threshold
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
-from engine.distributed.wire import (SUM_INTO, Wire, compress, decompress, from_wire_bits, numpy_sum,
-                                     to_wire_bits, wire_per_tensor)
+from engine.distributed.wire import (SUM_INTO, Exchange, OnWire, Wire, compress, decompress, from_wire_bits,
+                                     numpy_sum, to_wire_bits, wire_of, wire_per_tensor)
+from engine.distributed.wire_guard import peaks_of
 from engine.report import phases
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -155,9 +156,10 @@ class MPICommunicator(Communicator):
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         if not tensors:
             return []
-        tensors, wired, fmt = compress(tensors, wire, op, as_bits=True)
+        sizes = {"bytes": tensor_bytes(tensors, wire, op), "tensors": len(tensors)}
+        on_wire = compress(tensors, wire, op, as_bits=True, exchange=self._wire_exchange(timed_as))
+        tensors, wired, fmt = on_wire.tensors, on_wire.flags, on_wire.fmt
         name, category = timed_as or ("", "")
-        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors)}
 
         def reduce(*arrays: np.ndarray) -> list[np.ndarray]:
             if timed_as is None:
@@ -176,7 +178,50 @@ class MPICommunicator(Communicator):
             results = [results]
         for result, tensor in zip(results, tensors):
             result.set_shape(tensor.shape)
-        return decompress(results, wired, fmt, self.size if op == "average" else 0)
+        return decompress(results, on_wire, self.size if op == "average" else 0)
+
+    # ----- fp16's range guard (wire_guard.py) -----
+    def _wire_exchange(self, timed_as: TimedAs, via_thread: bool = False) -> Exchange | None:
+        """``compress``'s exchange for fp16 (None: the guard is off): the peaks of every rank in one
+        stateful ``numpy_function`` (in program order, like the reductions), timed as a phase of its own
+        in ``timed_as``'s category (None: not timed). ``via_thread``: as a job of the communication
+        thread (``_exchange_peaks``)."""
+        guard = self.fp16_range
+        if guard is None:
+            return None
+
+        def exchange(peaks: tf.Tensor) -> tf.Tensor:
+            import tensorflow as tf
+
+            def run(local: np.ndarray) -> np.ndarray:
+                start = phases.now()
+                factors = guard.factors(self._exchange_peaks(local, via_thread))
+                if timed_as is not None:
+                    phases.record(f"{timed_as[0]} (fp16 range)", timed_as[1], start, phases.now(),
+                                  bytes=local.nbytes, tensors=local.size)
+                return factors
+
+            factors = tf.numpy_function(run, [peaks], tf.float32, stateful=True, name="fp16_range_exchange")
+            factors.set_shape(peaks.shape)
+            return factors
+
+        return exchange
+
+    def _exchange_peaks(self, peaks: np.ndarray, via_thread: bool = False) -> np.ndarray:
+        """Each peak's largest value over the ranks (MPI_MAX: no rounding, the same bits on every rank).
+
+        In this thread on ``COMM_WORLD``; ``via_thread`` (reductions in buckets, whose jobs the
+        communication thread runs meanwhile) or below MPI_THREAD_MULTIPLE as a job of that thread, behind
+        the jobs queued before it: then only that thread is inside MPI, and the stall watchdog follows
+        one wait at a time."""
+        peaks = np.array(peaks, np.float32)
+        if via_thread or not self.thread_multiple:
+            job = self._reducer.start([peaks], "max", slot="fp16 range", label="fp16 range exchange",
+                                      watched_as="fp16 range exchange")
+            return np.array(job.wait()[0])
+        with self._collective("fp16 range exchange"):
+            self._comm.Allreduce(self._mpi.IN_PLACE, peaks, op=self._mpi.MAX)
+        return peaks
 
     def _wire_op(self, fmt: str) -> Any:
         """The user-defined MPI op that sums ``fmt`` values carried as uint16 (made once: mpi4py has a
@@ -202,10 +247,17 @@ class MPICommunicator(Communicator):
         flags = [m and a.dtype == np.float32 for m, a in zip(marked, arrays)]
         if any(flags):
             divisor = self.size if op == "average" else 0
-            bits = [to_wire_bits(a, fmt) if flag else a for a, flag in zip(arrays, flags)]
+            factors = [1.0] * len(arrays)
+            if fmt == "fp16" and self.fp16_range is not None:  # the range guard, as compress has it
+                wired = [i for i, flag in enumerate(flags) if flag]
+                peaks = self._exchange_peaks(peaks_of([arrays[i] for i in wired]))
+                for i, factor in zip(wired, self.fp16_range.factors(peaks)):
+                    factors[i] = float(factor)
+            bits = [to_wire_bits(a, fmt, factor) if flag else a
+                    for a, flag, factor in zip(arrays, flags, factors)]
             handle: ReductionHandle = JointReduction(
                 self._start_parts(bits, flags, op, fmt, watched_as=None), len(arrays),
-                lambda i, r: from_wire_bits(r, fmt, divisor) if flags[i] else r)
+                lambda i, r: from_wire_bits(r, fmt, divisor, factors[i]) if flags[i] else r)
         else:
             handle = self._reducer.start(arrays, op, watched_as=None)
         return WatchedReduction(handle, lambda: self._collective("wait for a started allreduce"))
@@ -241,22 +293,27 @@ class MPICommunicator(Communicator):
         check_reduction(op, [t.dtype.as_numpy_dtype for t in tensors])
         if not tensors:
             return []
-        tensors, wired, fmt = compress(tensors, wire, op, as_bits=True)
+        wire_per_tensor(wire, len(tensors), op)  # the argument, checked once for every bucket
+        sizes = {"bytes": tensor_bytes(tensors, wire, op), "tensors": len(tensors), "buckets": len(buckets)}
         label = timed_as[0] if timed_as else "allreduce"
-        tokens = []
+        tokens, on_wire = [], []
         for slot, bucket in enumerate(buckets):
-            def start(*arrays: np.ndarray, slot: int = slot, bucket: Sequence[int] = bucket) -> np.int64:
+            # each bucket compressed on its own, so that its range exchange needs only its own tensors
+            compressed = compress([tensors[i] for i in bucket], wire_of(wire, bucket), op, as_bits=True,
+                                  exchange=self._wire_exchange(timed_as, via_thread=True))
+            on_wire.append(compressed)
+
+            def start(*arrays: np.ndarray, slot: int = slot, compressed: OnWire = compressed) -> np.int64:
                 token = next(self._tokens)
-                parts = self._start_parts(arrays, [wired[i] for i in bucket], op, fmt, slot=(label, slot),
+                parts = self._start_parts(arrays, compressed.flags, op, compressed.fmt, slot=(label, slot),
                                           label=f"{label} (bucket {slot + 1} of {len(buckets)})",
                                           watched_as=IN_GRAPH)
-                self._pending[token] = JointReduction(parts, len(bucket))
+                self._pending[token] = JointReduction(parts, len(arrays))
                 return np.int64(token)
 
-            tokens.append(tf.numpy_function(start, [tensors[i] for i in bucket], tf.int64, stateful=True,
+            tokens.append(tf.numpy_function(start, compressed.tensors, tf.int64, stateful=True,
                                             name="mpi_allreduce_start"))
-        order = [i for bucket in buckets for i in bucket]
-        sizes = {"bytes": tensor_bytes(tensors), "tensors": len(tensors), "buckets": len(buckets)}
+        sent = [t for compressed in on_wire for t in compressed.tensors]  # bucket after bucket
 
         def finish(*token_values: np.ndarray) -> list[np.ndarray]:
             jobs = [self._pending.pop(int(t)) for t in token_values]
@@ -267,18 +324,23 @@ class MPICommunicator(Communicator):
                 total = sum(job.reduce_seconds for job in jobs)
                 phases.record(timed_as[0], timed_as[1], start, phases.now(), **sizes,
                               reduce_s=round(total, 6), hidden_s=round(hidden, 6))
-            results: list[np.ndarray] = [None] * len(reduced)  # type: ignore[list-item]
-            for i, result in zip(order, reduced):
-                results[i] = result
-            return results
+            return reduced
 
-        results = tf.numpy_function(finish, tokens, [t.dtype for t in tensors], stateful=True,
+        results = tf.numpy_function(finish, tokens, [t.dtype for t in sent], stateful=True,
                                     name="mpi_allreduce_wait")
         if not isinstance(results, (list, tuple)):  # eager numpy_function returns one output bare
             results = [results]
-        for result, tensor in zip(results, tensors):
+        for result, tensor in zip(results, sent):
             result.set_shape(tensor.shape)
-        return decompress(results, wired, fmt, self.size if op == "average" else 0)
+        out: list[tf.Tensor] = [None] * len(tensors)  # type: ignore[list-item]
+        divisor = self.size if op == "average" else 0
+        at = 0
+        for bucket, compressed in zip(buckets, on_wire):
+            reduced = decompress(results[at:at + len(bucket)], compressed, divisor)
+            at += len(bucket)
+            for i, result in zip(bucket, reduced):
+                out[i] = result
+        return out
 
     def broadcast_variables(self, variables: Sequence[tf.Variable], root: int = 0) -> None:
         self._check_root(root)

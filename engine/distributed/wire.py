@@ -17,12 +17,18 @@ steps, cast to float32, add, cast back, gives the same bits and measured no fast
 float16 casts are as slow as its add); bf16 goes in blocks that keep its temporaries in cache. Their
 throughput against the link's rate: ``benchmarks/bench_wire_sum.py``, figures in docs/performance.md
 ("Wire compression").
+
+fp16's range (65504) is guarded: the backends pass ``compress`` an ``exchange`` that scales each
+tensor by a power of two chosen from every rank's values, so nothing overflows (``wire_guard.py``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
+
+from engine.distributed.wire_guard import peaks_in_graph
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -59,62 +65,98 @@ def wire_per_tensor(wire: Wire, count: int, op: str) -> tuple[str | None, list[b
     return formats.pop(), [w is not None for w in entries]
 
 
-def compress(tensors: Sequence[tf.Tensor], wire: Wire, op: str, *,
-             as_bits: bool) -> tuple[list[tf.Tensor], list[bool], str | None]:
-    """(the tensors to reduce, which of them are compressed, the format): float32 tensors marked for the
-    wire are cast to fp16/bf16 (``as_bits``: then bit-cast to uint16, for numpy). Others are unchanged."""
+def wire_of(wire: Wire, indices: Sequence[int]) -> Wire:
+    """The ``wire`` argument for the tensors at ``indices`` of a call (a bucket's)."""
+    return wire if wire is None or isinstance(wire, str) else [wire[i] for i in indices]
+
+
+@dataclass
+class OnWire:
+    """What ``compress`` made of a reduction's tensors, and what ``decompress`` needs to undo it."""
+
+    tensors: list  # what to reduce
+    flags: list[bool]  # which of them are compressed
+    fmt: str | None  # the wire format, None: nothing compressed
+    factors: Any = None  # fp16 with a range guard: a float32 scalar tensor per compressed one (wire_guard.py)
+
+
+# ``compress(..., exchange=)``: this rank's peaks of the fp16 tensors -> the factors (the peaks exchanged
+# over the ranks, ``wire_guard.RangeGuard.factors``), inside the graph
+Exchange = Callable[["tf.Tensor"], "tf.Tensor"]
+
+
+def compress(tensors: Sequence[tf.Tensor], wire: Wire, op: str, *, as_bits: bool,
+             exchange: Exchange | None = None) -> OnWire:
+    """Float32 tensors marked for the wire cast to fp16/bf16 (``as_bits``: then bit-cast to uint16, for
+    numpy); others unchanged. With fp16 and ``exchange`` (the range guard, ``wire_guard.py``) each is
+    first multiplied by its factor, a power of two from the peaks of all ranks."""
     import tensorflow as tf
 
     fmt, marked = wire_per_tensor(wire, len(tensors), op)
     flags = [m and t.dtype == tf.float32 for m, t in zip(marked, tensors)]
-    if fmt is None:
-        return list(tensors), flags, None
+    if fmt is None or not any(flags):
+        return OnWire(list(tensors), flags, None)
+    factors = None
+    if fmt == "fp16" and exchange is not None:
+        factors = tf.unstack(exchange(peaks_in_graph([t for t, flag in zip(tensors, flags) if flag])),
+                             num=sum(flags))
     dtype = tf.float16 if fmt == "fp16" else tf.bfloat16
-    out = []
+    out, k = [], 0
     for tensor, flag in zip(tensors, flags):
         if flag:
+            if factors is not None:
+                tensor, k = tensor * factors[k], k + 1
             tensor = tf.cast(tensor, dtype)
             if as_bits:
                 tensor = tf.bitcast(tensor, tf.uint16)
         out.append(tensor)
-    return out, flags, fmt
+    return OnWire(out, flags, fmt, factors)
 
 
-def decompress(reduced: Sequence[tf.Tensor], flags: Sequence[bool], fmt: str | None,
-               divisor: int = 0) -> list[tf.Tensor]:
-    """The compressed sums cast back to float32 (and divided by ``divisor`` when not 0: an average);
-    the other tensors unchanged."""
+def decompress(reduced: Sequence[tf.Tensor], on_wire: OnWire, divisor: int = 0) -> list[tf.Tensor]:
+    """The compressed sums cast back to float32, divided by their factors, and by ``divisor`` when not 0
+    (an average); the other tensors unchanged."""
     import tensorflow as tf
 
-    if fmt is None:
+    if on_wire.fmt is None:
         return list(reduced)
-    dtype = tf.float16 if fmt == "fp16" else tf.bfloat16
-    out = []
-    for tensor, flag in zip(reduced, flags):
+    dtype = tf.float16 if on_wire.fmt == "fp16" else tf.bfloat16
+    out, k = [], 0
+    for tensor, flag in zip(reduced, on_wire.flags):
         if flag:
             if tensor.dtype == tf.uint16:
                 tensor = tf.bitcast(tensor, dtype)
             tensor = tf.cast(tensor, tf.float32)
-            if divisor:
+            # one division by factor * divisor (exact: a power of two times the ranks) rounds as dividing
+            # by the factor (exact) and then by the divisor does, in one pass over the values
+            if on_wire.factors is not None:
+                tensor = tensor / (on_wire.factors[k] * np.float32(divisor or 1))
+                k += 1
+            elif divisor:
                 tensor = tensor / np.float32(divisor)
         out.append(tensor)
     return out
 
 
 # ----- numpy: arrays to and from the wire, the wire dtypes' sums over uint16 bit patterns -----
-def to_wire_bits(values: np.ndarray, fmt: str) -> np.ndarray:
-    """float32 values rounded to ``fmt`` (nearest, ties to even), as uint16 bit patterns (``compress``
-    for numpy arrays, e.g. ``start_allreduce``'s)."""
+def to_wire_bits(values: np.ndarray, fmt: str, factor: float = 1.0) -> np.ndarray:
+    """float32 values times ``factor`` (the range guard's power of two), rounded to ``fmt`` (nearest,
+    ties to even), as uint16 bit patterns (``compress`` for numpy arrays, e.g. ``start_allreduce``'s)."""
+    values = np.asarray(values, np.float32)
+    if factor != 1.0:
+        values = values * np.float32(factor)
     if fmt == "fp16":
-        return np.asarray(values, np.float32).astype(np.float16).view(np.uint16)
+        with np.errstate(over="ignore"):  # past fp16's range is inf, as in TensorFlow's cast (no warning)
+            return values.astype(np.float16).view(np.uint16)
     return float32_to_bf16_bits(values)
 
 
-def from_wire_bits(bits: np.ndarray, fmt: str, divisor: int = 0) -> np.ndarray:
-    """The float32 values of ``fmt`` bit patterns, divided by ``divisor`` when not 0 (``decompress``)."""
+def from_wire_bits(bits: np.ndarray, fmt: str, divisor: int = 0, factor: float = 1.0) -> np.ndarray:
+    """The float32 values of ``fmt`` bit patterns, divided by ``factor`` (exact: a power of two) and by
+    ``divisor`` when not 0 (``decompress``)."""
     values = bits.view(np.float16).astype(np.float32) if fmt == "fp16" else bf16_bits_to_float32(bits)
-    if divisor:
-        values = values / np.float32(divisor)
+    if factor != 1.0 or divisor:  # one division, as decompress divides
+        values = values / (np.float32(factor) * np.float32(divisor or 1))
     return values
 
 
@@ -125,15 +167,17 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
 def float32_to_bf16_bits(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Round float32 to bfloat16 (nearest, ties to even), as uint16 bit patterns. inf stays inf, a
     finite value past bf16's largest rounds to inf, NaN becomes the quiet NaN of its sign."""
-    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    shape = np.shape(values)
+    flat = np.ascontiguousarray(values, np.float32).reshape(-1)
+    bits = flat.view(np.uint32)
     rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))  # carries into the exponent
     result = np.right_shift(rounded, 16).astype(np.uint16)
-    nan = np.isnan(values)
+    nan = np.isnan(flat)
     if nan.any():  # the rounding add may carry a NaN's payload into the sign bit
         result[nan] = np.where(bits[nan] >> 31, np.uint16(0xFFC0), np.uint16(0x7FC0))
     if out is None:
-        return result
-    out[...] = result
+        return result.reshape(shape)
+    out[...] = result.reshape(shape)
     return out
 
 

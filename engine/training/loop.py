@@ -85,6 +85,9 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
             report.step_done(batch.num_seqs, scores, time.perf_counter() - t0)
             monitor.step_done(scores)
             step += 1
+            fp16_range = strategy.comm.fp16_range  # fp16 on the wire: logs the first step scaled into range
+            if fp16_range is not None:
+                fp16_range.note_step(epoch, step, checkpoints.global_step + step if checkpoints else None)
             if steps.nonfinite:  # its update found an Inf/NaN (stop_on_nonfinite_train_score)
                 if not strategy.keeps_rank_state:  # one reduced update: every rank found the same
                     raise _nonfinite_error([(0, step, steps.nonfinite)], epoch, strategy, checkpoints)
@@ -99,6 +102,8 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
             log.info(f"accum_grad_multiple_step: the epoch's last {dropped} batch(es) of this rank form an "
                      "incomplete group and make no update (as in RETURNN); their scores count")
         report.scores.add(strategy.end_epoch(steps.params, local_scores))
+    if strategy.comm.fp16_range is not None:
+        strategy.comm.fp16_range.log_epoch(epoch)
     monitor.epoch_trained()
     report.finish()
     return report

@@ -17,6 +17,11 @@ itself ends training the same way) and before every checkpoint is written (``Che
 with an Inf or NaN is saved. In grad mode the scores and gradients are the reduced ones, so every rank
 finds the same and ends at once; in param mode the rank tells the others in the next step signal. With
 the key false: RETURNN's behaviour, plus a warning after an epoch whose train score is not finite.
+
+With ``distributed_wire_format = "fp16"`` a reduced gradient is never made non-finite by fp16's range:
+every reduction is scaled into it first (``engine/distributed/wire_guard.py``), and a tensor that holds an
+Inf or NaN on some rank travels unscaled. So what is found here is non-finite in float32 as well, and
+the same on every rank.
 """
 from __future__ import annotations
 

@@ -1,14 +1,18 @@
 """Train through the engine's own API and record what each rank saw, for the engine tests.
 
     python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL'
-        [fail=step|loader|kill|stall|eio|nan|SIGUSR1|SIGUSR2|SIGTERM] [fail_rank=R] [fail_step=S]
-        [fail_once=MARKER_FILE] [ready=FILE] [step_sleep=SECONDS] [slow_save=SECONDS]
+        [fail=step|loader|kill|stall|eio|nan|scale|SIGUSR1|SIGUSR2|SIGTERM] [fail_rank=R] [fail_step=S]
+        [fail_once=MARKER_FILE] [fail_scale=FACTOR] [ready=FILE] [step_sleep=SECONDS] [slow_save=SECONDS]
+        [fp16_guard=off]
 
 Writes ``OUT_DIR/rank<R>.npz``: the final parameters, and per train step a parameter checksum after the
 step and (where a sync followed) after the sync, so tests can compare ranks and runs. A signal name as
 ``fail`` makes rank R send itself that signal in its step S (counted from 0 in this process); with
 ``fail_once`` only if MARKER_FILE does not exist yet (it is created then), so a restarted job runs through.
-``fail=nan`` puts a NaN into the first input value of rank R's batch in its step S (a broken feature).
+``fail=nan`` puts a NaN into the first input value of rank R's batch in its step S (a broken feature);
+``fail=scale`` multiplies that batch's input by ``fail_scale`` (default 1e6: loud features, gradients
+far past fp16's range while float32 holds them). ``fp16_guard=off`` builds the communicators without the
+fp16 range guard (engine/distributed/wire_guard.py), to show what it prevents.
 ``fail=eio`` makes rank R's checkpoint reads fail with EIO, as a flaky disk or network file system does
 (with ``fail_once``: only until MARKER_FILE exists, which the first failed read creates).
 A run stopped on request exits with 99 and writes nothing; other engine errors end it as in rnn.py.
@@ -85,6 +89,9 @@ def main() -> None:
                     data = np.array(batch.data["data"], np.float32)
                     data.flat[0] = np.nan
                     batch = dataclasses.replace(batch, data={**batch.data, "data": data})
+                if fail == "scale":
+                    data = np.array(batch.data["data"], np.float32) * np.float32(opts.get("fail_scale", 1e6))
+                    batch = dataclasses.replace(batch, data={**batch.data, "data": data})
             return batch
 
         def step_recorded(self):
@@ -105,6 +112,10 @@ def main() -> None:
     step_module.Steps = RecordingSteps
     import engine.tasks.train as train_module
     train_module.Steps = RecordingSteps
+    if opts.get("fp16_guard") == "off":
+        from engine.distributed import backend
+
+        backend.RangeGuard = lambda size: None  # every communicator made from now on has no guard
     if fail == "loader":
         _break_loader(fail_rank, fail_step)
     if fail == "eio" and process.rank() == fail_rank:
