@@ -296,9 +296,11 @@ def test_param_mode_fp16_averages_the_change_so_small_updates_survive(tmp_path, 
         assert (np.abs(got - exact) <= bound).all(), np.max(np.abs(got - exact) - bound)
         moved = np.abs(exact - base)
         lost_before = (moved > 2.0 ** -20) & (moved < np.abs(base) * 2.0 ** -12)
-        small += int(lost_before.sum())
-        # these changes survive, to 2^-9 of their size ...
-        assert (np.abs(got - exact)[lost_before] <= 2.0 ** -9 * moved[lost_before] + 2.0 ** -23).all()
+        # these changes survive, to 2^-9 of their size where the ranks' changes do not cancel (the bound
+        # above is relative to the ranks' changes), plus the float32 rounding of base + change ...
+        kept = lost_before & (np.abs(d0) + np.abs(d1) <= 4.0 * moved)
+        small += int(kept.sum())
+        assert (np.abs(got - exact) <= 2.0 ** -9 * moved + 2.0 ** -23 * np.abs(exact))[kept].all()
         # ... where fp16 averages of the parameters themselves would round them away
         old = fp16_average(r0["after_step"][k], r1["after_step"][k])
         assert np.abs(old - exact)[lost_before].max() > 0.2 * moved[lost_before].max()
