@@ -31,16 +31,11 @@ import sys
 import tempfile
 from typing import Sequence
 
+from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python
 from timing import Output, Row, Side, child_env, compare, interleaved, rnn_command, run_stamped
 from workload import make_corpus, write_engine_config, write_returnn_config
 
-DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
 TARGET = 1.5
-
-
-def returnn_python() -> str | None:
-    path = os.environ.get("RETURNN_PYTHON") or DEFAULT_RETURNN_PYTHON
-    return path if os.access(path, os.X_OK) else None
 
 
 def rate(output: Output, frames_per_epoch: int, epochs: int) -> float:

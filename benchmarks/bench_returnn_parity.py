@@ -50,8 +50,9 @@ import zlib
 
 import numpy as np
 
+from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, run_returnn_side
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
 DEFAULT_OUT = os.path.join(ROOT, "tests", "fixtures", "returnn_parity")
 STEP_SCRIPT = os.path.join(ROOT, "tests", "mpi_scripts", "returnn_parity_step.py")
 INPUT_DIM, NUM_CLASSES = 4, 5
@@ -248,11 +249,6 @@ def returnn_side(jobs_path: str) -> None:
 
 
 # ----- driving RETURNN, the fixtures -----
-def returnn_python() -> str | None:
-    path = os.environ.get("RETURNN_PYTHON") or DEFAULT_RETURNN_PYTHON
-    return path if os.access(path, os.X_OK) else None
-
-
 def returnn_versions(python: str) -> dict:
     code = "import json, returnn, tensorflow as tf; print(json.dumps([returnn.__version__, tf.__version__]))"
     done = subprocess.run([python, "-c", code], capture_output=True, text=True,
@@ -270,12 +266,7 @@ def run_returnn(python: str, names: list[str], out: str, tmp: str) -> dict:
     path = os.path.join(tmp, "jobs.json")
     with open(path, "w") as f:
         json.dump(jobs, f)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(DISABLE_CUDA="1", TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([python, os.path.abspath(__file__), "--returnn-side", path], env=env,
-                          capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"bench_returnn_parity: RETURNN failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    run_returnn_side(python, __file__, path)
     for name in names:
         for suffix in (".index", ".data-00000-of-00001"):  # RETURNN's .meta graph only RETURNN reads
             shutil.copyfile(os.path.join(tmp, name + suffix), os.path.join(out, name + suffix))

@@ -40,7 +40,8 @@ import zlib
 
 import numpy as np
 
-DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
+from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, run_returnn_side
+
 DENSE = {"data": {"dim": 5}, "classes": {"dim": 4, "sparse": True}}
 SPARSE = {"data": {"dim": 7, "sparse": True}, "classes": {"dim": 4, "sparse": True}}
 LENGTHS = [7, 5, 2]
@@ -133,21 +134,11 @@ def returnn_side(jobs_path: str) -> None:
 
 
 # ----- the engine side -----
-def returnn_python() -> str | None:
-    path = os.environ.get("RETURNN_PYTHON") or DEFAULT_RETURNN_PYTHON
-    return path if os.access(path, os.X_OK) else None
-
-
 def run_returnn(python: str, jobs: list[dict], folder: str) -> None:
     path = os.path.join(folder, f"jobs-{len(os.listdir(folder))}.json")
     with open(path, "w") as f:
         json.dump(jobs, f)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(DISABLE_CUDA="1", TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([python, os.path.abspath(__file__), "--returnn-side", path], env=env,
-                          capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"returnn_checkpoints: RETURNN failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    run_returnn_side(python, __file__, path)
 
 
 def returnn_versions(python: str) -> dict:

@@ -1,0 +1,32 @@
+"""Where the dev scripts find RETURNN, and how they run their own code under RETURNN's Python.
+
+RETURNN is not part of this project: it lives in a Python of its own, ``$RETURNN_PYTHON`` or else
+``/tmp/returnn-venv/bin/python`` (``pip install returnn tensorflow-cpu==2.15.1 dm-tree h5py``). A script
+runs its RETURNN half as ``<script> --returnn-side JOBS.json`` under that Python. Only the standard
+library is imported here, since that Python has neither this engine nor its benchmarks' dependencies.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
+
+
+def returnn_python() -> str | None:
+    path = os.environ.get("RETURNN_PYTHON") or DEFAULT_RETURNN_PYTHON
+    return path if os.access(path, os.X_OK) else None
+
+
+def run_returnn_side(python: str, script: str, jobs_path: str) -> None:
+    """``script --returnn-side jobs_path`` under RETURNN's ``python``; exits naming the script on failure.
+    ``DISABLE_CUDA``: without it, a CUDA toolkit on a machine without GPU makes RETURNN compile its native
+    ops with CUDA headers that tensorflow-cpu lacks."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(DISABLE_CUDA="1", TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([python, os.path.abspath(script), "--returnn-side", jobs_path], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        name = os.path.splitext(os.path.basename(script))[0]
+        sys.exit(f"{name}: RETURNN failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
