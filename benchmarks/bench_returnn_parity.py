@@ -50,7 +50,7 @@ import zlib
 
 import numpy as np
 
-from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, run_returnn_side
+from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, returnn_versions, run_returnn_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "tests", "fixtures", "returnn_parity")
@@ -249,14 +249,6 @@ def returnn_side(jobs_path: str) -> None:
 
 
 # ----- driving RETURNN, the fixtures -----
-def returnn_versions(python: str) -> dict:
-    code = "import json, returnn, tensorflow as tf; print(json.dumps([returnn.__version__, tf.__version__]))"
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    returnn_version, tf_version = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"returnn": returnn_version, "tensorflow": tf_version}
-
-
 def run_returnn(python: str, names: list[str], out: str, tmp: str) -> dict:
     """RETURNN's update of each case; writes the fixtures' files into ``out``; returns RETURNN's numbers."""
     np.savez(os.path.join(out, "batches.npz"), **batches())

@@ -33,14 +33,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zlib
 
 import numpy as np
 
-from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, run_returnn_side
+from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, returnn_versions, run_returnn_side
 
 DENSE = {"data": {"dim": 5}, "classes": {"dim": 4, "sparse": True}}
 SPARSE = {"data": {"dim": 7, "sparse": True}, "classes": {"dim": 4, "sparse": True}}
@@ -139,14 +138,6 @@ def run_returnn(python: str, jobs: list[dict], folder: str) -> None:
     with open(path, "w") as f:
         json.dump(jobs, f)
     run_returnn_side(python, __file__, path)
-
-
-def returnn_versions(python: str) -> dict:
-    code = "import json, returnn, tensorflow as tf; print(json.dumps([returnn.__version__, tf.__version__]))"
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    returnn_version, tf_version = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"returnn": returnn_version, "tensorflow": tf_version}
 
 
 def engine_model(case: dict, seed: int = 42):

@@ -7,6 +7,7 @@ library is imported here, since that Python has neither this engine nor its benc
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,15 @@ DEFAULT_RETURNN_PYTHON = "/tmp/returnn-venv/bin/python"
 def returnn_python() -> str | None:
     path = os.environ.get("RETURNN_PYTHON") or DEFAULT_RETURNN_PYTHON
     return path if os.access(path, os.X_OK) else None
+
+
+def returnn_versions(python: str) -> dict:
+    """The RETURNN and TensorFlow versions of RETURNN's ``python``, for the fixtures' records."""
+    code = "import json, returnn, tensorflow as tf; print(json.dumps([returnn.__version__, tf.__version__]))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    returnn_version, tf_version = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"returnn": returnn_version, "tensorflow": tf_version}
 
 
 def run_returnn_side(python: str, script: str, jobs_path: str) -> None:
