@@ -37,7 +37,7 @@ def unit_outputs(units, x, lengths, weights=None):
     return outputs
 
 
-@pytest.mark.parametrize("unit", ["LSTMBlockFused", "NativeLstmLowMem", "lstmp", "CudnnLSTM", "LSTMBlock",
+@pytest.mark.parametrize("unit", ["LSTMBlockFused", "lstmp", "CudnnLSTM", "LSTMBlock",
                                   "VanillaLSTM", "nativelstm", "NativeLstm2"])
 def test_every_native_lstm_unit_name_is_returnns_nativelstm2(unit):
     """In RETURNN on TF 2 these units all run NativeLSTM2 (no forget bias); so do they here."""
@@ -59,7 +59,8 @@ def test_tf_cell_units_add_forget_bias_1_at_run_time_and_start_as_returnn():
     # initialisation: bias 0; NativeLSTM2 draws input and recurrent weights each glorot (RETURNN's
     # xavier), a TF cell one glorot matrix over both
     for unit, limits in (("lstm", [(6 / (4 + 12)) ** 0.5, (6 / (3 + 12)) ** 0.5]),
-                         ("StandardLSTM", [(6 / (7 + 12)) ** 0.5] * 2)):
+                         ("StandardLSTM", [(6 / (7 + 12)) ** 0.5] * 2),
+                         ("NativeLstmLowMem", [(6 / (7 + 12)) ** 0.5] * 2)):  # one kernel, no forget bias
         model = build_model({"output": {"class": "rec", "unit": unit, "n_out": 3}}, input_dim=4,
                             input_sparse=False, target_dims={})
         w, b = (model.layers["output"].params[k].numpy() for k in ("W", "b"))

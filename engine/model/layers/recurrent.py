@@ -12,7 +12,7 @@ from engine.runtime.errors import ConfigError
 # takes StandardLSTM): one glorot matrix over [input; recurrent], and forget bias 1 added at run time
 # (returnn/tf/layers/rec.py, get_rnn_cell_class). Every other unit runs as NativeLSTM2 (lstm, lstmp, and in
 # TF 2 also LSTMBlock, LSTMBlockFused and CudnnLSTM without a GPU): input and recurrent weights each
-# glorot on their own, and no forget bias.
+# glorot on their own (NativeLstmLowMem: one kernel, one glorot matrix), and no forget bias.
 TF_CELL_UNITS = ("basiclstm", "standardlstm")
 # the units whose RETURNN cell keeps input and recurrent weights in one variable, as this engine's W does
 # (the rest keep W and W_re: engine/training/checkpoints/returnn_format.py, LSTM_LAYOUTS)
@@ -38,14 +38,13 @@ class Rec(Layer):
         self._lstm = scan_lstm if twice_differentiable else fused_lstm
         self.unit = opts.get("unit", "lstm").lower()
         n = self.n_out
-        if self.unit in TF_CELL_UNITS:
+        if self.unit in ONE_KERNEL_UNITS:  # RETURNN draws its one kernel at once
             self.params["W"] = glorot_variable(f"{name}/W", (in_dim + n, 4 * n), random_seed)
-            self.forget_bias = 1.0
         else:
             weights = tf.concat([glorot_values(f"{name}/W", (in_dim, 4 * n), random_seed),
                                  glorot_values(f"{name}/W_re", (n, 4 * n), random_seed)], axis=0)
             self.params["W"] = tf.Variable(weights, name=f"{name}/W")
-            self.forget_bias = 0.0
+        self.forget_bias = 1.0 if self.unit in TF_CELL_UNITS else 0.0
         # the variable holds RETURNN's bias (starting at 0); the forget bias is added where it is used
         self.params["b"] = tf.Variable(tf.zeros([4 * n]), name=f"{name}/b")
         # W's rows as RETURNN's variables: W (input) and W_re (recurrent), or one kernel (model.returnn_parts)
