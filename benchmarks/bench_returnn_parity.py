@@ -50,7 +50,7 @@ import zlib
 
 import numpy as np
 
-from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, returnn_versions, run_returnn_side
+from returnn_side import no_returnn, returnn_python, returnn_versions, run_returnn_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "tests", "fixtures", "returnn_parity")
@@ -353,13 +353,7 @@ def main() -> int:
         parser.error(f"unknown case(s) {unknown}; cases: {', '.join(CASES)}")
     python = returnn_python()
     if python is None:
-        where = (f"RETURNN_PYTHON={os.environ['RETURNN_PYTHON']} is" if os.environ.get("RETURNN_PYTHON")
-                 else f"RETURNN_PYTHON is unset and {DEFAULT_RETURNN_PYTHON} is")
-        print(f"bench_returnn_parity: no RETURNN found ({where} no executable), so nothing is recomputed. "
-              "This dev script needs a Python with returnn and tensorflow-cpu 2.15: python3 -m venv "
-              "/tmp/returnn-venv && /tmp/returnn-venv/bin/pip install tensorflow-cpu==2.15.1 returnn dm-tree "
-              "h5py", file=sys.stderr)
-        return 2
+        return no_returnn("bench_returnn_parity", "nothing is recomputed")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the engine imports TensorFlow
     os.makedirs(args.out, exist_ok=True)
     command = "benchmarks/bench_returnn_parity.py " + " ".join(sys.argv[1:])

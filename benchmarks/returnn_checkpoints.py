@@ -39,7 +39,7 @@ import zlib
 
 import numpy as np
 
-from returnn_side import DEFAULT_RETURNN_PYTHON, returnn_python, returnn_versions, run_returnn_side
+from returnn_side import no_returnn, returnn_python, returnn_versions, run_returnn_side
 
 DENSE = {"data": {"dim": 5}, "classes": {"dim": 4, "sparse": True}}
 SPARSE = {"data": {"dim": 7, "sparse": True}, "classes": {"dim": 4, "sparse": True}}
@@ -240,11 +240,7 @@ def main() -> int:
         return 0
     python = returnn_python()
     if python is None:
-        print(f"returnn_checkpoints: no RETURNN found (RETURNN_PYTHON is unset and {DEFAULT_RETURNN_PYTHON} "
-              "does not exist). This dev script needs a Python with returnn and tensorflow-cpu 2.15: "
-              "python3 -m venv /tmp/returnn-venv && /tmp/returnn-venv/bin/pip install tensorflow-cpu==2.15.1 "
-              "returnn dm-tree h5py", file=sys.stderr)
-        return 2
+        return no_returnn("returnn_checkpoints", "nothing is compared")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the engine imports TensorFlow
     from engine.runtime import log
 

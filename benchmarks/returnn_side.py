@@ -20,6 +20,16 @@ def returnn_python() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
+def no_returnn(script: str, what: str) -> int:
+    """Say on stderr that there is no RETURNN and how to make one; the exit status (2) for ``main``."""
+    where = (f"RETURNN_PYTHON={os.environ['RETURNN_PYTHON']} is" if os.environ.get("RETURNN_PYTHON")
+             else f"RETURNN_PYTHON is unset and {DEFAULT_RETURNN_PYTHON} is")
+    print(f"{script}: no RETURNN found ({where} no executable), so {what}. This dev script needs a Python "
+          "with returnn and tensorflow-cpu 2.15: python3 -m venv /tmp/returnn-venv && "
+          "/tmp/returnn-venv/bin/pip install tensorflow-cpu==2.15.1 returnn dm-tree h5py", file=sys.stderr)
+    return 2
+
+
 def returnn_versions(python: str) -> dict:
     """The RETURNN and TensorFlow versions of RETURNN's ``python``, for the fixtures' records."""
     code = "import json, returnn, tensorflow as tf; print(json.dumps([returnn.__version__, tf.__version__]))"
