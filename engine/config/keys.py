@@ -71,7 +71,7 @@ _section(
     ("model_loss", "str", "ce", "get_model's loss against 'classes': ce | ctc"),
     ("model_loss_opts", "any", None, "get_model's ctc loss: the loss_opts of a softmax layer's ctc loss"),
     ("random_seed", "int", 42,
-     "seeds the initial parameters, dropout, gradient noise and the train data's order (42: RETURNN's)"),
+     "seeds the initial parameters, dropout and gradient noise; not the data's order, as in RETURNN"),
     ("device", "str", "", "cpu | gpu", "GPU when present"),
 )
 _section(

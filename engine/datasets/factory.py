@@ -14,7 +14,7 @@ from typing import Any, Collection
 
 import h5py
 
-from engine.config import keys, returnn_names_table as returnn_keys
+from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import IGNORED, NO_EFFECT, Finding, Scope, classify, enforce, ignored_names
 from engine.config.loader import Config
 from engine.config.no_effect import DATASET_OPTIONS as NO_EFFECT_OPTIONS
@@ -27,16 +27,14 @@ from engine.runtime.errors import DataError
 DATASET_CLASSES: dict[str, type[Dataset]] = {
     cls.__name__: cls for cls in (HDFDataset, NpzDataset, Task12AXDataset, DummyDataset, LabelFramesDataset)}
 _ALIASES = {"cache_byte_size": "cache_size", "partitionEpoch": "partition_epoch"}  # RETURNN's old names
-ORDER_SEED_STRIDE = 1_000_003  # a prime above any epoch count: one random_seed never meets another's epochs
 
 
 def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None, random_seed_offset: int = 0,
                    cache_size: int | str | None = None, key: str = "", ignored: Collection[str] = (),
-                   defaults: dict[str, Any] | None = None, order_seed_shift: int = 0) -> Dataset:
+                   defaults: dict[str, Any] | None = None) -> Dataset:
     """A dataset from a config value. ``random_seed_offset`` is added to the dict's own (per-rank
-    offsets), and so is ``order_seed_shift`` unless the dict fixes its seed (``fixed_random_seed``);
-    ``cache_size`` is used by HDF datasets whose dict sets none; ``key`` (``train``, ...) names it in
-    messages; ``ignored``: the config's ignore_keys (``"dataset:option"`` entries apply here);
+    offsets); ``cache_size`` is used by HDF datasets whose dict sets none; ``key`` (``train``, ...) names
+    it in messages; ``ignored``: the config's ignore_keys (``"dataset:option"`` entries apply here);
     ``defaults`` (options such as ``chunking``) apply where the dict gives none."""
     cls, kwargs = _class_and_options(spec)
     findings = classify(_scope(cls, key), kwargs, ignored)
@@ -58,8 +56,6 @@ def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None,
     if default_seq_ordering and "seq_ordering" not in kwargs:
         kwargs["seq_ordering"] = default_seq_ordering
     own_offset = kwargs.get("random_seed_offset") or 0
-    if kwargs.get("fixed_random_seed") is None:
-        random_seed_offset += order_seed_shift
     if random_seed_offset and isinstance(own_offset, int):  # a non-int is reported by the dataset
         kwargs["random_seed_offset"] = own_offset + random_seed_offset
     _check_required(cls, kwargs)
@@ -94,24 +90,16 @@ def _scope(cls: type[Dataset], key: str) -> Scope:
 def dataset_from_config(config: Config, key: str, *, random_seed_offset: int = 0) -> Dataset | None:
     """The dataset under ``key`` (``train``/``dev``/``eval``), or None when the config has none.
 
-    ``batching`` is the train dataset's default ``seq_ordering``; ``cache_size`` applies to every HDF one;
-    ``random_seed`` shifts the train dataset's ordering seed (``train_order_seed_shift``)."""
+    ``batching`` is the train dataset's default ``seq_ordering``; ``cache_size`` applies to every HDF one.
+    ``random_seed`` does not change the data's order, as in RETURNN, whose orders are a function of the
+    epoch and ``random_seed_offset`` alone: runs with several seeds see the same data in the same order."""
     spec = config.typed(key)
     if not spec:
         return None
     train = key == "train"
     return create_dataset(spec, default_seq_ordering=config.str("batching") if train else None,
                           random_seed_offset=random_seed_offset, cache_size=config.value("cache_size"),
-                          key=key, ignored=ignored_names(config), defaults=chunking_defaults(config, key),
-                          order_seed_shift=train_order_seed_shift(config.int("random_seed")) if train else 0)
-
-
-def train_order_seed_shift(random_seed: int) -> int:
-    """What ``random_seed`` adds to the train data's ordering seed (``epoch + random_seed_offset``): 0 for
-    the default 42 (RETURNN's too), so a RETURNN config orders its data as RETURNN does; another seed,
-    another order (and other generated data) in every epoch. A dataset with ``fixed_random_seed`` keeps
-    its own."""
-    return (int(random_seed) - keys.default("random_seed")) * ORDER_SEED_STRIDE
+                          key=key, ignored=ignored_names(config), defaults=chunking_defaults(config, key))
 
 
 def chunking_defaults(config: Config, key: str) -> dict[str, Any]:
