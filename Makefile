@@ -10,23 +10,26 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install install-latest demo demo-speech blstm sanity lint test test-stable test-latest test-quick \
-	test-schedulers bench clean
+.PHONY: install install-latest demo demo-speech blstm sanity gpu-check lint test test-stable test-latest \
+	test-quick test-schedulers bench clean
 
 # GPU=1 (make install GPU=1, make demo GPU=1, ...): the CUDA build of TensorFlow 2.15 and Horovod in
-# $(VENV) (tools/install_env.sh, flavour gpu; README "GPU install"). Use another VENV to keep both.
+# $(VENV) (tools/install_env.sh, flavour gpu; README "GPU install"); make install-latest GPU=1: the CUDA
+# build of the newest TensorFlow in $(VENV_LATEST) (flavour latest-gpu, no Horovod: the tf backend reduces).
+# Neither needs nvcc. Use another VENV or VENV_LATEST to keep the CPU builds beside them.
 FLAVOR := $(if $(GPU),gpu,stable)
 INSTALLED := $(VENV)/.installed$(if $(GPU),-gpu)
+INSTALLED_LATEST := $(VENV_LATEST)/.installed$(if $(GPU),-gpu)
 
 install: $(INSTALLED)
-install-latest: $(VENV_LATEST)/.installed
+install-latest: $(INSTALLED_LATEST)
 
 $(INSTALLED): tools/install_env.sh setup.cfg pyproject.toml
 	bash tools/install_env.sh $(VENV) $(FLAVOR)
 	touch $@
 
-$(VENV_LATEST)/.installed: tools/install_env.sh setup.cfg pyproject.toml
-	bash tools/install_env.sh $(VENV_LATEST) latest
+$(INSTALLED_LATEST): tools/install_env.sh setup.cfg pyproject.toml
+	bash tools/install_env.sh $(VENV_LATEST) latest$(if $(GPU),-gpu)
 	touch $@
 
 # The main job: a real 2-rank data-parallel training run on generated data.
@@ -51,6 +54,12 @@ blstm: install
 # The first check on a new cluster: every rank reports, every backend reduces exactly.
 sanity: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash demos/demo-horovod-mpi.sh 2
+
+# The first check on a GPU node (at most 8 minutes with one GPU): GPU against CPU, cuDNN against the
+# engine's LSTM kernel, mixed precision against float32, the tf backend with NCCL, 2 ranks sharing the GPU.
+# Without a GPU it runs the same checks on the CPU with a small model (dry mode; CI runs it so).
+gpu-check: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/gpu_check.py
 
 # Style and static checks (flake8, configured in setup.cfg).
 lint: install

@@ -5,10 +5,11 @@
 #   tools/install_env.sh .venv stable   # Python 3.11, tensorflow-cpu 2.15.1, Horovod 0.28.1 (built from source)
 #   tools/install_env.sh .venv-latest latest   # newest TensorFlow (2.21), no Horovod: the engine uses mpi4py
 #   tools/install_env.sh .venv gpu       # tensorflow[and-cuda] 2.15.1, Horovod 0.28.1 with NCCL (no system CUDA)
+#   tools/install_env.sh .venv-latest latest-gpu   # tensorflow[and-cuda] 2.21, no Horovod (no nvcc needed)
 set -euo pipefail
 
-venv=${1:?usage: install_env.sh VENV_DIR stable|latest|gpu}
-flavor=${2:?usage: install_env.sh VENV_DIR stable|latest|gpu}
+venv=${1:?usage: install_env.sh VENV_DIR stable|latest|gpu|latest-gpu}
+flavor=${2:?usage: install_env.sh VENV_DIR stable|latest|gpu|latest-gpu}
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3.11}
 venv=$(realpath -m "$venv")
@@ -18,7 +19,9 @@ case "$flavor" in
   latest) tf_spec="tensorflow-cpu==2.21.*"; numpy_spec="numpy"; with_horovod=0 ;;
   # The and-cuda extra brings CUDA 12.2, cuDNN and NCCL as nvidia-*-cu12 wheels, nvcc included.
   gpu) tf_spec="tensorflow[and-cuda]==2.15.1"; numpy_spec="numpy<2"; with_horovod=1 ;;
-  *) echo "install_env.sh: unknown flavor '$flavor' (expected stable, latest or gpu)" >&2; exit 2 ;;
+  # No Horovod (it does not build against TensorFlow >= 2.16): the `tf` backend reduces with NCCL.
+  latest-gpu) tf_spec="tensorflow[and-cuda]==2.21.*"; numpy_spec="numpy"; with_horovod=0 ;;
+  *) echo "install_env.sh: unknown flavor '$flavor' (expected stable, latest, gpu or latest-gpu)" >&2; exit 2 ;;
 esac
 
 current_step=""
@@ -39,7 +42,7 @@ if [ ! -x "$vpy" ]; then
 fi
 
 step "install TensorFlow ($tf_spec), NumPy, h5py, pytest"
-if [ "$flavor" = gpu ]; then
+if [ "$flavor" = gpu ] || [ "$flavor" = latest-gpu ]; then
   # tensorflow-cpu and tensorflow both install the module `tensorflow`: the CPU build must go first.
   have "import importlib.metadata as m; m.version('tensorflow-cpu')" && "$vpy" -m pip uninstall -q -y tensorflow-cpu
   have "import tensorflow as tf, h5py, pytest, numpy, sys; sys.exit(0 if tf.test.is_built_with_cuda() else 1)" \
