@@ -45,9 +45,11 @@ class NetworkModel(SeqModel):
         random_seed: int,
         twice_differentiable: bool = False,
         ignored: Collection[str] = (),
+        lstm_implementation: str | None = None,
     ) -> None:
         """``twice_differentiable``: use ops whose gradients can be differentiated again (slower LSTM);
-        ``ignored``: the config's ignore_keys (``"layer:option"`` entries apply here)."""
+        ``ignored``: the config's ignore_keys (``"layer:option"`` entries apply here);
+        ``lstm_implementation``: the config key of that name (``layers/lstm_choice.py``)."""
         super().__init__(
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="network"
         )
@@ -62,6 +64,7 @@ class NetworkModel(SeqModel):
                         frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
         self.twice_differentiable = twice_differentiable
+        self.lstm_implementation = lstm_implementation
         dims = {"data": input_dim}
         self.layers: dict[str, Layer] = {}
         for name in self.order:
@@ -93,7 +96,8 @@ class NetworkModel(SeqModel):
             )
         if spec.cls == "rec":
             return Rec(name, spec.opts, in_dim, random_seed=seed,
-                       twice_differentiable=self.twice_differentiable)
+                       twice_differentiable=self.twice_differentiable,
+                       implementation=self.lstm_implementation)
         if spec.cls == "time_chunking":
             return TimeChunking(name, spec.opts, in_dim)
         if spec.cls == "time_unchunking":
