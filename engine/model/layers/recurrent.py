@@ -60,7 +60,9 @@ class Rec(Layer):
         if self.forget_bias:
             n = self.n_out
             bias = bias + tf.concat([tf.zeros([2 * n]), tf.fill([n], self.forget_bias), tf.zeros([n])], 0)
-        h = self.kernel.run(x, lengths, self.params["W"], bias, self.n_out)
+        # tf_amp: the recurrence stays float32 (no bfloat16 kernels; the cell state sums over all steps)
+        h = tf.cast(self.kernel.run(tf.cast(x, tf.float32), lengths, self.params["W"], bias, self.n_out),
+                    self.compute_dtype)
         if self.direction == -1:
             h = tf.reverse_sequence(h, lengths, seq_axis=0, batch_axis=1)
         return h
