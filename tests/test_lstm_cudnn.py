@@ -145,10 +145,12 @@ def test_choice_of_kernel():
 def test_an_op_without_gpu_kernel_is_refused_on_a_gpu(monkeypatch):
     assert "CPU" in lstm_choice.kernel_devices("BlockLSTM")  # the registry of the running TensorFlow
     monkeypatch.setattr(lstm_choice, "kernel_devices", lambda op: {"CPU"})
-    with pytest.raises(ConfigError, match="layer 'enc'.*CudnnRNNV3.*silently run on the CPU"):
+    with pytest.raises(ConfigError, match="layer 'enc'.*CudnnRNNV3 and CudnnRNNBackpropV3.*silently run on"):
         check_kernel_on(CUDNN, "GPU", "enc")
     check_kernel_on(CUDNN, "CPU", "enc")  # on the CPU nothing is moved
     check_kernel_on(CUDNN_TWIN, "GPU", "enc")  # plain ops
+    with pytest.raises(ConfigError, match="BlockLSTM and BlockLSTMGrad"):
+        check_kernel_on(NATIVE, "GPU", "enc")
     monkeypatch.setattr(lstm_choice, "kernel_devices", lambda op: {"CPU", "GPU"})
     check_kernel_on(CUDNN, "GPU", "enc")
 

@@ -27,16 +27,18 @@ CHOICES = ("auto", "cudnn", "native")
 @dataclass(frozen=True)
 class LstmKernel:
     """A kernel (x, lengths, W, b, n_out) -> h and how the log names it: ``name`` (``cudnn``,
-    ``cudnn-twin``, ``native``, ``native-scan``) and the op that runs the recurrence."""
+    ``cudnn-twin``, ``native``, ``native-scan``) and the op that runs the recurrence; ``gpu_ops``: the ops
+    it runs on a GPU that need a GPU kernel of their own (plain ops have one in every CUDA build)."""
 
     name: str
     op: str
     run: Callable
+    gpu_ops: tuple[str, ...] = ()
 
 
-CUDNN = LstmKernel("cudnn", "CudnnRNNV3", cudnn_lstm)
+CUDNN = LstmKernel("cudnn", "CudnnRNNV3", cudnn_lstm, ("CudnnRNNV3", "CudnnRNNBackpropV3"))
 CUDNN_TWIN = LstmKernel("cudnn-twin", "plain ops (tf.scan)", cudnn_twin)
-NATIVE = LstmKernel("native", "BlockLSTM", fused_lstm)
+NATIVE = LstmKernel("native", "BlockLSTM", fused_lstm, ("BlockLSTM", "BlockLSTMGrad"))
 NATIVE_SCAN = LstmKernel("native-scan", "plain ops (tf.scan)", scan_lstm)
 
 
@@ -80,10 +82,11 @@ def kernel_devices(op: str) -> set[str]:
 
 
 def check_kernel_on(kernel: LstmKernel, device: str, layer: str) -> None:
-    """Refuse a kernel whose op TensorFlow would quietly move to the CPU: on a ``GPU`` its op must have a GPU
-    kernel (plain ops and BlockLSTM have one in every CUDA build)."""
-    if device == "GPU" and kernel.op.isidentifier() and "GPU" not in kernel_devices(kernel.op):
+    """Refuse a kernel whose ops TensorFlow would quietly move to the CPU: on a ``GPU`` each of its
+    ``gpu_ops`` must have a GPU kernel."""
+    missing = [op for op in kernel.gpu_ops if "GPU" not in kernel_devices(op)] if device == "GPU" else []
+    if missing:
         raise ConfigError(f"Network layer '{layer}': its LSTM ({kernel.name}) runs TensorFlow's "
-                          f"{kernel.op}, which this TensorFlow has no GPU kernel for, so it would silently "
-                          "run on the CPU. Set lstm_implementation = 'native', or install a TensorFlow built "
-                          "with CUDA/cuDNN.")
+                          f"{' and '.join(missing)}, which this TensorFlow has no GPU kernel for, so it "
+                          "would silently run on the CPU. Set lstm_implementation = 'native', or install a "
+                          "TensorFlow built with CUDA/cuDNN.")
