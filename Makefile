@@ -98,6 +98,7 @@ bench: install
 	$(PY) benchmarks/bench_data.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_allreduce.py
 	$(PY) benchmarks/bench_lstm.py
+	$(PY) benchmarks/bench_amp.py
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_returnn.py
 	$(PY) benchmarks/bench_ctc.py

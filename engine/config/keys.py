@@ -73,6 +73,11 @@ _section(
     ("random_seed", "int", 42,
      "seeds the initial parameters, dropout and gradient noise; not the data's order, as in RETURNN"),
     ("device", "str", "", "cpu | gpu", "GPU when present"),
+    ("lstm_implementation", "str", "auto", "rec layers' LSTM: auto (cuDNN on a GPU, the engine's own kernel "
+     "on a CPU) | cudnn (on a CPU: its twin in plain ops) | native (the engine's own); same parameters"),
+    ("tf_amp", "any", None, "mixed precision, RETURNN's name: 'bfloat16' | 'float16' (or {'dtype': ...}): "
+     "layers compute in it, parameters, LSTM and loss stay float32; float16 with dynamic loss scaling",
+     "off (float32)"),
 )
 _section(
     "tf_threads",

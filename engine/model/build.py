@@ -9,9 +9,18 @@ from engine.config.loader import Config
 from engine.model.base import SeqModel
 from engine.model.custom import CustomModel
 from engine.model.network import NetworkModel
+from engine.model.placement import placement_line
+from engine.model.precision import compute_dtype
+from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
 DEFAULT_RANDOM_SEED = keys.default("random_seed")
+
+
+def _logged(model: SeqModel) -> SeqModel:
+    """The model, after one line says where it computes and which kernel each layer runs."""
+    log.info(placement_line(model))
+    return model
 
 
 def build_model(
@@ -50,12 +59,19 @@ def build_model(
         )
     # maximize_grad_norm differentiates the gradient: the network then uses twice-differentiable ops
     twice = (config.float("maximize_grad_norm") or 0.0) > 0.0
+    lstm = config.str("lstm_implementation")
+    dtype = compute_dtype(config.value("tf_amp"))
     if network is not None:
-        return NetworkModel(network, ignored=ignored, twice_differentiable=twice, **dims)
+        return _logged(NetworkModel(network, ignored=ignored, twice_differentiable=twice,
+                                    lstm_implementation=lstm, compute_dtype=dtype, **dims))
     get_model = config.value("get_model")
     if callable(get_model):
-        return CustomModel(get_model, epoch=epoch, loss=config.value("model_loss") or "ce",
-                           loss_opts=config.value("model_loss_opts"), **dims)
+        if dtype != "float32":
+            raise ConfigError(f"Config key 'tf_amp' is {config.value('tf_amp')!r}, but the model comes from "
+                              "get_model, whose layers choose their own dtypes (a Keras mixed-precision "
+                              "policy, for instance); tf_amp applies to the 'network' dict. Remove tf_amp.")
+        return _logged(CustomModel(get_model, epoch=epoch, loss=config.value("model_loss") or "ce",
+                                   loss_opts=config.value("model_loss_opts"), **dims))
     get_network = config.value("get_network")
     if callable(get_network):
         network = get_network(epoch=epoch)
@@ -63,7 +79,8 @@ def build_model(
             raise ConfigError(
                 f"get_network(epoch={epoch}) must return a network dict, got {type(network).__name__}."
             )
-        return NetworkModel(network, ignored=ignored, twice_differentiable=twice, **dims)
+        return _logged(NetworkModel(network, ignored=ignored, twice_differentiable=twice,
+                                    lstm_implementation=lstm, compute_dtype=dtype, **dims))
     raise ConfigError(
         "The config defines no model: set 'network' to a layer dict, or define a config function "
         "'get_model' (returning a Keras model or tf.Module) or 'get_network' (returning a dict)."

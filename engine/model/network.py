@@ -45,9 +45,13 @@ class NetworkModel(SeqModel):
         random_seed: int,
         twice_differentiable: bool = False,
         ignored: Collection[str] = (),
+        lstm_implementation: str | None = None,
+        compute_dtype: str = "float32",
     ) -> None:
         """``twice_differentiable``: use ops whose gradients can be differentiated again (slower LSTM);
-        ``ignored``: the config's ignore_keys (``"layer:option"`` entries apply here)."""
+        ``ignored``: the config's ignore_keys (``"layer:option"`` entries apply here);
+        ``lstm_implementation``: the config key of that name (``layers/lstm_choice.py``); ``compute_dtype``:
+        what the layers compute in (``tf_amp``, ``precision.py``; the parameters stay float32)."""
         super().__init__(
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="network"
         )
@@ -62,6 +66,8 @@ class NetworkModel(SeqModel):
                         frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
         self.twice_differentiable = twice_differentiable
+        self.lstm_implementation = lstm_implementation
+        self.compute_dtype = compute_dtype
         dims = {"data": input_dim}
         self.layers: dict[str, Layer] = {}
         for name in self.order:
@@ -72,6 +78,7 @@ class NetworkModel(SeqModel):
             else:
                 in_dim = sum(dims[s] for s in spec.sources)
                 layer = self._make_layer(name, spec, in_dim, self._takes_ids(spec), random_seed)
+            layer.compute_dtype = tf.as_dtype(compute_dtype)
             self.layers[name] = layer
             dims[name] = layer.n_out
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
@@ -93,7 +100,8 @@ class NetworkModel(SeqModel):
             )
         if spec.cls == "rec":
             return Rec(name, spec.opts, in_dim, random_seed=seed,
-                       twice_differentiable=self.twice_differentiable)
+                       twice_differentiable=self.twice_differentiable,
+                       implementation=self.lstm_implementation)
         if spec.cls == "time_chunking":
             return TimeChunking(name, spec.opts, in_dim)
         if spec.cls == "time_unchunking":
@@ -207,10 +215,11 @@ class NetworkModel(SeqModel):
                 y = layer(x, layer_lengths, training)
                 layer_lengths = layer.out_lengths(layer_lengths)
             if isinstance(layer, Softmax):  # later layers see the probabilities, as in RETURNN
+                y = tf.cast(y, tf.float32)  # tf_amp: softmax and losses in float32
                 result[f"{name}:logits"] = _batch_major(y)
                 y = tf.nn.softmax(y)
             outs[name], seq_lengths[name] = y, layer_lengths
-            result[name] = _batch_major(y)
+            result[name] = _batch_major(tf.cast(y, tf.float32))
             result[f"{name}:lengths"] = layer_lengths
         return result
 
@@ -226,7 +235,7 @@ class NetworkModel(SeqModel):
             part = outs[src]
             if src == "data" and self.input_sparse:
                 part = tf.one_hot(part, self.input_dim, dtype=tf.float32)
-            parts.append(part)
+            parts.append(tf.cast(part, self.layers[name].compute_dtype))  # tf_amp; no op in float32
         if self.layers[name].separate_sources:
             return parts  # such a layer takes no input dropout (``Combine`` refuses the option)
         x = parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)

@@ -22,6 +22,11 @@ With ``distributed_wire_format = "fp16"`` a reduced gradient is never made non-f
 every reduction is scaled into it first (``engine/distributed/wire_guard.py``), and a tensor that holds an
 Inf or NaN on some rank travels unscaled. So what is found here is non-finite in float32 as well, and
 the same on every rank.
+
+With ``tf_amp = "float16"`` a non-finite reduced gradient with finite scores is float16's overflow under
+loss scaling, an expected event: ``Steps._update`` skips that update and halves the scale
+(``update/loss_scale.py``) and reports it as ``FINITE``, so nothing here stops for it. A non-finite loss
+still stops (the scale does not act on the forward pass).
 """
 from __future__ import annotations
 

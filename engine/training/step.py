@@ -26,8 +26,10 @@ from engine.distributed.protocol import SCORE_NAMES
 from engine.distributed.strategy import Strategy
 from engine.model.base import SeqModel
 from engine.model.losses.data_checks import data_error_from
+from engine.runtime import log
 from engine.runtime.errors import ConfigError, DataError, EngineError
 from engine.training.nonfinite import FINITE, NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_PARAMS
+from engine.training.update.loss_scale import OVERFLOW, check_mode
 from engine.training.update.updater import Updater
 
 DROPOUT_STREAM = 0x64726F70  # keeps dropout's random numbers apart from other users of the step's seed
@@ -108,6 +110,9 @@ class Steps:
         self.model = model
         self.stop_on_nonfinite = stop_on_nonfinite
         self.nonfinite = FINITE  # what the last update found (FINITE ... NONFINITE_PARAMS)
+        self.loss_scale = updater.loss_scale if updater is not None else None  # tf_amp = "float16"
+        self.overflows = 0  # steps the loss scale skipped (float16's range overflowed)
+        check_mode(self.loss_scale, strategy is not None and strategy.keeps_rank_state)
         self.updater = updater
         self.strategy = strategy
         self.rank = strategy.comm.rank if strategy is not None else 0
@@ -208,8 +213,8 @@ class Steps:
             with tf.GradientTape() as tape:
                 outputs = self.model(data, lengths, training=True, seed=model_seed)
                 losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
-                differentiated = self._differentiated(losses)
-            local = tape.gradient(differentiated, self.params)
+                differentiated = self._scaled(self._differentiated(losses))
+            local = self._unscaled(tape.gradient(differentiated, self.params))
         present = [g is not None for g in local]  # a variable without a gradient is not updated
         scores = self._scores(losses, lengths)
         grads, scores = self.strategy.reduce_gradients(_dense(local, self.params), scores)
@@ -219,7 +224,29 @@ class Steps:
         grads = [g if p else None for g, p in zip(grads, present)]
         return scores, self._update(grads, scores, extra)
 
+    def _scaled(self, differentiated: tf.Tensor) -> tf.Tensor:
+        """With a loss scale (``tf_amp = "float16"``) the loss times the scale, inside the tape, so that small
+        gradients survive float16's backward pass; ``_unscaled`` divides the gradients again (float32)."""
+        return differentiated if self.loss_scale is None else self.loss_scale.scaled(differentiated)
+
+    def _unscaled(self, grads: list) -> list:
+        """The gradients of the loss itself (what is reduced and applied)."""
+        return grads if self.loss_scale is None else self.loss_scale.unscaled(grads)
+
     def _update(self, grads, scores, extra=None) -> tf.Tensor:
+        """With a loss scale (``tf_amp = "float16"``): finite scores with a non-finite reduced gradient are
+        float16's overflow, expected under loss scaling: the update is skipped (``OVERFLOW``) and the scale
+        halves; else the scale counts a good step and ``_checked_update`` goes on. The reduced gradients
+        are the same on every rank, so every rank decides alike (``loss_scale.py``)."""
+        if self.loss_scale is None:
+            return self._checked_update(grads, scores, extra)
+        present = [g for g in grads if g is not None]
+        overflow = tf.logical_and(_all_finite([scores]), tf.logical_not(_all_finite(present or [scores])))
+        self.loss_scale.update(tf.logical_not(overflow))
+        return tf.cond(overflow, lambda: tf.constant(OVERFLOW),
+                       lambda: self._checked_update(grads, scores, extra))
+
+    def _checked_update(self, grads, scores, extra=None) -> tf.Tensor:
         """Apply the (reduced) gradients; returns what was found (``FINITE`` ... ``NONFINITE_PARAMS``). With
         ``stop_on_nonfinite``, an Inf or NaN in the scores or in the gradients as processed for the update
         (clipping, noise, maximize_grad_norm's term) leaves parameters and optimizer state as they were.
@@ -246,8 +273,8 @@ class Steps:
         with tf.GradientTape() as tape:
             outputs = self.model(data, lengths, training=True, seed=seed)
             losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
-            differentiated = self._differentiated(losses)
-        local = tape.gradient(differentiated, self.params)
+            differentiated = self._scaled(self._differentiated(losses))
+        local = self._unscaled(tape.gradient(differentiated, self.params))
         self._present = [g is not None for g in local]
         for acc, grad in zip(self._acc, local):
             if grad is not None:
@@ -318,7 +345,7 @@ class Steps:
         """One step: its score sums (reduced in grad mode); ``nonfinite`` says what its update found."""
         try:
             scores, found = self._train(*self._inputs(batch))
-            self.nonfinite = int(found)
+            self.nonfinite = self._found(int(found))
             return scores.numpy()
         except Exception as exc:  # tracing fails when an op's gradient has no gradient of its own
             missing = _NO_SECOND_GRADIENT.search(str(exc))
@@ -344,8 +371,17 @@ class Steps:
         says what the update found)."""
         self._pending = 0
         reduced, found = self._apply()
-        self.nonfinite = int(found)
+        self.nonfinite = self._found(int(found))
         return reduced.numpy()
+
+    def _found(self, found: int) -> int:
+        """What the update found, for the loop: a loss-scale overflow is counted and logged, not a stop."""
+        if found != OVERFLOW:
+            return found
+        self.overflows += 1
+        log.debug(f"tf_amp = 'float16': the gradients overflowed float16's range; update skipped, loss scale "
+                  f"now {float(self.loss_scale.scale.numpy()):g} ({self.overflows} skipped so far)")
+        return FINITE
 
     def drop_partial_group(self) -> tuple[int, np.ndarray | None]:
         """At the epoch's end: forget the batches of an incomplete last group without an update, as

@@ -1,11 +1,13 @@
 """The layer classes of the ``network`` dict, one module per family; ``network.py`` builds them.
 
 - ``base.py``: ``Layer`` (time-major in and out, owns its variables, maps input to output lengths with
-  ``out_lengths``) and the helpers every family uses (``glorot_variable``, ``positive_int``, ``one_of``,
-  ``time_mask``);
+  ``out_lengths``, casts them to its ``compute_dtype`` for ``tf_amp`` with ``param``) and the helpers
+  every family uses (``glorot_variable``, ``positive_int``, ``one_of``, ``time_mask``);
 - ``dense.py``: ``linear``, ``softmax`` (with its ``ce`` loss), ``copy`` / ``dropout``, and the activation
   functions (``ACTIVATIONS``);
-- ``recurrent.py``: ``rec`` with an LSTM unit; ``lstm.py``: its two LSTM kernels (fused, scan);
+- ``recurrent.py``: ``rec`` with an LSTM unit; ``lstm.py``: the engine's own LSTM kernels (fused, scan);
+  ``lstm_cudnn.py``: the cuDNN kernel and its CPU twin; ``lstm_choice.py``: which one runs
+  (``lstm_implementation``) and the check that it has a kernel on the GPU;
 - ``conv.py``: ``conv`` and ``pool`` over time (1-D), which may change the number of frames;
 - ``attention.py``: ``self_attention`` and ``positional_encoding``;
 - ``norm.py``: ``layer_norm``; ``elementwise.py``: ``activation`` and ``combine``;

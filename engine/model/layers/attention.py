@@ -46,6 +46,7 @@ class PositionalEncoding(Layer):
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         signal = sinusoid_signal(tf.shape(x)[0], self.n_out)[:, None, :]  # (T, 1, n_out)
+        signal = tf.cast(signal, self.compute_dtype)  # tf_amp
         if self.add_to_input:
             return x + signal
         return tf.tile(signal, [1, tf.shape(x)[1], 1])
@@ -90,11 +91,12 @@ class SelfAttention(Layer):
                  seed: tf.Tensor | None = None) -> tf.Tensor:
         n_time, n_batch = tf.shape(x)[0], tf.shape(x)[1]
         per_head = 2 * self.key_dim + self.value_dim
-        qkv = tf.matmul(tf.reshape(time_mask(x, lengths), [-1, self.in_dim]), self.params["QKV"])
+        qkv = tf.matmul(tf.reshape(time_mask(x, lengths), [-1, self.in_dim]), self.param("QKV"))
         qkv = tf.reshape(qkv, [n_time, n_batch, self.heads, per_head])
         q, k, v = tf.split(qkv, [self.key_dim, self.key_dim, self.value_dim], axis=-1)
         q = q * self.key_dim ** -0.5
-        energy = tf.einsum("tbhd,sbhd->bhts", q, k)  # (B, H, queries, keys)
+        # float32 from here to the weights: -1e30 below is -inf in float16, and the softmax sums
+        energy = tf.cast(tf.einsum("tbhd,sbhd->bhts", q, k), tf.float32)  # (B, H, queries, keys)
         allowed = tf.sequence_mask(lengths, n_time)[:, None, None, :]  # (B, 1, 1, keys)
         if self.left_only:
             causal = tf.linalg.band_part(tf.ones([n_time, n_time], tf.bool), -1, 0)  # key <= query
@@ -104,5 +106,5 @@ class SelfAttention(Layer):
         weights = tf.nn.softmax(energy, axis=-1)
         if training and self.dropout > 0.0:
             weights = tf.nn.experimental.stateless_dropout(weights, rate=float(self.dropout), seed=seed)
-        out = tf.einsum("bhts,sbhd->tbhd", weights, v)
+        out = tf.einsum("bhts,sbhd->tbhd", tf.cast(weights, v.dtype), v)
         return tf.reshape(out, [n_time, n_batch, self.n_out])

@@ -77,6 +77,7 @@ class Layer(tf.Module):
     sparse_input = False  # True: the layer takes int ids (T, B) instead of features
     separate_sources = False  # True: the layer gets a list of its sources' outputs, not their concatenation
     needs_seed = False  # True: the layer is called with ``seed=`` (a stateless seed (2,)) for its own dropout
+    compute_dtype = tf.float32  # tf_amp: the network sets bfloat16 or float16 (``engine/model/precision.py``)
 
     def __init__(self, in_dim: int) -> None:
         super().__init__()
@@ -85,6 +86,11 @@ class Layer(tf.Module):
         self.params: dict[str, tf.Variable] = {}
         # param key -> row counts of the separate variables RETURNN keeps it as (see SeqModel.returnn_parts)
         self.returnn_parts: dict[str, tuple[int, ...]] = {}
+
+    def param(self, key: str) -> tf.Tensor:
+        """The variable ``key`` in the compute dtype: the float32 variable stays the master copy, and its
+        gradient comes back through the cast in float32."""
+        return tf.cast(self.params[key], self.compute_dtype)
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         return x

@@ -119,10 +119,10 @@ class Conv(_Windowed):
         shape = tf.shape(frames)
         # one (T_out*B, size*F) x (size*F, n_out) matmul, the window flattened like the filter
         flat = tf.reshape(tf.transpose(frames, [0, 2, 1, 3]), [shape[0] * shape[2], self.size * self.in_dim])
-        y = tf.matmul(flat, tf.reshape(self.params["W"], [self.size * self.in_dim, self.n_out]))
+        y = tf.matmul(flat, tf.reshape(self.param("W"), [self.size * self.in_dim, self.n_out]))
         y = tf.reshape(y, [shape[0], shape[2], self.n_out])
         if "bias" in self.params:
-            y = y + self.params["bias"]
+            y = y + self.param("bias")
         return y if self.activation is None else self.activation(y)
 
 

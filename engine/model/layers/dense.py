@@ -98,7 +98,7 @@ class Linear(Layer):
             self.params["b"] = tf.Variable(tf.zeros([self.n_out]), name=f"{name}/b")
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
-        weights = self.params["W"]
+        weights = self.param("W")
         if self.sparse_input:
             y = dense_gather(tf.convert_to_tensor(weights), x)
         else:
@@ -108,7 +108,7 @@ class Linear(Layer):
                 tf.matmul(tf.reshape(x, [-1, self.in_dim]), weights), [shape[0], shape[1], self.n_out]
             )
         if "b" in self.params:
-            y = y + self.params["b"]
+            y = y + self.param("b")
         return y if self.activation is None else self.activation(y)
 
 

@@ -22,7 +22,8 @@ class LayerNorm(Layer):
         self.params["bias"] = tf.Variable(tf.zeros([in_dim]), name=f"{name}/bias")
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        dtype, x = x.dtype, tf.cast(x, tf.float32)  # tf_amp: the statistics in float32
         mean = tf.reduce_mean(x, axis=-1, keepdims=True)
         variance = tf.reduce_mean(tf.square(x - mean), axis=-1, keepdims=True)
         normed = (x - mean) * tf.math.rsqrt(variance + float(self.epsilon))
-        return normed * self.params["scale"] + self.params["bias"]
+        return tf.cast(normed * self.params["scale"] + self.params["bias"], dtype)

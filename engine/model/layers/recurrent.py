@@ -1,11 +1,12 @@
-"""Recurrent layers of the ``network`` dict: ``rec`` with an LSTM unit (its kernels: ``lstm.py``)."""
+"""Recurrent layers of the ``network`` dict: ``rec`` with an LSTM unit (its kernels: ``lstm.py`` and
+``lstm_cudnn.py``, chosen by ``lstm_choice.py``)."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
 from engine.model.layers.base import Layer, glorot_values, glorot_variable, positive_int
-from engine.model.layers.lstm import fused_lstm, scan_lstm
+from engine.model.layers.lstm_choice import LstmKernel, choose_lstm, on_gpu
 from engine.runtime.errors import ConfigError
 
 # RETURNN's TF-2 units that run as TensorFlow's LSTM cell (StandardLSTM; TF 2 has no BasicLSTM, so RETURNN
@@ -23,19 +24,21 @@ class Rec(Layer):
     """``rec`` with an LSTM unit; ``direction`` -1 runs over the valid part of each sequence reversed.
     Its parameters start as RETURNN's unit's do (``TF_CELL_UNITS``), and it computes what that unit does.
 
-    The LSTM is ``lstm.fused_lstm`` (``lstm.scan_lstm`` when the gradient must be differentiable again).
+    The LSTM kernel is chosen by ``lstm_choice.choose_lstm`` (``lstm_implementation``: cuDNN on a GPU, the
+    engine's own on a CPU); every kernel takes the same ``W`` and ``b``, so checkpoints do not depend on it.
     Padding cannot leak into valid frames: forward, padded frames come after all valid ones; backward,
     the valid part is reversed in place (``tf.reverse_sequence``) so the padding still comes last.
     """
 
     def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int,
-                 twice_differentiable: bool = False) -> None:
+                 twice_differentiable: bool = False, implementation: str | None = None) -> None:
         super().__init__(in_dim)
         self.n_out = positive_int(name, opts, "n_out")  # its unit is an LSTM (``spec.py`` checks)
         self.direction = opts.get("direction", 1)
         if self.direction not in (1, -1):
             raise ConfigError(f"Network layer '{name}': direction must be 1 or -1, got {self.direction!r}.")
-        self._lstm = scan_lstm if twice_differentiable else fused_lstm
+        self.kernel: LstmKernel = choose_lstm(implementation, gpu=on_gpu(),
+                                              twice_differentiable=twice_differentiable)
         self.unit = opts.get("unit", "lstm").lower()
         n = self.n_out
         if self.unit in ONE_KERNEL_UNITS:  # RETURNN draws its one kernel at once
@@ -57,7 +60,9 @@ class Rec(Layer):
         if self.forget_bias:
             n = self.n_out
             bias = bias + tf.concat([tf.zeros([2 * n]), tf.fill([n], self.forget_bias), tf.zeros([n])], 0)
-        h = self._lstm(x, lengths, self.params["W"], bias, self.n_out)
+        # tf_amp: the recurrence stays float32 (no bfloat16 kernels; the cell state sums over all steps)
+        h = tf.cast(self.kernel.run(tf.cast(x, tf.float32), lengths, self.params["W"], bias, self.n_out),
+                    self.compute_dtype)
         if self.direction == -1:
             h = tf.reverse_sequence(h, lengths, seq_axis=0, batch_axis=1)
         return h

@@ -28,6 +28,7 @@ from engine.report.timeline import CHECKPOINT
 from engine.runtime.atomic_file import atomic_path, describe_io_error
 from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoints.reading import MAIN_GROUPS, StoredCheckpoint, read_checkpoint
+from engine.training.update.loss_scale import PREFIX as LOSS_SCALE_PREFIX
 
 
 def checkpoint_path(model_prefix: str, epoch: int) -> str:
@@ -155,8 +156,14 @@ def save_checkpoint(path: str, params: Variables, optimizer_vars: Variables, epo
                           "choose another `model` path), then run again to resume.") from None
 
 
-def _assign(path: str, what: str, variables: Variables, stored: dict[str, np.ndarray]) -> None:
+def _assign(path: str, what: str, variables: Variables, stored: dict[str, np.ndarray],
+            optional: str | None = None) -> None:
+    """``optional``: a name prefix whose entries may be missing on either side (then a variable keeps its
+    value, a stored value is left unused)."""
     by_name = named(variables)
+    if optional:
+        by_name = {n: v for n, v in by_name.items() if n in stored or not n.startswith(optional)}
+        stored = {n: v for n, v in stored.items() if n in by_name or not n.startswith(optional)}
     names, variables = list(by_name), list(by_name.values())
     missing = [n for n in names if n not in stored]
     unexpected = sorted(set(stored) - set(names))
@@ -183,7 +190,10 @@ def assign_checkpoint(stored: StoredCheckpoint, params: Variables,
     that does not match is a ConfigError naming the file."""
     _assign(stored.path, "parameters", params, stored.groups.get("params", {}))
     if optimizer_vars is not None and stored.groups.get("optimizer"):
-        _assign(stored.path, "optimizer state", optimizer_vars, stored.groups["optimizer"])
+        # the loss scale of tf_amp = "float16" starts afresh when a run switches tf_amp on, and is dropped
+        # when it switches it off: the rest of the optimizer state does not depend on it
+        _assign(stored.path, "optimizer state", optimizer_vars, stored.groups["optimizer"],
+                optional=LOSS_SCALE_PREFIX)
     return CheckpointInfo(stored.epoch, stored.global_step)
 
 

@@ -20,7 +20,9 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
+from engine.model.precision import compute_dtype
 from engine.training.update.gradients import GradientOptions, process_gradients
+from engine.training.update.loss_scale import LossScale, loss_scale_for
 from engine.training.update.optimizer_config import optimizer_for_config
 from engine.training.update.optimizers import Optimizer, optimizer_from_config
 
@@ -36,7 +38,8 @@ class Updater:
     ``decoupled_l2``: None, the layers' ``L2`` is a loss term (``Steps`` adds it); or a dict variable name
     -> L2 (names as in ``named_variables``, each listed variable decays by 2 * L2 per update, see above).
     ``parts``: variable name -> the row counts of the RETURNN variables it holds (the model's
-    ``returnn_parts()``), for ``gradient_clip_norm``.
+    ``returnn_parts()``), for ``gradient_clip_norm``. ``loss_scale``: float16's (``loss_scale.py``), whose
+    state is part of the optimizer state here.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class Updater:
         random_seed: int = 0,
         decoupled_l2: Mapping[str, float] | None = None,
         parts: Mapping[str, Sequence[int]] | None = None,
+        loss_scale: LossScale | None = None,
     ) -> None:
         if isinstance(variables, dict):
             names, self.vars = list(variables), list(variables.values())
@@ -82,6 +86,9 @@ class Updater:
                 per_var[slot] = tf.Variable(start, trainable=False, name=f"{slot}/{name}".replace(":", "_"))
                 self._named[f"{slot}/{name}"] = per_var[slot]
             self.slots.append(per_var)
+        self.loss_scale = loss_scale
+        if loss_scale is not None:
+            self._named.update(loss_scale.named_variables())
 
     @classmethod
     def from_config(cls, config, variables: Sequence[tf.Variable] | dict[str, tf.Variable],
@@ -99,6 +106,7 @@ class Updater:
             random_seed=config.int("random_seed"),
             decoupled_l2=dict(l2 or {}) if config.bool("decouple_constraints") else None,
             parts=parts,
+            loss_scale=loss_scale_for(compute_dtype(config.value("tf_amp"))),
         )
 
     @property
@@ -114,7 +122,8 @@ class Updater:
         self._lr.assign(float(learning_rate))
 
     def named_variables(self) -> dict[str, tf.Variable]:
-        """Optimizer state for checkpoints: ``iterations`` and ``<slot>/<variable name>``."""
+        """Optimizer state for checkpoints: ``iterations``, ``<slot>/<variable name>`` and the loss scale's
+        ``loss_scale/...`` (float16 only)."""
         return self._named
 
     @property
