@@ -16,7 +16,12 @@ has no phonetics, so here the map folds phone ``i`` onto ``i % 39``. Everything 
 2.15 fails to build ``darc1``: its mask does not broadcast against the output).
 
 Each ``--seeds`` value is one run of each program with that ``random_seed`` (the corpus stays the same), so
-the spread between seeds shows what a difference between the programs means. RETURNN runs where
+the spread between seeds shows what a difference between the programs means. As in RETURNN, the seed
+changes the initial values and the noise, not the data order. ``--same-start`` takes the random draws out
+of the comparison: RETURNN initialises the network once (``task = "initialize_model"``, the first seed)
+and both programs start from that checkpoint (``import_model_train_epoch1``); with ``--gradient-noise 0``
+and no dropout (the demo has none) they then train on the same batches in the same order from the same
+values, and their curves may differ only by float rounding. RETURNN runs where
 ``$RETURNN_PYTHON`` or ``/tmp/returnn-venv/bin/python`` has it (``bench_returnn.py``); else its rows are
 left out with one line. Prints, per program and seed, the dev score and the dev label error of the
 ``output`` layer (61 phones; RETURNN's ``dev_score_output`` and ``dev_error_output``, the engine's
@@ -109,7 +114,7 @@ def make_corpus(path: str, num_seqs: int, seed: int, prototypes: np.ndarray) -> 
 
 
 def write_config(folder: str, name: str, corpus: dict, epochs: int, seed: int, returnn: bool,
-                 changes: argparse.Namespace) -> str:
+                 changes: argparse.Namespace, extra: str = "") -> str:
     run = os.path.join(folder, name)
     os.makedirs(run, exist_ok=True)
     text = DEMO.format(num_train=corpus["num_train"], train=corpus["train"], dev=corpus["dev"], epochs=epochs,
@@ -118,7 +123,7 @@ def write_config(folder: str, name: str, corpus: dict, epochs: int, seed: int, r
                        darc1="" if changes.no_darc1 else ', "darc1": 0.001', noise=changes.gradient_noise)
     path = os.path.join(folder, f"{name}.config")
     with open(path, "w") as f:
-        f.write((RETURNN_HEAD if returnn else "") + text)
+        f.write((RETURNN_HEAD if returnn else "") + text + extra)
     return path
 
 
@@ -147,6 +152,8 @@ def main() -> int:
                         "build it)")
     parser.add_argument("--gradient-noise", type=float, default=0.1, help="the demo's is 0.1")
     parser.add_argument("--programs", default="engine,returnn")
+    parser.add_argument("--same-start", action="store_true",
+                        help="both programs start from one initial checkpoint that RETURNN writes")
     args = parser.parse_args()
     folder = args.folder or tempfile.mkdtemp(prefix="bench-ctc-demo-")
     prototypes = np.random.RandomState(0).standard_normal((PHONES + 1, INPUT_DIM))
@@ -162,11 +169,27 @@ def main() -> int:
     if returnn:
         programs.append(("returnn", [returnn, "-m", "returnn"]))
     programs = [(name, command) for name, command in programs if name in args.programs.split(",")]
+    start = ""
+    if args.same_start:
+        if returnn is None:
+            print("--same-start needs RETURNN, which was not found.")
+            return 2
+        init = os.path.join(folder, "init", "model")
+        seed = int(args.seeds.split(",")[0])
+        config = write_config(folder, "init", corpus, args.epochs, seed, True, args,
+                              '\ntask = "initialize_model"\n')
+        done = subprocess.run([returnn, "-m", "returnn", config], env=child_env(extra={"DISABLE_CUDA": "1"}),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            print(f"RETURNN could not initialise the network (exit {done.returncode}): {config}")
+            return 1
+        start = f"\nimport_model_train_epoch1 = {init!r}\n"
+        print(f"both programs start from {init} (RETURNN's initial values, random_seed {seed})")
     results = {}
     for seed in [int(s) for s in args.seeds.split(",")]:
         for program, command in programs:
             name = f"{program}-seed{seed}"
-            config = write_config(folder, name, corpus, args.epochs, seed, program == "returnn", args)
+            config = write_config(folder, name, corpus, args.epochs, seed, program == "returnn", args, start)
             env = child_env(extra={"DISABLE_CUDA": "1"} if program == "returnn" else None)
             with open(os.path.join(folder, f"{name}.log"), "w") as log:
                 done = subprocess.run(command + [config], env=env, stdout=log, stderr=subprocess.STDOUT)
