@@ -97,7 +97,6 @@ def test_param_mode_is_refused(tmp_path):
     assert message in r.stdout + r.stderr
 
 
-@tf_latest
 def test_a_stop_inside_a_group_saves_at_the_groups_end_and_resumes_bitwise(tmp_path):
     # 6 steps per rank and epoch: a group of 4, then 2 batches without an update. The checkpoint due
     # at global step 8 (epoch 2, step 2) and rank 1's SIGUSR1 in its 8th step (epoch 2, step 1) both

@@ -18,6 +18,7 @@ SCRIPT = str(ROOT / "tests" / "mpi_scripts" / "engine_train.py")
 STALL_TIMEOUT = 20  # distributed_stall_timeout where a rank stalls on purpose (the default is 600 s)
 
 
+@pytest.mark.version_independent  # the watchdog inside tf.function: test_dist_failure, on both
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_stalled_rank_is_named_then_ends_the_training_job(tmp_path, backend):
     config = base_config(use_horovod=True, distributed_backend=backend, num_epochs=2,

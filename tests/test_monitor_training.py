@@ -123,6 +123,7 @@ def spans_by_rank(events: list[dict]) -> dict[int, dict[str, list[dict]]]:
     return by_rank
 
 
+@pytest.mark.version_independent  # the timeline files of two processes
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend, reduce_type", [
     pytest.param("mpi", "grad", marks=pytest.mark.tf_latest),

@@ -175,6 +175,7 @@ def _signal_while_tensorflow_loads(folder) -> tuple[list[str], bool, subprocess.
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent  # signal handling while TensorFlow loads
 def test_a_stop_signal_while_tensorflow_loads_stops_at_the_first_step_with_99(tmp_path):
     """SIGUSR1 as soon as a rank catches it, while TensorFlow still loads (seconds): recorded, not fatal;
     the job saves at its first step boundary, exits 99, and the same command then finishes.

@@ -124,6 +124,7 @@ def test_merge_without_parts_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.version_independent  # the trace files of two processes
 def test_two_ranks_end_in_one_trace(tmp_path):
     path = tmp_path / "timeline.json"
     proc = run_mpi(2, [str(ROOT / "tests" / "mpi_scripts" / "timeline_ranks.py"), str(path)])
