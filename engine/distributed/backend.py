@@ -10,6 +10,7 @@ import abc
 import contextlib
 import os
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
 
@@ -233,6 +234,26 @@ def check_buckets(count: int, buckets: Sequence[Sequence[int]]) -> None:
 def _wire_kwargs(wire: Optional[str]) -> dict[str, str]:
     """``wire=`` only where one is asked for, so backends without the keyword keep working."""
     return {"wire": wire} if wire is not None else {}
+
+
+# How long a rank that called MPI_Abort may stay alive before it exits by itself (see ``exit_after``).
+ABORT_GRACE = 10.0
+
+
+def exit_after(seconds: float, exit_code: int, rank: int) -> None:
+    """Exit this process with ``exit_code`` if it still lives ``seconds`` from now.
+
+    Called right before MPI_Abort. Open MPI's abort goes through the local daemon to ``mpirun``, and ends
+    the ranks from there; with the network to ``mpirun``'s host cut, nothing comes back, and MPI_Abort
+    waits for ever (seen on two simulated hosts). A thread, because mpi4py leaves Python's lock free
+    while it waits in MPI_Abort; a daemon thread, so that it never keeps a finished process alive."""
+    def run() -> None:
+        time.sleep(seconds)
+        os.write(2, f"[rank {rank}] MPI_Abort did not end this rank within {seconds:g} s (the network to "
+                    f"mpirun's host is probably down); exiting with code {exit_code} by itself.\n".encode())
+        os._exit(exit_code)
+
+    threading.Thread(target=run, name="abort-deadline", daemon=True).start()
 
 
 def exit_without_mpi(message: str, exit_code: int = 1) -> NoReturn:

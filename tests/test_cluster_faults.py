@@ -1,0 +1,66 @@
+"""Faults between two simulated hosts (tests/cluster/simulated_hosts.py) during a 2-rank training started
+by the SGE job body: the link cut in either direction, and a host whose every process dies. Each must end
+the job: mpirun returns non-zero within distributed_stall_timeout + 60 s of the fault, and no rank is left
+running on either host. Before the launcher settings of tools/job_common.sh, mpirun never returned after a
+cut: it waited for its daemon behind the link. Fails (not skips) under CI=true where namespaces are
+unavailable."""
+from __future__ import annotations
+
+import pytest
+
+from cluster.fault_run import FaultRun
+from cluster.simulated_hosts import SimulatedHosts
+from prerequisites import require, require_module
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+STALL_TIMEOUT = 5
+BOUND = STALL_TIMEOUT + 60  # the promise: mpirun returns within the stall timeout plus a minute
+
+CONFIG = """
+task = "train"
+train = {"class": "Task12AXDataset", "num_seqs": 400, "fixed_random_seed": 1}
+batch_size = 2000
+max_seqs = 20
+network = {"lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 32},
+           "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+optimizer = {"class": "adam"}
+learning_rate = 0.01
+num_epochs = 1000
+log_verbosity = 5
+"""
+
+
+def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
+    require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
+    if backend == "horovod":
+        require_module("horovod.tensorflow", "Horovod")
+    with SimulatedHosts.create() as hosts:
+        run = FaultRun(hosts, tmp_path, CONFIG, [
+            "++distributed_backend", backend, "++distributed_stall_timeout", str(STALL_TIMEOUT),
+            "++distributed_stall_warning", "2", "++checkpoint_interval", "50"])
+        inject = {"cut": hosts.cut, "kill": hosts.kill_host}[fault]
+        run.inject_when(r"train epoch 2, step 5,", lambda: inject(host))
+        run.start()
+        code = run.wait(timeout=120 + BOUND)
+        left = run.ranks_left_after(STALL_TIMEOUT + 40)
+    assert run.injected_at is not None, f"the run never reached the fault's step:\n{run.output}"
+    assert code is not None, f"mpirun still ran {run.seconds_to_exit:.0f} s after the fault:\n{run.output}"
+    assert code != 0, run.output
+    took = run.seconds_to_exit
+    assert took <= BOUND, f"mpirun returned {took:.0f} s after the fault:\n{run.output}"
+    assert not left, f"ranks still running {STALL_TIMEOUT + 40} s after the fault: {left}\n{run.output}"
+    return run
+
+
+@pytest.mark.parametrize("backend, host", [("mpi", 1), ("horovod", 0)])
+def test_a_cut_link_ends_the_job(tmp_path, backend, host):
+    run = run_fault(tmp_path, backend, "cut", host)
+    # rank 0's watchdog names the rank behind the cut (unless ssh's keepalive ended the job first)
+    assert ("rank 1 (host simhost1) did not reach collective" in run.output
+            or "Remote host:   simhost1" in run.output), run.output
+
+
+def test_a_dead_host_ends_the_job(tmp_path):
+    run = run_fault(tmp_path, "mpi", "kill", 1)
+    assert "simhost1" in run.output.split("train epoch 2, step 5,")[-1], run.output
