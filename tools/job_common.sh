@@ -134,7 +134,9 @@ launcher_fault_args() {
 job_mpirun() {
   local hostfile=$1 num_ranks=$2 config=$3 name fault_args
   shift 3
-  local cmd=("$MPIRUN" --hostfile "$hostfile" -np "$num_ranks" --bind-to none --map-by slot)
+  # mpirun_guard.py: mpirun exits 0 after losing a host's daemon; the guard makes that a failure
+  local cmd=("$PYTHON" "$ENGINE_ROOT/tools/mpirun_guard.py" "$MPIRUN" --hostfile "$hostfile" -np "$num_ranks"
+             --bind-to none --map-by slot)
   for name in $DEFAULT_RANK_ENV ${RANK_ENV:-}; do
     if printenv "$name" >/dev/null; then cmd+=(-x "$name"); fi  # exported ones: mpirun's environment
   done
