@@ -6,6 +6,8 @@ cut: it waited for its daemon behind the link. Fails (not skips) under CI=true w
 unavailable."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cluster.fault_run import FaultRun
@@ -16,6 +18,9 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 STALL_TIMEOUT = 5
 BOUND = STALL_TIMEOUT + 60  # the promise: mpirun returns within the stall timeout plus a minute
+# ssh's keepalive as tools/job_common.sh sets it, 3 s apart instead of 10 to keep the tests short (the job
+# script's own settings: tests/test_cluster_jobs.py; measured with them: docs/multi-node.md)
+QUICK_SSH_ALIVE = {"PRTE_MCA_plm_ssh_args": "-o ServerAliveInterval=3 -o ServerAliveCountMax=3"}
 
 CONFIG = """
 task = "train"
@@ -38,13 +43,15 @@ def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
     with SimulatedHosts.create() as hosts:
         run = FaultRun(hosts, tmp_path, CONFIG, [
             "++distributed_backend", backend, "++distributed_stall_timeout", str(STALL_TIMEOUT),
-            "++distributed_stall_warning", "2", "++checkpoint_interval", "50"])
+            "++distributed_stall_warning", "2", "++checkpoint_interval", "50"], QUICK_SSH_ALIVE)
         inject = {"cut": hosts.cut, "kill": hosts.kill_host}[fault]
         run.inject_when(r"train epoch 2, step 5,", lambda: inject(host))
         run.start()
         code = run.wait(timeout=120 + BOUND)
         left = run.ranks_left_after(STALL_TIMEOUT + 40)
     assert run.injected_at is not None, f"the run never reached the fault's step:\n{run.output}"
+    print(f"{fault} host {host}, {backend}: mpirun exit {code} after {run.seconds_to_exit:.1f} s, "
+          f"no rank left after {run.ranks_gone_after} s")  # the measurement, shown by pytest -rP
     assert code is not None, f"mpirun still ran {run.seconds_to_exit:.0f} s after the fault:\n{run.output}"
     assert code != 0, run.output
     took = run.seconds_to_exit
@@ -66,3 +73,34 @@ def test_a_dead_host_ends_the_job(tmp_path):
     # mpirun ends it at once, and would exit 0: the job script's mpirun_guard.py names the host and exits 1
     assert "mpirun lost its daemon on simhost1 (rank 1) and ended the job" in run.output, run.output
     assert run.seconds_to_exit < 5, run.output
+
+
+SLOW_CONFIG = """
+task = "train"
+train = {"class": "Task12AXDataset", "num_seqs": 40, "fixed_random_seed": 1}
+batch_size = 2000
+max_seqs = 20
+# 1.07 M parameters: 4.3 MB of gradients, 7.5-8.5 s a step over 5 Mbit/s, twice the stall timeout
+network = {"lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 512},
+           "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+optimizer = {"class": "adam"}
+learning_rate = 0.01
+num_epochs = 1
+log_verbosity = 5
+"""
+
+
+def test_a_slow_link_that_carries_a_large_reduction_is_not_a_stall(tmp_path):
+    require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
+    require("tc (iproute2)", SimulatedHosts.tc_unavailable())
+    timeout = 4
+    with SimulatedHosts.create() as hosts:
+        hosts.limit_rate(5e6)
+        run = FaultRun(hosts, tmp_path, SLOW_CONFIG, [
+            "++distributed_stall_timeout", str(timeout), "++distributed_stall_warning", "2"])
+        run.start()
+        code = run.wait(timeout=150)
+    assert code == 0, run.output
+    assert "finished training after epoch 1" in run.output, run.output
+    seconds = [float(s) for s in re.findall(r"train epoch 1, step \d+, .*?, ([\d.]+) sec/step", run.output)]
+    assert seconds and min(seconds) > 2 * timeout, f"steps took {seconds} s, the stall timeout is {timeout} s"

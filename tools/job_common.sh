@@ -113,10 +113,11 @@ LINK_KEEPALIVE_ARGS="--prtemca oob_tcp_keepalive_time 30 --prtemca oob_tcp_keepa
 --prtemca oob_tcp_keepalive_probes 3"
 SSH_ALIVE_ARGS="-o ServerAliveInterval=10 -o ServerAliveCountMax=3"
 
-# launcher_fault_args: the options above that apply to this job's launcher, unless MPIRUN_ARGS sets them.
+# launcher_fault_args: the options above that apply to this job's launcher, unless MPIRUN_ARGS or the
+# environment (PRTE_MCA_plm_ssh_args, PRTE_MCA_oob_tcp_keepalive_time) sets them.
 launcher_fault_args() {
   local args=()
-  case " ${MPIRUN_ARGS:-} " in *oob_tcp_keepalive*) ;; *)
+  case " ${MPIRUN_ARGS:-} ${PRTE_MCA_oob_tcp_keepalive_time:+oob_tcp_keepalive} " in *oob_tcp_keepalive*) ;; *)
     # shellcheck disable=SC2206  # a list of options, split on purpose
     args+=($LINK_KEEPALIVE_ARGS) ;;
   esac
@@ -125,7 +126,7 @@ launcher_fault_args() {
   if [ -n "${SGE_ROOT:-}" ] && [ -n "${ARC:-}" ]; then
     case " ${MPIRUN_ARGS:-} " in *plm_ssh_disable_qrsh*) ;; *) daemons_by=qrsh ;; esac
   fi
-  case " ${MPIRUN_ARGS:-} " in *plm_ssh_args*) daemons_by=user ;; esac
+  case " ${MPIRUN_ARGS:-} ${PRTE_MCA_plm_ssh_args:+plm_ssh_args} " in *plm_ssh_args*) daemons_by=user ;; esac
   if [ "$daemons_by" = ssh ]; then args+=(--prtemca plm_ssh_args "$SSH_ALIVE_ARGS"); fi
   printf '%s\n' "${args[@]}"
 }

@@ -24,6 +24,7 @@ from typing import BinaryIO
 LOST = b"PRTE has lost communication with a remote daemon"
 REMOTE = re.compile(rb"Remote daemon: \S+ on node (\S+)")
 HOST_MAP = re.compile(rb"hosts: \d+ ranks? on \d+ hosts?: (.*)")
+DRAIN_SECONDS = 2.0
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -70,13 +71,15 @@ def main(argv: list[str]) -> int:
     for signum in FORWARDED:
         signal.signal(signum, lambda signum, frame: proc.send_signal(signum))
     report = Report()
-    copiers = [threading.Thread(target=copy, args=(proc.stdout, sys.stdout.buffer, report)),
-               threading.Thread(target=copy, args=(proc.stderr, sys.stderr.buffer, report))]
+    # Daemon threads, and no waiting for the pipes' end: a daemon that mpirun left behind on a cut-off
+    # host holds them open (it inherited them), and would keep this wrapper running after mpirun exited.
+    copiers = [threading.Thread(target=copy, args=(proc.stdout, sys.stdout.buffer, report), daemon=True),
+               threading.Thread(target=copy, args=(proc.stderr, sys.stderr.buffer, report), daemon=True)]
     for copier in copiers:
         copier.start()
-    for copier in copiers:
-        copier.join()
     status = proc.wait()
+    for copier in copiers:
+        copier.join(timeout=DRAIN_SECONDS)  # what mpirun wrote last
     if status == 0 and report.lost:
         print(report.message(), file=sys.stderr, flush=True)
         return 1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Seque
 
 import numpy as np
 
+from engine.distributed.link_progress import tcp_bytes_moved
 from engine.distributed.watchdog import StallLimits, Watchdog
 from engine.distributed.wire import Wire, wire_per_tensor
 from engine.distributed.wire_guard import RangeGuard
@@ -80,11 +81,15 @@ class Communicator(abc.ABC):
         # turns the guard off; only benchmarks do that, to measure what it costs.
         self.fp16_range: RangeGuard | None = RangeGuard(self.size)
         if stall is not None and stall.enabled:
+            # between hosts, a wait on a link that still moves bytes (a slow one) is no stall; on one host
+            # the ranks talk through shared memory, and other TCP traffic must not count as theirs
+            moved = tcp_bytes_moved if self.local_size < self.size else None
             if watchdog_calls_mpi:
                 self.watchdog = Watchdog(stall, self.abort, rank=self.rank, size=self.size,
-                                         channel=side_channel)
+                                         channel=side_channel, bytes_moved=moved)
             else:
-                self.watchdog = Watchdog(stall, exit_without_mpi, rank=self.rank, size=self.size)
+                self.watchdog = Watchdog(stall, exit_without_mpi, rank=self.rank, size=self.size,
+                                         bytes_moved=moved)
 
     @property
     def is_main(self) -> bool:

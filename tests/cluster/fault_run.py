@@ -24,8 +24,11 @@ from helpers import ROOT, child_env
 
 
 class FaultRun:
-    def __init__(self, hosts: SimulatedHosts, workdir: Path, config: str, overrides: list[str]) -> None:
+    def __init__(self, hosts: SimulatedHosts, workdir: Path, config: str, overrides: list[str],
+                 env: dict[str, str] | None = None) -> None:
+        """``env``: more environment for the job (e.g. ``PRTE_MCA_plm_ssh_args``)."""
         self.hosts = hosts
+        self.env = env or {}
         self.workdir = workdir
         self.config = workdir / "faults.py"
         self.config.write_text(config)
@@ -33,6 +36,7 @@ class FaultRun:
         self.lines: list[str] = []
         self.injected_at: float | None = None
         self.exited_at: float | None = None
+        self.ranks_gone_after: float | None = None  # seconds from the fault until no rank was left
         self.proc: subprocess.Popen | None = None
         self._trigger: tuple[re.Pattern, Callable[[], object]] | None = None
         self._reader: threading.Thread | None = None
@@ -50,6 +54,7 @@ class FaultRun:
             "PYTHON": sys.executable, "SIMULATED_HOSTS": self.hosts.agent_map,
             "MPIRUN_ARGS": f"--prtemca plm_ssh_agent {AGENT} --prtemca oob_tcp_if_include {SUBNET} "
                            f"--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include {SUBNET}",
+            **self.env,
         })
         job = [str(ROOT / "tools" / "qsub_train.sh"), "--run", str(self.config), "2",
                "++model", str(self.workdir / "net"), *self.overrides]
@@ -95,6 +100,8 @@ class FaultRun:
             left = [f"{self.hosts.hosts[i].hostname}: {pid}" for i in range(len(self.hosts.hosts))
                     for pid in self.hosts.pids(i) if _is_rank(pid)]
             if not left or time.monotonic() >= deadline:
+                if not left:
+                    self.ranks_gone_after = time.monotonic() - (self.injected_at or time.monotonic())
                 return left
             time.sleep(0.5)
 
