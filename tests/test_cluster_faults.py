@@ -24,7 +24,8 @@ QUICK_SSH_ALIVE = {"PRTE_MCA_plm_ssh_args": "-o ServerAliveInterval=3 -o ServerA
 
 CONFIG = """
 task = "train"
-train = {"class": "Task12AXDataset", "num_seqs": 400, "fixed_random_seed": 1}
+# 100 steps an epoch: the cut lands mid-epoch, not in the epoch's checkpoint window (output lags the steps)
+train = {"class": "Task12AXDataset", "num_seqs": 4000, "fixed_random_seed": 1}
 batch_size = 2000
 max_seqs = 20
 network = {"lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 32},
@@ -43,12 +44,14 @@ def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
     with SimulatedHosts.create() as hosts:
         run = FaultRun(hosts, tmp_path, CONFIG, [
             "++distributed_backend", backend, "++distributed_stall_timeout", str(STALL_TIMEOUT),
-            "++distributed_stall_warning", "2", "++checkpoint_interval", "50"], QUICK_SSH_ALIVE)
+            "++distributed_stall_warning", "2", "++checkpoint_interval", "500"], QUICK_SSH_ALIVE)
         inject = {"cut": hosts.cut, "kill": hosts.kill_host}[fault]
         run.inject_when(r"train epoch 2, step 5,", lambda: inject(host))
         run.start()
         code = run.wait(timeout=120 + BOUND)
-        left = run.ranks_left_after(STALL_TIMEOUT + 40)
+        # a rank behind the cut ends by its stall watchdog (or, waiting in a checkpoint window, by its
+        # daemon's keepalive: up to a minute; docs/multi-node.md)
+        left = run.ranks_left_after(BOUND)
     assert run.injected_at is not None, f"the run never reached the fault's step:\n{run.output}"
     print(f"{fault} host {host}, {backend}: mpirun exit {code} after {run.seconds_to_exit:.1f} s, "
           f"no rank left after {run.ranks_gone_after} s")  # the measurement, shown by pytest -rP
@@ -56,7 +59,7 @@ def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
     assert code != 0, run.output
     took = run.seconds_to_exit
     assert took <= BOUND, f"mpirun returned {took:.0f} s after the fault:\n{run.output}"
-    assert not left, f"ranks still running {STALL_TIMEOUT + 40} s after the fault: {left}\n{run.output}"
+    assert not left, f"ranks still running {BOUND} s after the fault: {left}\n{run.output}"
     return run
 
 
@@ -80,7 +83,7 @@ task = "train"
 train = {"class": "Task12AXDataset", "num_seqs": 40, "fixed_random_seed": 1}
 batch_size = 2000
 max_seqs = 20
-# 1.07 M parameters: 4.3 MB of gradients, 7.5-8.5 s a step over 5 Mbit/s, twice the stall timeout
+# 1.07 M parameters: 4.3 MB of gradients, about 10 s a step over 4 Mbit/s, longer than the stall timeout
 network = {"lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 512},
            "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
 optimizer = {"class": "adam"}
@@ -93,9 +96,9 @@ log_verbosity = 5
 def test_a_slow_link_that_carries_a_large_reduction_is_not_a_stall(tmp_path):
     require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
     require("tc (iproute2)", SimulatedHosts.tc_unavailable())
-    timeout = 4
+    timeout = 6  # with 4 s, a trace of the train step under load outlasted it once
     with SimulatedHosts.create() as hosts:
-        hosts.limit_rate(5e6)
+        hosts.limit_rate(4e6)
         run = FaultRun(hosts, tmp_path, SLOW_CONFIG, [
             "++distributed_stall_timeout", str(timeout), "++distributed_stall_warning", "2"])
         run.start()
@@ -103,4 +106,4 @@ def test_a_slow_link_that_carries_a_large_reduction_is_not_a_stall(tmp_path):
     assert code == 0, run.output
     assert "finished training after epoch 1" in run.output, run.output
     seconds = [float(s) for s in re.findall(r"train epoch 1, step \d+, .*?, ([\d.]+) sec/step", run.output)]
-    assert seconds and min(seconds) > 2 * timeout, f"steps took {seconds} s, the stall timeout is {timeout} s"
+    assert seconds and min(seconds) > 1.4 * timeout, f"steps of {seconds} s, stall timeout {timeout} s"

@@ -10,12 +10,12 @@ import abc
 import contextlib
 import os
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
+from engine.distributed.deadline import kill_after
 from engine.distributed.link_progress import tcp_bytes_moved
 from engine.distributed.watchdog import StallLimits, Watchdog
 from engine.distributed.wire import Wire, wire_per_tensor
@@ -246,19 +246,19 @@ ABORT_GRACE = 10.0
 
 
 def exit_after(seconds: float, exit_code: int, rank: int) -> None:
-    """Exit this process with ``exit_code`` if it still lives ``seconds`` from now.
+    """End this process if it still lives ``seconds`` from now: called right before MPI_Abort.
 
-    Called right before MPI_Abort. Open MPI's abort goes through the local daemon to ``mpirun``, and ends
-    the ranks from there; with the network to ``mpirun``'s host cut, nothing comes back, and MPI_Abort
-    waits for ever (seen on two simulated hosts). A thread, because mpi4py leaves Python's lock free
-    while it waits in MPI_Abort; a daemon thread, so that it never keeps a finished process alive."""
-    def run() -> None:
-        time.sleep(seconds)
-        os.write(2, f"[rank {rank}] MPI_Abort did not end this rank within {seconds:g} s (the network to "
-                    f"mpirun's host is probably down); exiting with code {exit_code} by itself.\n".encode())
-        os._exit(exit_code)
+    Open MPI's abort goes through the local daemon to ``mpirun``, which ends the ranks; with the network to
+    ``mpirun``'s host cut, nothing comes back, and MPI_Abort waits for ever (seen on two simulated hosts,
+    where the far rank lived on until its daemon's keepalive ended it, 53 s after the cut, although a
+    thread of its own was to exit it after 10 s: MPI_Abort can keep Python's lock). A watcher process
+    does it (``deadline.py``), with SIGKILL (exit 137) instead of ``exit_code``."""
+    _ABORT_WATCHERS.append(kill_after(seconds, f"[rank {rank}] MPI_Abort did not end this rank within "
+                                               f"{seconds:g} s (the network to mpirun's host is probably "
+                                               f"down); killing it (the abort's code was {exit_code}).\n"))
 
-    threading.Thread(target=run, name="abort-deadline", daemon=True).start()
+
+_ABORT_WATCHERS: list = []  # held until this process ends: the watcher's pipe must stay open till then
 
 
 def exit_without_mpi(message: str, exit_code: int = 1) -> NoReturn:
