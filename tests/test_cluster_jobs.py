@@ -269,3 +269,16 @@ def test_bad_signal_settings_are_refused_before_submitting(cluster, setting, mes
     result = cluster.submit("sbatch_train.sh", [CONFIG, "2"], **setting)
     assert result.returncode == 2 and message in result.stderr
     assert cluster.calls("sbatch") == []
+
+
+@pytest.mark.parametrize("env, ssh_args", [
+    ({"SGE_ROOT": "/opt/sge", "ARC": "lx-amd64"}, False),  # qrsh starts the daemons: no ssh options
+    ({"SGE_ROOT": "/opt/sge", "ARC": "lx-amd64", "MPIRUN_ARGS": "--prtemca plm_ssh_disable_qrsh 1"}, True),
+    ({"PRTE_MCA_plm_ssh_args": "-o ServerAliveInterval=3"}, False),  # the user's own ssh options win
+])
+def test_ssh_keepalive_options_only_where_ssh_starts_the_daemons(cluster, env, ssh_args):
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE, **env)
+    assert result.returncode == 0 and cluster.job_status() == 0, cluster.job_output()
+    (call,) = cluster.calls("mpirun")
+    assert ("plm_ssh_args" in call["args"]) == ssh_args, call["args"]
+    assert "oob_tcp_keepalive_time" in call["args"]
