@@ -109,6 +109,10 @@ def test_qsub_script_submits_to_the_mpi_pe_and_runs_mpirun_on_the_granted_hosts(
     assert call["hostfile"] == "node01.cluster slots=2\nnode02.cluster slots=2\n"
     assert "-x MY_CORPUS_DIR" in " ".join(call["args"]) and call["env"]["MY_CORPUS_DIR"] == "/data/corpus"
     assert "on node01.cluster node02.cluster" in cluster.job_output()
+    # ssh starts the daemons here (no SGE_ROOT): ssh's keepalive lets mpirun end when a host is cut off
+    alive = "-o ServerAliveInterval=10 -o ServerAliveCountMax=3"
+    assert f"--prtemca|plm_ssh_args|{alive}" in "|".join(call["args"])
+    assert "--prtemca|oob_tcp_keepalive_time|30" in "|".join(call["args"])
 
 
 def test_qsub_job_with_too_few_slots_fails_before_mpirun(cluster):
@@ -136,6 +140,8 @@ def test_sbatch_script_with_mpirun_converts_the_slurm_node_list(cluster):
                               "++learning_rate", "0.001"]
     call = check_mpirun(cluster, 5, ["++learning_rate", "0.001"])
     assert call["hostfile"] == "gpu07 slots=2\ngpu08 slots=2\ncpu3 slots=1\n"
+    # under SLURM Open MPI starts its daemons with srun: no ssh options, the daemons' keepalive only
+    assert "plm_ssh_args" not in call["args"] and "oob_tcp_keepalive_time" in call["args"]
     assert cluster.calls("srun") == []
 
 
@@ -239,7 +245,8 @@ def test_max_restarts_reruns_mpirun_under_the_supervisor(cluster, script, env):
     assert cluster.job_status() == 0, cluster.job_output()
     assert len(cluster.calls("mpirun")) == 2
     output = cluster.job_output()
-    assert f"tools/supervise.py --max-restarts 2 --backoff 0 -- {cluster.bin / 'mpirun'}" in output, output
+    assert ("tools/supervise.py --max-restarts 2 --backoff 0 -- " in output
+            and f"tools/mpirun_guard.py {cluster.bin / 'mpirun'}" in output), output
     assert "exit code 137 (128 + SIGKILL) (attempt 1 of 3); restart 1 of 2 in 0 s." in output
 
 
@@ -262,3 +269,16 @@ def test_bad_signal_settings_are_refused_before_submitting(cluster, setting, mes
     result = cluster.submit("sbatch_train.sh", [CONFIG, "2"], **setting)
     assert result.returncode == 2 and message in result.stderr
     assert cluster.calls("sbatch") == []
+
+
+@pytest.mark.parametrize("env, ssh_args", [
+    ({"SGE_ROOT": "/opt/sge", "ARC": "lx-amd64"}, False),  # qrsh starts the daemons: no ssh options
+    ({"SGE_ROOT": "/opt/sge", "ARC": "lx-amd64", "MPIRUN_ARGS": "--prtemca plm_ssh_disable_qrsh 1"}, True),
+    ({"PRTE_MCA_plm_ssh_args": "-o ServerAliveInterval=3"}, False),  # the user's own ssh options win
+])
+def test_ssh_keepalive_options_only_where_ssh_starts_the_daemons(cluster, env, ssh_args):
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE, **env)
+    assert result.returncode == 0 and cluster.job_status() == 0, cluster.job_output()
+    (call,) = cluster.calls("mpirun")
+    assert ("plm_ssh_args" in call["args"]) == ssh_args, call["args"]
+    assert "oob_tcp_keepalive_time" in call["args"]

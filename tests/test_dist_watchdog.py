@@ -37,7 +37,8 @@ class Ended(Exception):
     pass
 
 
-def watchdog(rank: int = 0, size: int = 3, warning: float | None = 60, timeout: float | None = 300):
+def watchdog(rank: int = 0, size: int = 3, warning: float | None = 60, timeout: float | None = 300,
+             bytes_moved=None):
     clock, channel, ended = Clock(), Channel(), []
 
     def abort(message: str, code: int) -> None:
@@ -45,7 +46,7 @@ def watchdog(rank: int = 0, size: int = 3, warning: float | None = 60, timeout: 
         raise Ended
 
     dog = Watchdog(StallLimits(warning, timeout), abort, rank=rank, size=size, channel=channel, clock=clock,
-                   start=False)
+                   start=False, bytes_moved=bytes_moved)
     return dog, clock, channel, ended
 
 
@@ -127,6 +128,54 @@ def test_a_wait_where_every_rank_arrived_ends_at_the_timeout_with_its_own_messag
             dog.check()
     assert "'allreduce' did not complete within 10 s (distributed_stall_timeout) although every rank " \
            "entered it" in ended[0][0]
+
+
+class Link:
+    """A fake network byte count: ``rate`` bytes per second of the fake clock (None: not visible)."""
+
+    def __init__(self, clock: Clock, rate: float | None) -> None:
+        self.clock, self.rate, self.start = clock, rate, clock.now
+
+    def __call__(self) -> int | None:
+        return None if self.rate is None else int((self.clock.now - self.start) * self.rate)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_wait_on_a_link_that_moves_bytes_is_no_stall_and_one_that_moves_none_is(rank):
+    dog, clock, channel, ended = watchdog(rank=rank, size=2, timeout=10)
+    link = Link(clock, 625e3)  # 5 Mbit/s
+    dog._bytes_moved = link
+    with dog.collective("allreduce"):
+        for _ in range(200):  # 200 s in a reduction that makes progress: never ended
+            clock.now += 1
+            channel.inbox = [(1, 1, 1.0, "allreduce")]
+            dog.check()
+        assert ended == []
+        if rank == 1:  # what it reports to rank 0 is the time since bytes last moved, not since it entered
+            assert channel.sent[-1][1] == 0.0
+        link.rate = dog.progress_bytes  # the data stops: only the side channel's chatter is left
+        with pytest.raises(Ended):
+            for _ in range(30):
+                clock.now += 1
+                channel.inbox = [(1, 1, 1.0, "allreduce")]
+                dog.check()
+    stalled = clock.now - 200 - 100.0
+    limit = 10 if rank == 0 else 10 + dog.limits.grace
+    assert limit < stalled <= limit + 1
+    if rank == 0:
+        assert "and nothing moved over the network in that time: the link between the hosts is down" \
+            in ended[0][0]
+
+
+def test_without_a_byte_count_a_wait_counts_from_its_start():
+    dog, clock, channel, ended = watchdog(size=2, timeout=10, bytes_moved=None)
+    dog._bytes_moved = Link(clock, None)  # a transport the count does not see (InfiniBand)
+    with dog.collective("allreduce"):
+        clock.now += 5
+        dog.check()
+        clock.now += 5.5
+        with pytest.raises(Ended):
+            dog.check()
 
 
 def test_other_ranks_end_the_job_only_after_rank_0_had_its_grace_period():

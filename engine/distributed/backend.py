@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Seque
 
 import numpy as np
 
+from engine.distributed.deadline import kill_after
+from engine.distributed.link_progress import tcp_bytes_moved
 from engine.distributed.watchdog import StallLimits, Watchdog
 from engine.distributed.wire import Wire, wire_per_tensor
 from engine.distributed.wire_guard import RangeGuard
@@ -79,11 +81,15 @@ class Communicator(abc.ABC):
         # turns the guard off; only benchmarks do that, to measure what it costs.
         self.fp16_range: RangeGuard | None = RangeGuard(self.size)
         if stall is not None and stall.enabled:
+            # between hosts, a wait on a link that still moves bytes (a slow one) is no stall; on one host
+            # the ranks talk through shared memory, and other TCP traffic must not count as theirs
+            moved = tcp_bytes_moved if self.local_size < self.size else None
             if watchdog_calls_mpi:
                 self.watchdog = Watchdog(stall, self.abort, rank=self.rank, size=self.size,
-                                         channel=side_channel)
+                                         channel=side_channel, bytes_moved=moved)
             else:
-                self.watchdog = Watchdog(stall, exit_without_mpi, rank=self.rank, size=self.size)
+                self.watchdog = Watchdog(stall, exit_without_mpi, rank=self.rank, size=self.size,
+                                         bytes_moved=moved)
 
     @property
     def is_main(self) -> bool:
@@ -233,6 +239,26 @@ def check_buckets(count: int, buckets: Sequence[Sequence[int]]) -> None:
 def _wire_kwargs(wire: Optional[str]) -> dict[str, str]:
     """``wire=`` only where one is asked for, so backends without the keyword keep working."""
     return {"wire": wire} if wire is not None else {}
+
+
+# How long a rank that called MPI_Abort may stay alive before it exits by itself (see ``exit_after``).
+ABORT_GRACE = 10.0
+
+
+def exit_after(seconds: float, exit_code: int, rank: int) -> None:
+    """End this process if it still lives ``seconds`` from now: called right before MPI_Abort.
+
+    Open MPI's abort goes through the local daemon to ``mpirun``, which ends the ranks; with the network to
+    ``mpirun``'s host cut, nothing comes back, and MPI_Abort waits for ever (seen on two simulated hosts,
+    where the far rank lived on until its daemon's keepalive ended it, 53 s after the cut, although a
+    thread of its own was to exit it after 10 s: MPI_Abort can keep Python's lock). A watcher process
+    does it (``deadline.py``), with SIGKILL (exit 137) instead of ``exit_code``."""
+    _ABORT_WATCHERS.append(kill_after(seconds, f"[rank {rank}] MPI_Abort did not end this rank within "
+                                               f"{seconds:g} s (the network to mpirun's host is probably "
+                                               f"down); killing it (the abort's code was {exit_code}).\n"))
+
+
+_ABORT_WATCHERS: list = []  # held until this process ends: the watcher's pipe must stay open till then
 
 
 def exit_without_mpi(message: str, exit_code: int = 1) -> NoReturn:

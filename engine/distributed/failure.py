@@ -6,6 +6,8 @@
 - A rank killed outright (SIGKILL, out of memory): ``mpirun`` notices and ends the job on its own.
 - A rank that stopped answering: the communicator's ``Watchdog`` (``watchdog.py``) names it and aborts
   the job when the others have waited ``distributed_stall_timeout`` seconds for it (on by default).
+- An abort that cannot reach ``mpirun`` (the network to its host is cut): a watcher process kills the rank
+  ``backend.ABORT_GRACE`` seconds after it called MPI_Abort (``backend.exit_after``).
 
 An ``EngineError`` with ``agreed = True`` is known to every rank already (it came through the step
 signal or a collective check), so every rank exits on its own and nothing needs aborting.

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 import numpy as np
 
-from engine.distributed.backend import (Communicator, ReductionHandle, TimedAs, check_buckets,
-                                        check_reduction, exit_without_mpi, tensor_bytes)
+from engine.distributed.backend import (ABORT_GRACE, Communicator, ReductionHandle, TimedAs, check_buckets,
+                                        check_reduction, exit_after, exit_without_mpi, tensor_bytes)
 from engine.distributed.comm_thread import JointReduction, Reduction, ReductionThread, WatchedReduction
 from engine.distributed.fusion import SEGMENT_BYTES, FusionBuffers
 from engine.distributed.ring import NUMPY_OPS, RING_SEGMENT_BYTES, ring_allreduce, ring_threshold
@@ -380,6 +380,7 @@ class MPICommunicator(Communicator):
         if message:
             print(message, file=sys.stderr, flush=True)
         sys.stdout.flush()
+        exit_after(ABORT_GRACE, exit_code, self.rank)
         self._comm.Abort(exit_code)
         os._exit(exit_code)  # not reached: MPI_Abort does not return
 

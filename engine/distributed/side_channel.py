@@ -10,7 +10,8 @@ mistaken for the training's own traffic:
   ranks do not meet every step (``strategy.ParamAverage`` with ``random_seed_offset``).
 
 Sends are ``Isend`` from a ring of buffers (a buffer is reused only after its send completed, which for
-such small messages happens at once); receives probe first, so a rank never waits here. Needs MPI with
+such small messages happens at once; a message finding its buffer still in flight, behind a cut link, is
+dropped); receives probe first, so a rank never waits here. Needs MPI with
 ``THREAD_MULTIPLE`` (what mpi4py asks for) for the watchdog's messages: the watchdog threads send and
 receive while the main threads run collectives. Below it (``mpi_backend``) only the main thread uses the
 channel, for stop notices.
@@ -66,9 +67,12 @@ class SideChannel:
 
     def _send_locked(self, dest: int, tag: int, number: int, value: float, text: str, flags: int) -> None:
         slot = self._next
+        if self._requests[slot] is not None and not self._requests[slot].Test():
+            # 32 sends ago and still not out: the link to that rank is cut or far behind. Waiting here would
+            # block the stall watchdog's thread, the one that must end the job then (seen with a cut link
+            # during a long reduction); the message is dropped instead (a wait is reported again each look).
+            return
         self._next = (slot + 1) % _RING
-        if self._requests[slot] is not None:
-            self._requests[slot].Wait()  # long complete: the message is tiny and went out 32 sends ago
         buffer = self._buffers[slot]
         buffer[:16] = np.frombuffer(np.int64(number).tobytes() + np.float64(value).tobytes(), np.uint8)
         buffer[16] = flags

@@ -10,15 +10,13 @@ config and logs where each rank runs.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import subprocess
-import sys
 from typing import Iterator
 
 from engine.config.loader import Config
 from engine.distributed.buckets import set_horovod_fusion_threshold
 from engine.distributed.consistency import check_config_consistency
+from engine.distributed.deadline import kill_after
 from engine.distributed.failure import install_failure_handler
 from engine.distributed.select import create_communicator
 from engine.distributed.settings import DataParallelSettings
@@ -71,19 +69,9 @@ def joining_deadline(limits: StallLimits, size: int) -> Iterator[None]:
                f"{seconds:.0f} s (distributed_stall_timeout = {limits.timeout:g} s, plus {limits.grace:g} s "
                "of grace): some rank is stopped, or stuck before it starts MPI (an import hanging on a "
                "network file system, a frozen node). Ending this rank so that the launcher ends the job.\n")
-    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, str(os.getpid()), str(seconds), message],
-                               stdin=subprocess.PIPE)
+    watcher = kill_after(seconds, message)
     try:
         yield
     finally:
         watcher.stdin.close()
         watcher.wait()
-
-
-_WATCHER = """
-import os, select, signal, sys
-pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-if not select.select([0], [], [], seconds)[0]:
-    os.write(2, message.encode())
-    os.kill(pid, signal.SIGKILL)
-"""

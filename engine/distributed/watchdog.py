@@ -26,6 +26,12 @@ and such waits end the job only after ``limits.checkpoint`` (``distributed_check
 of ``timeout``: on rank 0 when the waiting ranks wait inside the window and rank 0, where it is the one
 they wait for, is writing; on the other ranks for their own waits inside it (plus the grace).
 
+Slow links: between hosts (``bytes_moved``, ``link_progress.py``) a wait counts as stalled only from the last
+look at which this rank's network connections moved data, on every rank and in every report, so a large
+reduction over a slow link is never ended while it moves, and a cut link (nothing moves) is ended as
+before. Without a byte count (one host, or a transport the kernel's TCP does not carry) waits count from
+their start.
+
 Without a channel in a multi-rank job (``local_only``: MPI was initialised below ``THREAD_MULTIPLE``, so the
 watchdog thread must not call MPI), nothing is reported and nobody names missing ranks: every rank warns
 and ends the job by itself after its own wait, naming the collective, and ends through ``abort`` which
@@ -97,8 +103,15 @@ class _Wait(NamedTuple):
 class Watchdog:
     def __init__(self, limits: StallLimits, abort: Callable[[str, int], object], *, rank: int = 0,
                  size: int = 1, channel: WaitChannel | None = None,
-                 clock: Callable[[], float] = time.monotonic, start: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, start: bool = True,
+                 bytes_moved: Callable[[], int | None] | None = None) -> None:
         self.limits = limits
+        # Network progress (link_progress.py): a wait counts as stalled only since the last look at which
+        # this process moved more than the side channel's own chatter (64-byte reports, one a look from
+        # each waiting rank, with MPI's headers), so a slow link that carries a large reduction is no hang.
+        self._bytes_moved = bytes_moved
+        self.progress_bytes = 16384 + 256 * size
+        self._moved: tuple[_Wait | None, int | None, float] = (None, None, 0.0)  # wait, bytes, when moved
         self.rank, self.size = rank, size
         self._abort = abort
         self._channel = channel
@@ -166,15 +179,32 @@ class Watchdog:
         while not self._stopped.wait(self.poll):
             self.check()
 
+    def stalled(self, now: float, current: _Wait | None) -> float:
+        """How long ``current`` has waited without network progress (without ``bytes_moved``: how long it
+        has waited). Samples the byte count once a look, from the first look of a long wait on."""
+        if current is None:
+            return 0.0
+        waited = now - current.entered
+        if self._bytes_moved is None or waited < self.poll:
+            return waited
+        wait, before, moved_at = self._moved
+        if wait is not current:  # the first look of this wait: the count is its baseline
+            before, moved_at = None, current.entered
+        count = self._bytes_moved()
+        if count is not None and before is not None and count - before > self.progress_bytes:
+            moved_at = now
+        self._moved = (current, count if count is not None else before, moved_at)
+        return now - moved_at
+
     def check(self) -> None:
         """One look: report a long wait to rank 0, or (rank 0) warn or end the job."""
         now = self._clock()
         current = self._current
-        waited = now - current.entered if current is not None else 0.0
+        waited = self.stalled(now, current)
         if self._monitor:
-            if self._check_ranks(now, current):
+            if self._check_ranks(now, current, waited):
                 return  # a rank is missing: named there, not by the local deadline below
-        elif current is not None and self._channel is not None and waited >= self.poll:
+        elif current is not None and self._channel is not None and now - current.entered >= self.poll:
             self._channel.report_wait(current.count, waited, current.what, current.saving)
         if current is None:
             return
@@ -185,7 +215,7 @@ class Watchdog:
         elif self.local_only:
             self._warn_locally(current, waited)
 
-    def _check_ranks(self, now: float, own: _Wait | None) -> bool:
+    def _check_ranks(self, now: float, own: _Wait | None, own_waited: float = 0.0) -> bool:
         """Rank 0: warn about, or end the job for, ranks that are not waiting where the others have waited
         longest. False when no rank waits, or every rank waits in the same collective."""
         for rank, count, waited, what, saving in self._channel.collect_waits():
@@ -194,7 +224,7 @@ class Watchdog:
                  for rank, (count, waited, what, saving, seen) in self._reports.items()
                  if now - seen <= 3 * self.poll}  # older: no longer waiting
         if own is not None:
-            waits[0] = (own.count, now - own.entered, own.what, own.saving)
+            waits[0] = (own.count, own_waited, own.what, own.saving)
         if not waits:
             return False
         front = max(wait[0] for wait in waits.values())
@@ -249,6 +279,11 @@ class Watchdog:
                     f"({key} + {self.limits.grace_for(timeout):g} s), and rank 0, which names stalled "
                     "ranks, did not end the job: rank 0 itself is probably not answering. Ending the MPI "
                     "job.")
+        if self._monitor and self._bytes_moved is not None:
+            return (f"error: '{wait.what}' did not complete within {timeout:g} s ({key}) although every "
+                    "rank entered it, and nothing moved over the network in that time: the link between "
+                    "the hosts is down, a rank is stuck inside it, or the ranks called different "
+                    "collectives. Ending the MPI job.")
         if self._monitor:
             return (f"error: '{wait.what}' did not complete within {timeout:g} s "
                     f"({key}) although every rank entered it: a rank is stuck inside it, "

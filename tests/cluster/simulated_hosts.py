@@ -5,6 +5,8 @@
         hosts.tx_bytes()                            # bytes each end of the link has sent
         hosts.limit_rate(100e6)                     # a 100 Mbit/s link in both directions (tc tbf)
         hosts.unlimit_rate()                        # back to the veth pair's own speed
+        hosts.cut(1); hosts.reconnect(1)            # host 1's end of the link down, and up again
+        hosts.kill_host(1)                          # SIGKILL to every process of host 1 (a dead host)
 
 The network is closed: addresses from the reserved test range 198.18.0.0/24 (RFC 2544), the veth
 pair joins only the two namespaces (nothing is bridged to the machine's interfaces, there is no
@@ -156,15 +158,36 @@ class SimulatedHosts:
                                f"{result.stderr.strip()}")
         return result
 
+    def cut(self, index: int) -> None:
+        """Take host ``index``'s end of the link down: nothing passes in either direction (the other end
+        loses its carrier), as when a cable or a switch port fails."""
+        host = self.hosts[index]
+        _ip("-n", host.netns, "link", "set", host.interface, "down")
+
+    def reconnect(self, index: int) -> None:
+        host = self.hosts[index]
+        _ip("-n", host.netns, "link", "set", host.interface, "up")
+
+    def pids(self, index: int) -> list[int]:
+        """The processes running on host ``index`` (in its network namespace)."""
+        return [int(pid) for pid in _ip("netns", "pids", self.hosts[index].netns, check=False).stdout.split()]
+
+    def kill_host(self, index: int) -> list[int]:
+        """SIGKILL every process of host ``index``, its MPI daemon included, as when the host dies; returns
+        their pids. The network namespace stays, so the kernel still answers for the host: connections
+        to it are refused or reset (a host that is off answers nothing: ``cut``)."""
+        pids = self.pids(index)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
     def kill_processes(self) -> None:
         """End every process still inside the namespaces (e.g. MPI daemons after a timeout)."""
-        for host in self.hosts:
-            listed = _ip("netns", "pids", host.netns, check=False).stdout.split()
-            for pid in map(int, listed):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for index in range(len(self.hosts)):
+            self.kill_host(index)
 
     def remove(self) -> None:
         self.kill_processes()

@@ -1,0 +1,109 @@
+"""Faults between two simulated hosts (tests/cluster/simulated_hosts.py) during a 2-rank training started
+by the SGE job body: the link cut in either direction, and a host whose every process dies. Each must end
+the job: mpirun returns non-zero within distributed_stall_timeout + 60 s of the fault, and no rank is left
+running on either host. Before the launcher settings of tools/job_common.sh, mpirun never returned after a
+cut: it waited for its daemon behind the link. Fails (not skips) under CI=true where namespaces are
+unavailable."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cluster.fault_run import FaultRun
+from cluster.simulated_hosts import SimulatedHosts
+from prerequisites import require, require_module
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+STALL_TIMEOUT = 5
+BOUND = STALL_TIMEOUT + 60  # the promise: mpirun returns within the stall timeout plus a minute
+# ssh's keepalive as tools/job_common.sh sets it, 3 s apart instead of 10 to keep the tests short (the job
+# script's own settings: tests/test_cluster_jobs.py; measured with them: docs/multi-node.md)
+QUICK_SSH_ALIVE = {"PRTE_MCA_plm_ssh_args": "-o ServerAliveInterval=3 -o ServerAliveCountMax=3"}
+
+CONFIG = """
+task = "train"
+# 100 steps an epoch: the cut lands mid-epoch, not in the epoch's checkpoint window (output lags the steps)
+train = {"class": "Task12AXDataset", "num_seqs": 4000, "fixed_random_seed": 1}
+batch_size = 2000
+max_seqs = 20
+network = {"lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 32},
+           "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+optimizer = {"class": "adam"}
+learning_rate = 0.01
+num_epochs = 1000
+log_verbosity = 5
+"""
+
+
+def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
+    require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
+    if backend == "horovod":
+        require_module("horovod.tensorflow", "Horovod")
+    with SimulatedHosts.create() as hosts:
+        run = FaultRun(hosts, tmp_path, CONFIG, [
+            "++distributed_backend", backend, "++distributed_stall_timeout", str(STALL_TIMEOUT),
+            "++distributed_stall_warning", "2", "++checkpoint_interval", "500"], QUICK_SSH_ALIVE)
+        inject = {"cut": hosts.cut, "kill": hosts.kill_host}[fault]
+        run.inject_when(r"train epoch 2, step 5,", lambda: inject(host))
+        run.start()
+        code = run.wait(timeout=120 + BOUND)
+        # a rank behind the cut ends by its stall watchdog (or, waiting in a checkpoint window, by its
+        # daemon's keepalive: up to a minute; docs/multi-node.md)
+        left = run.ranks_left_after(BOUND)
+    assert run.injected_at is not None, f"the run never reached the fault's step:\n{run.output}"
+    print(f"{fault} host {host}, {backend}: mpirun exit {code} after {run.seconds_to_exit:.1f} s, "
+          f"no rank left after {run.ranks_gone_after} s")  # the measurement, shown by pytest -rP
+    assert code is not None, f"mpirun still ran {run.seconds_to_exit:.0f} s after the fault:\n{run.output}"
+    assert code != 0, run.output
+    took = run.seconds_to_exit
+    assert took <= BOUND, f"mpirun returned {took:.0f} s after the fault:\n{run.output}"
+    assert not left, f"ranks still running {BOUND} s after the fault: {left}\n{run.output}"
+    return run
+
+
+@pytest.mark.parametrize("backend, host", [("mpi", 1), ("horovod", 0)])
+def test_a_cut_link_ends_the_job(tmp_path, backend, host):
+    run = run_fault(tmp_path, backend, "cut", host)
+    # rank 0's watchdog names the rank behind the cut (unless ssh's keepalive ended the job first)
+    assert ("rank 1 (host simhost1) did not reach collective" in run.output
+            or "Remote host:   simhost1" in run.output), run.output
+
+
+def test_a_dead_host_ends_the_job(tmp_path):
+    run = run_fault(tmp_path, "mpi", "kill", 1)
+    # mpirun ends it at once, and would exit 0: the job script's mpirun_guard.py names the host and exits 1
+    assert "mpirun lost its daemon on simhost1 (rank 1) and ended the job" in run.output, run.output
+    assert run.seconds_to_exit < 5, run.output
+
+
+SLOW_CONFIG = """
+task = "train"
+train = {"class": "Task12AXDataset", "num_seqs": 40, "fixed_random_seed": 1}
+batch_size = 2000
+max_seqs = 20
+# 1.07 M parameters: 4.3 MB of gradients, about 10 s a step over 4 Mbit/s, longer than the stall timeout
+network = {"lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 512},
+           "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
+optimizer = {"class": "adam"}
+learning_rate = 0.01
+num_epochs = 1
+log_verbosity = 5
+"""
+
+
+def test_a_slow_link_that_carries_a_large_reduction_is_not_a_stall(tmp_path):
+    require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
+    require("tc (iproute2)", SimulatedHosts.tc_unavailable())
+    timeout = 6  # with 4 s, a trace of the train step under load outlasted it once
+    with SimulatedHosts.create() as hosts:
+        hosts.limit_rate(4e6)
+        run = FaultRun(hosts, tmp_path, SLOW_CONFIG, [
+            "++distributed_stall_timeout", str(timeout), "++distributed_stall_warning", "2"])
+        run.start()
+        code = run.wait(timeout=150)
+    assert code == 0, run.output
+    assert "finished training after epoch 1" in run.output, run.output
+    seconds = [float(s) for s in re.findall(r"train epoch 1, step \d+, .*?, ([\d.]+) sec/step", run.output)]
+    assert seconds and min(seconds) > 1.4 * timeout, f"steps of {seconds} s, stall timeout {timeout} s"
