@@ -66,14 +66,20 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+_started: list[str] = []  # the cluster's addresses once this process started TensorFlow's collectives
+
+
 def start_collective_runtime(mpi_comm: Any, rank: int) -> list[str]:
     """Give TensorFlow a cluster of all ranks (addresses exchanged over ``mpi_comm``) and enable its
-    collective ops; returns the addresses by rank. Must run before TensorFlow's first op."""
+    collective ops; returns the addresses by rank. Must run before TensorFlow's first op; once started,
+    a later communicator of the same process (tests, tools) shares the running cluster."""
     from tensorflow.core.protobuf import tensorflow_server_pb2
     from tensorflow.python.eager import context
 
     import tensorflow as tf
 
+    if _started:
+        return list(_started)
     ctx = context.context()
     if ctx._context_handle is not None:  # noqa: SLF001  (no public way to ask)
         raise DistributedError(
@@ -90,6 +96,7 @@ def start_collective_runtime(mpi_comm: Any, rank: int) -> list[str]:
         default_session_config=ctx.config,  # carries the leader: without it the first collective hung
         job_name=JOB, task_index=rank, protocol="grpc", port=port)
     ctx.enable_collective_ops(server_def)
+    _started.extend(addresses)
     return addresses
 
 
