@@ -53,8 +53,8 @@ def test_training_equals_the_mpi_backend_and_a_failing_rank_ends_the_job(tmp_pat
             config(distributed_backend="mpi", **param),
             config(distributed_backend="tf")]
     start = time.monotonic()
-    result = run_mpi(2, [str(SCRIPTS / "train_runs.py"), str(tmp_path), repr(runs), "fail_rank=1", "fail_run=4"],
-                     timeout=300)
+    args = [str(SCRIPTS / "train_runs.py"), str(tmp_path), repr(runs), "fail_rank=1", "fail_run=4"]
+    result = run_mpi(2, args, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert output.count("RuntimeError: injected failure in train step 1 on rank 1") == 1, output

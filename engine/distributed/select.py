@@ -52,7 +52,7 @@ def auto_backend(device: str = "") -> tuple[str, str]:
         from engine.distributed.mpi_backend import thread_level_name
 
         return "tf", (f"training on GPUs, but MPI was initialised with "
-                       f"{thread_level_name(MPI, MPI.Query_thread())}, and Horovod needs MPI_THREAD_MULTIPLE")
+                      f"{thread_level_name(MPI, MPI.Query_thread())}, and Horovod needs MPI_THREAD_MULTIPLE")
     return "horovod", f"training on GPUs, Horovod {_horovod_version()} built with NCCL"
 
 

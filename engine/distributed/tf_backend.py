@@ -175,7 +175,8 @@ class TFCommunicator(MPICommunicator):
         def reduce(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
             results: list[Any] = [None] * len(inputs)
             for bucket in buckets:
-                reduced = self._reduce_compressed([inputs[i] for i in bucket], op, wire_of(wire, bucket), kind)
+                part = [inputs[i] for i in bucket]
+                reduced = self._reduce_compressed(part, op, wire_of(wire, bucket), kind)
                 for i, result in zip(bucket, reduced):
                     results[i] = result
             return results

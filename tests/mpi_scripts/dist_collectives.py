@@ -262,7 +262,8 @@ def check_bitwise_agreement(comm, other) -> None:
         mine = tf.function(lambda *ts, op=op: comm.allreduce_tensors(list(ts), op))(*tensors)
         theirs = tf.function(lambda *ts, op=op: other.allreduce_tensors(list(ts), op))(*tensors)
         for a, b in zip(mine, theirs):
-            assert_agree(a.numpy(), b.numpy(), f"{comm.name} vs {other.name} in tf.function ({op})", comm.size)
+            assert_agree(a.numpy(), b.numpy(), f"{comm.name} vs {other.name} in tf.function ({op})",
+                         comm.size)
 
 
 def assert_agree(a: np.ndarray, b: np.ndarray, what: str, size: int) -> None:
