@@ -57,6 +57,9 @@ MERGE_OPS = {"sum": "Add", "average": "Add", "min": "Min", "max": "Max"}
 # (exact; the cast back wraps a sum as MPI's own sum in the narrow type does); uint64 has no wider type.
 WIDENED = {np.dtype(np.int8): np.int32, np.dtype(np.int16): np.int32, np.dtype(np.uint8): np.int32,
            np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64}
+UINT64 = ("allreduce: the tf backend cannot reduce uint64 (TensorFlow's collectives reduce float16/32/64, "
+          "bfloat16, int32 and int64; narrower integers are widened); use int64 or "
+          "distributed_backend = 'mpi'")
 
 
 def free_port() -> int:
@@ -134,7 +137,9 @@ class TFCommunicator(MPICommunicator):
     # ----- numpy -----
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
                   wire: str | None = None) -> list[np.ndarray]:
-        """Eagerly, on the CPU (the arrays are in host memory): RING over gRPC."""
+        """Eagerly, on the CPU (the arrays are in host memory): RING over gRPC. Without a wire format the
+        arrays are fused by numpy into one buffer per dtype (``fusion.FusionBuffers``), each one
+        collective: eager TensorFlow ops cost far more per call than numpy's copies."""
         import tensorflow as tf
 
         arrays = [np.asarray(a) for a in arrays]
@@ -142,9 +147,26 @@ class TFCommunicator(MPICommunicator):
         if not arrays:
             return []
         with self._collective("allreduce"), tf.device("/device:CPU:0"):
-            tensors = [tf.constant(a) for a in arrays]
-            results = self._reduce_compressed(tensors, op, wire, "CPU")
-            return [np.array(r.numpy()) for r in results]  # own, writable copies
+            if wire is not None:
+                results = self._reduce_compressed([tf.constant(a) for a in arrays], op, wire, "CPU")
+                return [np.array(r.numpy()) for r in results]  # own, writable copies
+            buffers, results = self._fusion.pack(arrays)
+            for buf in buffers:
+                self._reduce_buffer(buf, op)
+        return results
+
+    def _reduce_buffer(self, buf: np.ndarray, op: str) -> None:
+        """One fused numpy buffer reduced in place (narrow integers widened on the way)."""
+        import tensorflow as tf
+
+        wide = WIDENED.get(buf.dtype)
+        if buf.dtype == np.uint64:
+            raise ValueError(UINT64)
+        flat = tf.constant(buf if wide is None else buf.astype(wide))
+        reduced = self._collective_op(flat, op, "CPU", buf.size).numpy()
+        buf[...] = reduced if wide is None else reduced.astype(buf.dtype)  # the cast back wraps, as MPI's sum
+        if op == "average":
+            buf /= self.size  # in the dtype, as the mpi backend divides
 
     def start_allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum", *,
                         wire: str | None = None) -> ReductionHandle:
@@ -226,9 +248,7 @@ class TFCommunicator(MPICommunicator):
         for dtype, indices in group_by_dtype(tensors).items():
             wide = WIDENED.get(np.dtype(dtype.as_numpy_dtype))
             if np.dtype(dtype.as_numpy_dtype) == np.uint64:
-                raise ValueError("allreduce: the tf backend cannot reduce uint64 (TensorFlow's collectives "
-                                 "reduce float16/32/64, bfloat16, int32 and int64; narrower integers are "
-                                 "widened); use int64 or distributed_backend = 'mpi'")
+                raise ValueError(UINT64)
             parts = [tf.reshape(tensors[i], [-1]) for i in indices]
             if wide is not None:
                 parts = [tf.cast(p, wide) for p in parts]
