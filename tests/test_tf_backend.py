@@ -68,3 +68,17 @@ def test_training_equals_the_mpi_backend_and_a_failing_rank_ends_the_job(tmp_pat
     np.testing.assert_array_equal(tf_grad, mpi_grad)
     np.testing.assert_array_equal(tf_param, mpi_param)
     assert not np.allclose(tf_grad, tf_param)  # the runs differ: each was its own training
+
+
+def test_a_rank_that_stops_answering_inside_a_tf_function_is_named():
+    """The stall watchdog sees the wait inside TensorFlow's collective (no Python runs there) and ends
+    the job with the message of the other backends."""
+    args = [str(SCRIPTS / "dist_failure.py"), "stall_in_graph", "--backend", "tf", "--stall-timeout", "3"]
+    start = time.monotonic()
+    result = run_mpi(2, args, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert output.count("error:") == 1, output
+    assert ("[rank 0] error: rank 1 did not reach collective #2 'allreduce in a tf.function' within 3 s"
+            in output), output
+    assert time.monotonic() - start < 90, output
