@@ -213,8 +213,8 @@ class TFCommunicator(MPICommunicator):
     def _reduce_compressed(self, tensors: list[tf.Tensor], op: str, wire: Wire, kind: str) -> list[tf.Tensor]:
         """``op`` over the ranks, the float32 tensors that ``wire`` marks cast to fp16/bf16 on the way (an
         average of those is a wire sum divided after the cast back, as in the other backends)."""
-        on_wire: OnWire = compress(tensors, wire, op, as_bits=False,
-                                   exchange=self._peak_exchange(kind) if self.fp16_range else None)
+        exchange = self._peak_exchange(kind) if self.fp16_range is not None else None
+        on_wire: OnWire = compress(tensors, wire, op, as_bits=False, exchange=exchange)
         if on_wire.fmt is None:
             return self._fused(tensors, op, kind)
         reduced = self._fused(on_wire.tensors, "sum" if op == "average" else op, kind)
