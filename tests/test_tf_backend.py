@@ -11,7 +11,7 @@ import pytest
 
 from helpers import ROOT, run_mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest, pytest.mark.slow]
+MPIRUN = [pytest.mark.mpi, pytest.mark.tf_latest, pytest.mark.slow]
 
 SCRIPTS = ROOT / "tests" / "mpi_scripts"
 
@@ -27,6 +27,25 @@ def config(**overrides) -> dict:
     return {**base, **overrides}
 
 
+def mpirun_test(test):
+    for mark in MPIRUN:
+        test = mark(test)
+    return test
+
+
+def test_auto_takes_the_tf_backend_on_gpus_without_horovod(monkeypatch):
+    import tensorflow as tf
+
+    from engine.distributed import select
+
+    missing = "ModuleNotFoundError: No module named 'horovod'"
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
+    monkeypatch.setattr(select, "horovod_import_error", lambda: missing)
+    assert select.auto_backend("") == ("tf", f"training on GPUs, but Horovod does not import ({missing})")
+    assert select.auto_backend("cpu")[0] == "mpi"  # the GPUs hidden by the config: the CPU's backend
+
+
+@mpirun_test
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_collectives_exact_and_as_the_mpi_backend(ranks):
     """Sums, min, max and averages of every dtype, fused, eager and in tf.function, against closed-form
@@ -42,6 +61,7 @@ def test_collectives_exact_and_as_the_mpi_backend(ranks):
             assert f"rank {rank}: 154 wire checks passed (tf)" in result.stdout, output
 
 
+@mpirun_test
 def test_training_equals_the_mpi_backend_and_a_failing_rank_ends_the_job(tmp_path):
     """grad mode (in small buckets) and param mode with fp16 on the wire train to the same parameters
     as with the mpi backend (bit for bit: 2 ranks add in one order); then rank 1 fails in a tf-backend
@@ -70,6 +90,7 @@ def test_training_equals_the_mpi_backend_and_a_failing_rank_ends_the_job(tmp_pat
     assert not np.allclose(tf_grad, tf_param)  # the runs differ: each was its own training
 
 
+@mpirun_test
 def test_a_rank_that_stops_answering_inside_a_tf_function_is_named():
     """The stall watchdog sees the wait inside TensorFlow's collective (no Python runs there) and ends
     the job with the message of the other backends."""
