@@ -39,7 +39,8 @@ def test_auto_takes_the_tf_backend_on_gpus_without_horovod(monkeypatch):
     from engine.distributed import select
 
     missing = "ModuleNotFoundError: No module named 'horovod'"
-    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
+    gpus = lambda kind=None: ["GPU:0"] if kind == "GPU" else []  # noqa: E731
+    monkeypatch.setattr(tf.config, "list_physical_devices", gpus)
     monkeypatch.setattr(select, "horovod_import_error", lambda: missing)
     assert select.auto_backend("") == ("tf", f"training on GPUs, but Horovod does not import ({missing})")
     assert select.auto_backend("cpu")[0] == "mpi"  # the GPUs hidden by the config: the CPU's backend
