@@ -2,6 +2,7 @@
 """Allreduce of realistic gradient lists with 2 ranks: the engine's backends against raw mpi4py.
 
     .venv/bin/python benchmarks/bench_allreduce.py            # launches `mpirun -np 2` itself
+    .venv-latest/bin/python benchmarks/bench_allreduce.py --tf --no-horovod --models lstm,large
 
 Gradient lists: the variable shapes of a 2-layer LSTM with 128 units (input 40, 50 classes; 0.9 MB) and
 of a 4-layer BLSTM with 512 units (input 40, 4501 classes; 25.8 M parameters, 103 MB). Methods, timed
@@ -14,6 +15,12 @@ in interleaved rounds (the machine is noisy: read the ratios, not the absolute t
   mpi-eager    engine mpi backend from tensors: .numpy() -> comm.allreduce -> tf.convert_to_tensor
   hvd-graph    engine horovod backend, comm.allreduce_tensors inside a tf.function (grouped allreduce)
   hvd          engine horovod backend, comm.allreduce(list of numpy arrays)
+  tf           engine tf backend (--tf), comm.allreduce(list of numpy arrays): TensorFlow's collectives, eager
+  tf-graph     engine tf backend (--tf), comm.allreduce_tensors inside a tf.function
+
+With ``--tf`` the tf backend's collective runtime starts before TensorFlow's first operation, so every row
+of that run is timed in a process whose TensorFlow runs a gRPC server (as a tf-backend job's does); the
+ratios tf/mpi and tf-graph/mpi-graph are taken per round (the rows ran side by side).
 
 and with ``distributed_wire_format = "fp16"``, inside a tf.function, each with fp16's range guard
 (engine/distributed/wire_guard.py: the peaks' exchange, the scaling before the cast and after it) and
@@ -76,6 +83,7 @@ def launch(args: argparse.Namespace) -> int:
            "--rounds", str(args.rounds), "--models", args.models]
     cmd += ["--no-horovod"] if args.no_horovod else []
     cmd += ["--fp16-only"] if args.fp16_only else []
+    cmd += ["--tf"] if args.tf else []
     return subprocess.call(cmd, env=env, cwd=ROOT)
 
 
@@ -91,6 +99,8 @@ class Bench:
         from engine.distributed import create_communicator
 
         self.MPI, self.np, self.tf, self.args = MPI, np, tf, args
+        # the tf backend starts TensorFlow's collective runtime: before TensorFlow's first operation
+        self.tf_comm = create_communicator("tf") if args.tf else None
         self.world = MPI.COMM_WORLD
         # One communicator per engine path, as in a job that uses only that path: results handed to
         # TensorFlow keep their fusion buffer until TensorFlow's deferred release, so paths sharing one
@@ -128,7 +138,16 @@ class Bench:
                 "mpi-eager": mpi_eager,
                 "raw-peaks": lambda: world.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX),
                 "mpi-peaks": tf.function(lambda: comms["mpi-peaks"].allreduce_tensors([peaks_tensor], "max")),
-                **self.fp16_methods("mpi", lambda path: comms[path], tensors)}
+                **self.fp16_methods("mpi", lambda path: comms[path], tensors),
+                **self.tf_methods(arrays, tensors)}
+
+    def tf_methods(self, arrays: list, tensors: list) -> dict[str, Callable]:
+        """The tf backend's rows (``--tf``), numpy and in a tf.function."""
+        comm = self.tf_comm
+        if comm is None:
+            return {}
+        return {"tf": lambda: comm.allreduce(arrays, "sum"),
+                "tf-graph": self.tf.function(lambda: comm.allreduce_tensors(tensors, "sum"))}
 
     def fp16_methods(self, backend: str, comm_for: Callable, tensors: list) -> dict[str, Callable]:
         """The fp16 rows of ``backend``, fused and in buckets, each with the range guard and without it
@@ -167,7 +186,7 @@ class Bench:
             if self.args.fp16_only:
                 methods = {k: f for k, f in methods.items() if k == "raw" or "16" in k or "peaks" in k}
             want = self.world.allreduce(arrays[-2], op=self.MPI.SUM)
-            for name in ("mpi", "mpi-graph", "hvd", "hvd-graph"):
+            for name in ("mpi", "mpi-graph", "hvd", "hvd-graph", "tf", "tf-graph"):
                 if name in methods:
                     got = self.np.asarray(methods[name]()[-2])
                     assert self.np.array_equal(got, want), f"{name}: wrong sum"
@@ -226,6 +245,8 @@ def report(phases: list, args: argparse.Namespace, MPI, tf) -> None:
     print()
     for line in verdicts(phases):
         print(line)
+    for line in tf_ratios(phases):
+        print(line)
     print("\nfp16's range guard: time per reduction with it and without it (-off), median of the rounds; the "
           "ratio is taken per round (the two ran side by side), its median and range")
     for line in guard_costs(phases):
@@ -246,6 +267,23 @@ def guard_costs(phases: list) -> list[str]:
                            f"{statistics.median(off) * 1e3:9.3f} ms  "
                            f"+{(statistics.median(on) - statistics.median(off)) * 1e3:8.3f} ms  "
                            f"ratio {statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})")
+    return out
+
+
+def tf_ratios(phases: list) -> list[str]:
+    """Per model: the tf backend's time over the mpi backend's, per round, median and range (> 1: the tf
+    backend is the slower)."""
+    out = []
+    for _, rows in phases[:1]:
+        for title, _, times in rows:
+            for tf_row, mpi_row in (("tf", "mpi"), ("tf-graph", "mpi-graph")):
+                if tf_row not in times or mpi_row not in times:
+                    continue
+                ratios = [a / b for a, b in zip(times[tf_row], times[mpi_row])]
+                out.append(f"info: {title}: {tf_row} / {mpi_row} time ratio {statistics.median(ratios):.2f} "
+                           f"({min(ratios):.2f}..{max(ratios):.2f}), "
+                           f"{statistics.median(times[tf_row]) * 1e3:.3f} ms vs "
+                           f"{statistics.median(times[mpi_row]) * 1e3:.3f} ms")
     return out
 
 
@@ -292,6 +330,7 @@ def main() -> None:
     parser.add_argument("--no-horovod", action="store_true", help="skip phase 2")
     parser.add_argument("--fp16-only", action="store_true",
                         help="only raw and the fp16 rows with and without the range guard (issue 28)")
+    parser.add_argument("--tf", action="store_true", help="also time the tf backend (tf, tf-graph)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

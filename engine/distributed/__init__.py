@@ -1,4 +1,4 @@
-"""The distributed runtime: one collective interface, three backends, the strategies, failure handling.
+"""The distributed runtime: one collective interface, its backends, the strategies, failure handling.
 
     strategy = start(config)           # communicator, process identity, strategy (startup.py)
     strategy.comm.allreduce([...])     # the collective interface (backend.py)

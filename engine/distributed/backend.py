@@ -1,4 +1,4 @@
-"""The collective interface every backend implements (``local``, ``mpi``, ``horovod``).
+"""The collective interface every backend implements (``local``, ``mpi``, ``horovod``, ``tf``).
 
 The training step talks only to a ``Communicator``; which library moves the bytes is decided once, in
 ``select.create_communicator``. All ranks must call the same collectives in the same order with the

@@ -1,8 +1,9 @@
-"""Choosing the backend: config key ``distributed_backend`` = "auto" | "horovod" | "mpi"; the engine uses
-"local" when ``use_horovod`` is off.
+"""Choosing the backend: config key ``distributed_backend`` = "auto" | "horovod" | "mpi" | "tf"; the engine
+uses "local" when ``use_horovod`` is off.
 
-"auto" takes the faster backend for where the tensors live: Horovod where training runs on GPUs and
-Horovod was built with NCCL (it reduces GPU tensors on the GPU), the ``mpi`` backend otherwise. On CPUs
+"auto" takes the faster backend for where the tensors live: on GPUs Horovod where it was built with NCCL
+(it reduces GPU tensors on the GPU), else TensorFlow's own collectives (``tf``: NCCL between GPUs, no
+build; the only GPU path on TensorFlow 2.16 and newer); on CPUs the ``mpi`` backend. On CPUs
 the ``mpi`` backend was the faster one in every measurement (``benchmarks/bench_train.py``,
 ``benchmarks/bench_allreduce.py``, docs/performance.md): Horovod's background thread wakes every
 ``HOROVOD_CYCLE_TIME`` to negotiate in MPI, on the cores the compute threads need, and a reduction waits
@@ -18,7 +19,7 @@ from engine.distributed.watchdog import StallLimits
 from engine.runtime import log
 from engine.runtime.errors import ConfigError, DistributedError
 
-BACKENDS = ("auto", "horovod", "mpi", "local")
+BACKENDS = ("auto", "horovod", "mpi", "tf", "local")
 
 
 def horovod_import_error() -> str | None:
@@ -32,7 +33,7 @@ def horovod_import_error() -> str | None:
 
 
 def auto_backend(device: str = "") -> tuple[str, str]:
-    """("horovod" or "mpi", why) for ``distributed_backend = "auto"`` and the config's ``device``."""
+    """("horovod", "tf" or "mpi", why) for ``distributed_backend = "auto"`` and the config's ``device``."""
     if device.startswith("cpu"):
         return "mpi", "training on the CPU (device = 'cpu'), where the mpi backend is the faster"
     import tensorflow as tf
@@ -41,17 +42,17 @@ def auto_backend(device: str = "") -> tuple[str, str]:
         return "mpi", "training on the CPU (no GPU visible), where the mpi backend is the faster"
     error = horovod_import_error()
     if error is not None:
-        return "mpi", f"training on GPUs, but Horovod does not import ({error})"
+        return "tf", f"training on GPUs, but Horovod does not import ({error})"
     import horovod.tensorflow as hvd
     from mpi4py import MPI
 
     if not hvd.nccl_built():
-        return "mpi", f"training on GPUs, but Horovod {_horovod_version()} was built without NCCL"
+        return "tf", f"training on GPUs, but Horovod {_horovod_version()} was built without NCCL"
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # Horovod's thread calls MPI beside the main thread's calls
         from engine.distributed.mpi_backend import thread_level_name
 
-        return "mpi", (f"training on GPUs, but MPI was initialised with "
-                       f"{thread_level_name(MPI, MPI.Query_thread())}, and Horovod needs MPI_THREAD_MULTIPLE")
+        return "tf", (f"training on GPUs, but MPI was initialised with "
+                      f"{thread_level_name(MPI, MPI.Query_thread())}, and Horovod needs MPI_THREAD_MULTIPLE")
     return "horovod", f"training on GPUs, Horovod {_horovod_version()} built with NCCL"
 
 
@@ -71,7 +72,7 @@ def create_communicator(name: str = "auto", stall: StallLimits | None = None,
     """
     if name not in BACKENDS:
         raise ConfigError(f"Config key 'distributed_backend' is {name!r}; expected one of "
-                          f"{', '.join(repr(b) for b in BACKENDS[:3])}.")
+                          f"{', '.join(repr(b) for b in BACKENDS[:4])}.")
     if name == "local":
         from engine.distributed.local_backend import LocalCommunicator
 
@@ -99,6 +100,10 @@ def create_communicator(name: str = "auto", stall: StallLimits | None = None,
         from engine.distributed.horovod_backend import HorovodCommunicator
 
         comm: Communicator = HorovodCommunicator(stall)
+    elif name == "tf":
+        from engine.distributed.tf_backend import TFCommunicator
+
+        comm = TFCommunicator(stall)
     else:
         from engine.distributed.mpi_backend import MPICommunicator
 
@@ -109,14 +114,16 @@ def create_communicator(name: str = "auto", stall: StallLimits | None = None,
 
 def _agreed(name: str, why: str) -> tuple[str, str]:
     """Every rank's "auto" choice must be the same one (a host without GPUs, or without Horovod, among
-    hosts with them would choose differently): else all take the mpi backend, which runs everywhere."""
+    hosts with them would choose differently): else all take the mpi backend, which runs everywhere (the
+    tf backend would put GPU and CPU ranks into one collective group, which TensorFlow refuses)."""
     from mpi4py import MPI
 
     choices = MPI.COMM_WORLD.allgather(name)
     if len(set(choices)) == 1:
         return name, why
-    others = sorted({rank for rank, choice in enumerate(choices) if choice != "mpi"})
-    return "mpi", f"the ranks disagree (Horovod on rank(s) {others}, the mpi backend elsewhere; here: {why})"
+    others = {choice: sorted(r for r, c in enumerate(choices) if c == choice) for choice in set(choices)}
+    listed = ", ".join(f"{choice} on rank(s) {ranks}" for choice, ranks in sorted(others.items()))
+    return "mpi", f"the ranks disagree ({listed}; here: {why})"
 
 
 def _require_mpi4py(name: str) -> None:

@@ -23,7 +23,7 @@ DATASET_DISTRIBUTIONS = ("shard", "random_seed_offset")
 # (horovod_avg_grad); global_frames: added and divided by all ranks' frames (this engine's option: the
 # union batch's frame-averaged gradient, also when the ranks' frame counts differ).
 GRAD_NORMALIZATIONS = ("sum", "average", "global_frames")
-CONFIG_BACKENDS = ("auto", "horovod", "mpi")
+CONFIG_BACKENDS = ("auto", "horovod", "mpi", "tf")
 HOROVOD_KEYS = ("horovod_reduce_type", "horovod_param_sync_step", "horovod_param_sync_time_diff",
                 "horovod_dataset_distribution", "horovod_scale_lr", "horovod_avg_grad",
                 "horovod_grad_normalization")

@@ -1,6 +1,6 @@
 """Run under ``mpirun -np 2``: the wire-compressed reductions of one backend against numpy references.
 
-    python wire_reduce.py --backend mpi|horovod
+    python wire_reduce.py --backend mpi|horovod|tf
 
 Every rank sends its own float32 values (random, plus ties, overflow, subnormals, inf and NaN; and
 values past fp16's range), and float64 / float16 / int32 / uint16 tensors beside them. The reference for
@@ -44,10 +44,10 @@ def values(rank: int) -> list[np.ndarray]:
 def others(rank: int, backend: str) -> list[np.ndarray]:
     """Tensors of other dtypes, sent beside the float32 ones: never compressed. uint16 (the mpi backend's
     carrier of wire bits, which must not be confused with real uint16 values) only where Horovod, which
-    has no uint16 reduction, is not the backend."""
+    has no uint16 reduction, is not the backend (the tf backend reduces uint16 widened to int32)."""
     arrays = [np.full((9,), 0.1 * (rank + 1), np.float64), np.full((4,), 0.1 * (rank + 1), np.float16),
               np.arange(6, dtype=np.int32) * (rank + 1)]
-    return arrays + ([np.full((5,), 1000 * (rank + 1), np.uint16)] if backend == "mpi" else [])
+    return arrays + ([np.full((5,), 1000 * (rank + 1), np.uint16)] if backend != "horovod" else [])
 
 
 def guard_factor(per_rank: tuple[np.ndarray, ...], size: int) -> np.float32:
