@@ -46,6 +46,23 @@ def test_auto_takes_the_tf_backend_on_gpus_without_horovod(monkeypatch):
     assert select.auto_backend("cpu")[0] == "mpi"  # the GPUs hidden by the config: the CPU's backend
 
 
+def test_the_ring_for_gpu_tensors_is_the_tf_backends_alone():
+    from engine.config.loader import Config
+    from engine.distributed.settings import DataParallelSettings
+    from engine.runtime.errors import ConfigError
+
+    def settings(**keys):
+        return DataParallelSettings.from_config(Config({"use_horovod": True, **keys}))
+
+    assert settings(distributed_backend="tf", distributed_tf_gpu_reduction="ring").tf_gpu_reduction == "ring"
+    assert settings(distributed_backend="mpi").tf_gpu_reduction == "nccl"
+    with pytest.raises(ConfigError, match="'distributed_tf_gpu_reduction' = 'ring' only applies to "
+                                          "distributed_backend = 'tf', but distributed_backend is 'auto'"):
+        settings(distributed_tf_gpu_reduction="ring")
+    with pytest.raises(ConfigError, match="distributed_tf_gpu_reduction"):
+        settings(distributed_backend="tf", distributed_tf_gpu_reduction="gloo")
+
+
 @mpirun_test
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_collectives_exact_and_as_the_mpi_backend(ranks):
@@ -56,6 +73,7 @@ def test_collectives_exact_and_as_the_mpi_backend(ranks):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert f"using the tf backend (distributed_backend = 'tf'); {ranks} ranks" in output
+    assert "tf backend: CPU tensors reduced by RING, GPU tensors by NCCL" in output
     for rank in range(ranks):
         assert f"rank {rank}: 13 checks passed (tf backend, {ranks} ranks)" in result.stdout, output
         if ranks == 2:
@@ -68,7 +86,9 @@ def test_training_equals_the_mpi_backend_and_a_failing_rank_ends_the_job(tmp_pat
     as with the mpi backend (bit for bit: 2 ranks add in one order); then rank 1 fails in a tf-backend
     run and the job ends with its message instead of hanging."""
     param = {"horovod_reduce_type": "param", "horovod_param_sync_step": 2, "distributed_wire_format": "fp16"}
-    runs = [config(distributed_backend="tf", distributed_bucket_mb=0.0005),  # a bucket per tensor or two
+    # the first also with the ring for GPU tensors (ranks sharing a GPU): the key passes, the CPU's math stays
+    runs = [config(distributed_backend="tf", distributed_bucket_mb=0.0005,  # a bucket per tensor or two
+                   distributed_tf_gpu_reduction="ring"),
             config(distributed_backend="tf", **param),
             config(distributed_backend="mpi"),
             config(distributed_backend="mpi", **param),

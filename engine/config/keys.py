@@ -186,6 +186,8 @@ _section(
     ("horovod_avg_grad", "bool", False, "grad mode: average instead of sum (horovod_grad_normalization)"),
     ("horovod_grad_normalization", "str", None, "grad mode: sum | average | global_frames", "sum"),
     ("distributed_backend", "str", "auto", "auto | horovod | mpi | tf"),
+    ("distributed_tf_gpu_reduction", "str", "nccl",
+     "the tf backend on GPUs: nccl | ring (ranks that share a GPU, which NCCL refuses)"),
     ("distributed_param_sync_overlap", "bool", False,
      "param mode: each average runs in the background while training goes on, and is applied as "
      "params += average(snapshot) - snapshot where the next one starts (docs/multi-node.md)"),

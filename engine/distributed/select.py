@@ -63,12 +63,12 @@ def _horovod_version() -> str:
 
 
 def create_communicator(name: str = "auto", stall: StallLimits | None = None,
-                        device: str = "") -> Communicator:
+                        device: str = "", *, tf_gpu_reduction: str = "nccl") -> Communicator:
     """The communicator for backend ``name``; call once per process, on every rank.
 
     With ``stall`` limits a multi-rank communicator gets its stall watchdog (``watchdog.py``), and
     Horovod its own stall check for the reductions inside a ``tf.function``. ``device``: the config's,
-    for "auto".
+    for "auto"; ``tf_gpu_reduction``: how the tf backend reduces GPU tensors ("nccl" or "ring").
     """
     if name not in BACKENDS:
         raise ConfigError(f"Config key 'distributed_backend' is {name!r}; expected one of "
@@ -103,7 +103,7 @@ def create_communicator(name: str = "auto", stall: StallLimits | None = None,
     elif name == "tf":
         from engine.distributed.tf_backend import TFCommunicator
 
-        comm = TFCommunicator(stall)
+        comm = TFCommunicator(stall, gpu_reduction=tf_gpu_reduction)
     else:
         from engine.distributed.mpi_backend import MPICommunicator
 

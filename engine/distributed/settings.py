@@ -31,6 +31,8 @@ BACKEND_KEY = "distributed_backend"
 PARAM_OVERLAP_KEY = "distributed_param_sync_overlap"
 WIRE_KEY = "distributed_wire_format"
 BUCKET_KEY = "distributed_bucket_mb"
+TF_GPU_KEY = "distributed_tf_gpu_reduction"
+TF_GPU_REDUCTIONS = ("nccl", "ring")  # ring: ranks that share a GPU, which NCCL refuses
 STALL_KEYS = ("distributed_stall_warning", "distributed_stall_timeout", "distributed_checkpoint_timeout")
 RANDOM_SEED_OFFSET = 16127  # rank r reads the data with seed offset r * 16127 (random_seed_offset)
 
@@ -49,6 +51,7 @@ class DataParallelSettings:
     stall: StallLimits = StallLimits()  # when a wait for the other ranks is reported, and ends the job
     wire_format: str | None = None  # distributed_wire_format: None (float32) | "fp16" | "bf16"
     bucket_mb: float = 0.0  # distributed_bucket_mb: gradient buckets reduced during the backward pass
+    tf_gpu_reduction: str = "nccl"  # distributed_tf_gpu_reduction: how the tf backend reduces GPU tensors
 
     @classmethod
     def from_config(cls, config: Any) -> DataParallelSettings:
@@ -60,8 +63,10 @@ class DataParallelSettings:
         stall = _stall_limits(config)
         wire_format = _wire_format(config)
         bucket_mb = _bucket_mb(config)
+        tf_gpu_reduction = _tf_gpu_reduction(config, backend)
         if not config.bool("use_horovod"):
-            return cls(backend_name=backend, stall=stall, wire_format=wire_format, bucket_mb=bucket_mb)
+            return cls(backend_name=backend, stall=stall, wire_format=wire_format, bucket_mb=bucket_mb,
+                       tf_gpu_reduction=tf_gpu_reduction)
         settings = cls(
             enabled=True,
             reduce_type=config.str("horovod_reduce_type"),
@@ -75,6 +80,7 @@ class DataParallelSettings:
             stall=stall,
             wire_format=wire_format,
             bucket_mb=bucket_mb,
+            tf_gpu_reduction=tf_gpu_reduction,
         )
         settings._validate()
         return settings
@@ -105,6 +111,17 @@ class DataParallelSettings:
         if self.param_sync_time_diff is not None and self.param_sync_step != 1:
             log.warning(f"horovod_param_sync_step = {self.param_sync_step} is ignored: "
                         f"horovod_param_sync_time_diff = {self.param_sync_time_diff} takes precedence.")
+
+
+def _tf_gpu_reduction(config: Any, backend: str) -> str:
+    """``distributed_tf_gpu_reduction``: "nccl" (the default) or "ring", which only the tf backend has."""
+    value = config.str(TF_GPU_KEY, "nccl")
+    _check_choice(TF_GPU_KEY, value, TF_GPU_REDUCTIONS)
+    if value != "nccl" and backend != "tf":
+        raise ConfigError(f"Config key '{TF_GPU_KEY}' = {value!r} only applies to distributed_backend = "
+                          f"'tf', but distributed_backend is {backend!r}. Remove it, or set "
+                          "distributed_backend = 'tf'.")
+    return value
 
 
 def _grad_normalization(config: Any) -> str:

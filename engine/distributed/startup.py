@@ -39,7 +39,8 @@ def start(config: Config) -> Strategy:
     set_horovod_fusion_threshold(settings.bucket_mb)  # read by hvd.init, if Horovod is the backend
     with joining_deadline(settings.stall if settings.enabled else StallLimits(), env_size()):
         comm = create_communicator(settings.backend_name if settings.enabled else "local", settings.stall,
-                                   requested_device(config))  # tf_session_opts' device_count can say "cpu"
+                                   requested_device(config),  # tf_session_opts' device_count can say "cpu"
+                                   tf_gpu_reduction=settings.tf_gpu_reduction)
     process.set_communicator(comm)
     install_failure_handler()
     strategy = build_strategy(settings, comm)

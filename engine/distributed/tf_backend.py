@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 JOB = "worker"
 LEADER = f"/job:{JOB}/replica:0/task:0"
 GROUP_KEYS = {"CPU": 1, "GPU": 2}  # a group holds one device kind: CPU ring and GPU NCCL apart
-HINTS = {"CPU": "ring", "GPU": "nccl"}
 MERGE_OPS = {"sum": "Add", "average": "Add", "min": "Min", "max": "Max"}
 # CollectiveReduceV2 reduces float16/32/64, bfloat16, int32 and int64. Narrower integers travel widened
 # (exact; the cast back wraps a sum as MPI's own sum in the narrow type does); uint64 has no wider type.
@@ -126,8 +125,13 @@ class InstanceKeys:
 class TFCommunicator(MPICommunicator):
     name = "tf"
 
-    def __init__(self, stall: StallLimits | None = None) -> None:
+    def __init__(self, stall: StallLimits | None = None, *, gpu_reduction: str = "nccl") -> None:
         super().__init__(stall)  # MPI: identity, objects, broadcasts, abort, watchdog and side channel
+        # TensorFlow's communication hint per device kind; "ring" on GPUs: ranks that share a GPU (NCCL
+        # refuses two ranks on one device)
+        self.hints = {"CPU": "ring", "GPU": gpu_reduction}
+        log.info(f"tf backend: CPU tensors reduced by RING, GPU tensors by {gpu_reduction.upper()} "
+                 "(distributed_tf_gpu_reduction)")
         self.addresses = start_collective_runtime(self._comm, self.rank)
         self._keys = InstanceKeys()
         self._tokens: dict[str, Any] = {}  # device kind -> ordering token, made at first use
@@ -268,7 +272,7 @@ class TFCommunicator(MPICommunicator):
         key = self._keys.key((kind, flat.dtype.name, length, MERGE_OPS[op]))
         return collective_ops.all_reduce_v2(
             flat, group_size=self.size, group_key=GROUP_KEYS[kind], instance_key=key,
-            merge_op=MERGE_OPS[op], final_op="Id", communication_hint=HINTS[kind],
+            merge_op=MERGE_OPS[op], final_op="Id", communication_hint=self.hints[kind],
             ordering_token=self._token(kind).handle)
 
     def _token(self, kind: str) -> Any:
