@@ -76,7 +76,8 @@ test-stable: install
 	@TIMEFORMAT='test-stable (TensorFlow 2.15 + Horovod): %0R s'; time $(VENV)/bin/$(PYTEST) tests
 
 test-latest: install-latest
-	@TIMEFORMAT='test-latest (newest TensorFlow): %0R s'; time $(VENV_LATEST)/bin/$(PYTEST) -m "tf_latest and not version_independent" tests
+	@TIMEFORMAT='test-latest (newest TensorFlow): %0R s'; time $(VENV_LATEST)/bin/$(PYTEST) \
+	  -m "tf_latest and not version_independent and (not mpi or tf_latest_mpi)" tests
 
 # The inner loop (about 2 minutes): single-process tests on TensorFlow 2.15, no mpirun, nothing marked slow.
 # It leaves out every multi-rank test (collectives, failures, stalls, resume across ranks), the multi-host

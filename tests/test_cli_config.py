@@ -144,7 +144,7 @@ def test_console_commands_run_their_main_functions(capsys):
     commands = console_commands()
     assert set(commands) == {"rnn-engine", "hdf-dump", "dump-dataset", "make-hostfile", "supervise",
                              "plot-learning-curve", "merge-timeline", "gen-returnn-keys", "audio-to-hdf",
-                             "export-returnn-checkpoint"}
+                             "export-returnn-checkpoint", "mpirun-guard"}
     for name, target in commands.items():
         module, function = target.split(":")
         main = getattr(importlib.import_module(module), function)

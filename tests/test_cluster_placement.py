@@ -112,7 +112,7 @@ def test_start_logs_the_host_to_rank_map(monkeypatch, capsys):
 
     log.init()  # rank 0 prints level info on stdout, whatever earlier tests configured
     comm = FakeComm()
-    monkeypatch.setattr(start_module, "create_communicator", lambda name, stall, device: comm)
+    monkeypatch.setattr(start_module, "create_communicator", lambda name, stall, device, **options: comm)
     monkeypatch.setattr(start_module, "install_failure_handler", lambda: None)
     monkeypatch.setattr(start_module, "check_config_consistency", lambda comm, items: None)
     try:
@@ -181,7 +181,7 @@ def test_the_backend_choice_sees_device_count_gpu_0_as_the_cpu(monkeypatch):
 
     devices = []
 
-    def create(name, stall, device):
+    def create(name, stall, device, **options):
         devices.append(device)
         raise ConfigError("stop here")
 

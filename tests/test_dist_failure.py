@@ -83,6 +83,7 @@ def test_stall_timeout_aborts_when_a_rank_stops_answering():
             "(distributed_stall_timeout), where rank 0 waits") in output, output
 
 
+@pytest.mark.tf_latest_mpi
 def test_stall_timeout_inside_tf_function():
     result, output = run_failing("stall_in_graph", "--stall-timeout", "3")
     assert output.count("error:") == 1, output

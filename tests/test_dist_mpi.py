@@ -19,6 +19,7 @@ def assert_all_ranks_passed(result, num_ranks: int, backend: str) -> None:
     assert result.stdout.count(f"checks passed ({backend} backend, {num_ranks} ranks)") == num_ranks
 
 
+@pytest.mark.tf_latest_mpi
 def test_mpi_backend_two_ranks_with_tensorflow():
     result = run_mpi(2, [SCRIPT, "--backend", "mpi"], timeout=240)
     assert_all_ranks_passed(result, 2, "mpi")

@@ -45,6 +45,7 @@ def train(tmp_path, ranks, config, *options, timeout=120, expect_ok=True):
 BACKENDS = [pytest.param("mpi", marks=pytest.mark.tf_latest), "horovod"]
 
 
+@pytest.mark.tf_latest_mpi
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grad_mode_equals_one_process_on_concatenated_batches(tmp_path, backend):
     # RETURNN's objective is the loss sum, and the ranks' gradients are summed: the union batch's gradient

@@ -49,6 +49,7 @@ def test_12ax_demo_learns_in_one_process(tmp_path):
     assert os.path.exists(tmp_path / "m.005")
 
 
+@pytest.mark.tf_latest_mpi
 @pytest.mark.mpi
 @pytest.mark.tf_latest
 def test_12ax_demo_learns_with_2_ranks(tmp_path):

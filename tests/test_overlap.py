@@ -203,6 +203,7 @@ def test_start_allreduce_without_a_thread_is_done_at_once():
 
 
 # ----- real 2-rank jobs -----
+@pytest.mark.tf_latest_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bucketed_reductions_equal_numpy_on_two_ranks(backend):
@@ -257,6 +258,7 @@ def test_training_with_buckets_is_bit_identical_to_one_reduction_per_step(tmp_pa
         np.testing.assert_array_equal(bucketed[rank]["params"], single[0]["params"])
 
 
+@pytest.mark.tf_latest_mpi
 @pytest.mark.tf_latest
 @pytest.mark.mpi
 def test_a_failing_rank_in_bucketed_training_ends_the_job(tmp_path):

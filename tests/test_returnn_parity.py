@@ -61,6 +61,7 @@ def test_one_update_equals_returnns(name):
     assert_equals_returnns(name, one_update(str(FIXTURES), name))
 
 
+@pytest.mark.tf_latest_mpi
 @pytest.mark.mpi
 def test_two_ranks_in_grad_mode_equal_returnns_update_on_the_union_batch(tmp_path):
     """Each rank takes 2 of the 4 sequences RETURNN trained on; the summed gradients (with each rank's

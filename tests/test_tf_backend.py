@@ -11,7 +11,7 @@ import pytest
 
 from helpers import ROOT, run_mpi
 
-MPIRUN = [pytest.mark.mpi, pytest.mark.tf_latest, pytest.mark.slow]
+MPIRUN = [pytest.mark.mpi, pytest.mark.tf_latest, pytest.mark.tf_latest_mpi, pytest.mark.slow]
 
 SCRIPTS = ROOT / "tests" / "mpi_scripts"
 

@@ -204,6 +204,7 @@ def test_bad_value_ends_rnn_with_one_paragraph_naming_the_key(tmp_path):
 BACKENDS = [pytest.param("mpi", marks=pytest.mark.tf_latest), "horovod"]
 
 
+@pytest.mark.tf_latest_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_ranks_reduce_exactly_as_the_references(backend):

@@ -215,6 +215,7 @@ def assert_scaled_once(output: str) -> float:
     return float(found[0])
 
 
+@pytest.mark.tf_latest_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", [pytest.param("mpi", marks=pytest.mark.tf_latest), "horovod"])
 def test_a_gradient_past_fp16s_range_is_scaled_into_it_and_both_ranks_train_on_alike(tmp_path, backend):

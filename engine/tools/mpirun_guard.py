@@ -1,0 +1,94 @@
+"""``mpirun-guard`` (``tools/mpirun_guard.py``): run mpirun and pass its exit status on, but never a success
+for a job that Open MPI ended because it lost a host.
+
+    python tools/mpirun_guard.py MPIRUN [mpirun args ...]
+
+Open MPI 5.0.11's mpirun exits 0 when its daemon on another host dies (the host crashed, or every process
+there was killed): it prints "PRTE has lost communication with a remote daemon ... Remote daemon: [...]
+on node HOST", kills the ranks on the hosts left, and reports success (measured on two simulated hosts,
+tests/test_cluster_faults.py). A job script or ``supervise`` would take that unfinished training for a
+finished one. This wrapper copies mpirun's output through unchanged, notes that report, and then exits 1
+with one message naming the host and, from the engine's ``hosts:`` line, its ranks. Stop signals it
+receives (SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP) go on to mpirun, as the job scripts rely on.
+"""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import BinaryIO
+
+LOST = b"PRTE has lost communication with a remote daemon"
+REMOTE = re.compile(rb"Remote daemon: \S+ on node (\S+)")
+HOST_MAP = re.compile(rb"hosts: \d+ ranks? on \d+ hosts?: (.*)")
+DRAIN_SECONDS = 2.0
+FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Report:
+    """What mpirun's output said about lost hosts and where the ranks run."""
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.hosts: list[str] = []
+        self.ranks: dict[str, str] = {}  # host -> "rank 1" / "ranks 2-3", from the engine's hosts line
+
+    def note(self, line: bytes) -> None:
+        if LOST in line:
+            self.lost = True
+        remote = REMOTE.search(line)
+        if remote and self.lost:
+            self.hosts.append(remote.group(1).decode(errors="replace"))
+        host_map = HOST_MAP.search(line)
+        if host_map:
+            for part in host_map.group(1).decode(errors="replace").strip().split("; "):
+                host, _, ranks = part.partition(" ")
+                self.ranks[host] = ranks
+
+    def message(self) -> str:
+        named = ", ".join(f"{host} ({self.ranks[host]})" if host in self.ranks else host
+                          for host in self.hosts) or "a host it did not name"
+        return (f"mpirun_guard: error: mpirun lost its daemon on {named} and ended the job, but exited with "
+                "status 0 (Open MPI 5 does so); exiting 1 instead: the training did not finish. The host "
+                "died, was cut off, or its processes were killed; the newest checkpoint resumes it.")
+
+
+def copy(source: BinaryIO, sink: BinaryIO, report: Report) -> None:
+    for line in iter(source.readline, b""):
+        sink.write(line)
+        sink.flush()
+        report.note(line)
+
+
+USAGE = ("usage: mpirun_guard.py MPIRUN [ARGS ...]\n\nRuns MPIRUN with ARGS, copies its output and passes "
+         "its exit status on; a 0 after mpirun lost a host's daemon becomes 1, with a message naming the "
+         "host.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for signum in FORWARDED:
+        signal.signal(signum, lambda signum, frame: proc.send_signal(signum))
+    report = Report()
+    # Daemon threads, and no waiting for the pipes' end: a daemon that mpirun left behind on a cut-off
+    # host holds them open (it inherited them), and would keep this wrapper running after mpirun exited.
+    copiers = [threading.Thread(target=copy, args=(proc.stdout, sys.stdout.buffer, report), daemon=True),
+               threading.Thread(target=copy, args=(proc.stderr, sys.stderr.buffer, report), daemon=True)]
+    for copier in copiers:
+        copier.start()
+    status = proc.wait()
+    for copier in copiers:
+        copier.join(timeout=DRAIN_SECONDS)  # what mpirun wrote last
+    if status == 0 and report.lost:
+        print(report.message(), file=sys.stderr, flush=True)
+        return 1
+    return status if status >= 0 else 128 - status  # killed by a signal: the shell's 128 + N
