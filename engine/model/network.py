@@ -241,7 +241,9 @@ class NetworkModel(SeqModel):
         x = parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
         rate = float(spec.opts.get("dropout", 0.0))
         if training and rate > 0.0:
-            x = tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)
+            # RETURNN's default mask (Data.get_bc_shape): one per feature, shared by the batch and time
+            noise_shape = tf.concat([tf.ones([tf.rank(x) - 1], tf.int32), tf.shape(x)[-1:]], axis=0)
+            x = tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed, noise_shape=noise_shape)
         return x
 
     def compute_losses(
