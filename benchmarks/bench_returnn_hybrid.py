@@ -4,16 +4,16 @@ with several seeds, and whether each epoch's scores lie within the other side's 
 
     .venv/bin/python benchmarks/bench_returnn_hybrid.py [--epochs 3] [--seeds 1,2,3] [--units 64]
 
-The recipe is the one of ``tests/recipes/quaero...adam.lr1e_3.config`` (RWTH's 2016 LSTM paper, Quaero
-English): 6 BLSTM layers, dropout 0.1 and ``L2`` 0.01 on each, frame-wise CE, ``chunking`` 50:25,
-``batch_size`` 5000, ``max_seqs`` 40, random order, ``gradient_clip`` 10, Adam at 0.001, newbob. Changed:
-the layers have ``--units`` units (the recipe's 500 would take hours on 2 cores), the optimizer is the
-dict ``{"class": "adam"}`` (RETURNN refuses the recipe's ``adam = True`` without an old
-``behavior_version``; the two mean the same optimizer), and the Sprint corpus is replaced by a
-synthetic one: 50-dim features, 12 classes, each frame's class given by its neighbourhood (frames -2..+2),
-so that both directions help. A seed changes the initial values and the dropout masks in both programs,
-not the data order. RETURNN runs where ``$RETURNN_PYTHON`` or ``/tmp/returnn-venv/bin/python`` has it.
-"""
+The recipe is the one of ``tests/recipes/quaero.dropout01.l2_1e_2.6l.n500.max_seqs40.adam.lr1e_3.config``
+(RWTH's 2016 LSTM paper, Quaero English): 6 BLSTM layers, dropout 0.1 and ``L2`` 0.01 on each, frame-wise
+CE, ``chunking`` 50:25, ``batch_size`` 5000, ``max_seqs`` 40, random order, ``gradient_clip`` 10, Adam at
+0.001, newbob. Changed: the layers have ``--units`` units (the recipe's 500 would take hours on 2 cores),
+the optimizer is the dict ``{"class": "adam"}`` (RETURNN refuses the recipe's ``adam = True`` without an
+old ``behavior_version``; the two mean the same optimizer), and the Sprint corpus is replaced by a
+synthetic one: 50-dim features, 12 classes, each frame's class given by its neighbourhood (frames
+-2..+2), so that both directions help. A seed changes the initial values and the dropout masks in both
+programs, not the data order. RETURNN runs where ``$RETURNN_PYTHON`` or ``/tmp/returnn-venv/bin/python``
+has it."""
 from __future__ import annotations
 
 import argparse
