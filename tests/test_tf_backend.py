@@ -112,6 +112,25 @@ def test_training_equals_the_mpi_backend_and_a_failing_rank_ends_the_job(tmp_pat
 
 
 @mpirun_test
+def test_three_ranks_train_as_with_the_mpi_backend(tmp_path):
+    """3 ranks in grad and param mode: the tf backend's ring adds the three parts in another order than
+    MPI's reduction, so the trainings agree to float rounding, and within each run the ranks bit for bit."""
+    param = {"horovod_reduce_type": "param", "horovod_param_sync_step": 2}
+    runs = [config(distributed_backend="tf"), config(distributed_backend="tf", **param),
+            config(distributed_backend="mpi"), config(distributed_backend="mpi", **param)]
+    result = run_mpi(3, [str(SCRIPTS / "train_runs.py"), str(tmp_path), repr(runs)], timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    params = [[np.load(tmp_path / f"run{k}_rank{r}.npy") for r in range(3)] for k in range(4)]
+    for k, ranks in enumerate(params):
+        for other in ranks[1:]:
+            np.testing.assert_array_equal(ranks[0], other, err_msg=f"run {k}: the ranks differ")
+    tf_grad, tf_param, mpi_grad, mpi_param = (p[0] for p in params)
+    np.testing.assert_allclose(tf_grad, mpi_grad, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tf_param, mpi_param, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(tf_grad, tf_param)  # the runs differ: each was its own training
+
+
+@mpirun_test
 def test_a_rank_that_stops_answering_inside_a_tf_function_is_named():
     """The stall watchdog sees the wait inside TensorFlow's collective (no Python runs there) and ends
     the job with the message of the other backends."""
