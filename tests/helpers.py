@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import re
 import select
 import struct
 import subprocess
@@ -61,6 +62,16 @@ def run(cmd: list[str], timeout: float = 120, env: dict | None = None,
 # Open MPI's launcher (prterun) failing before it starts any process, seen once in a few hundred launches
 # on a shared machine; a launch that fails for a reason of ours never prints it.
 LAUNCHER_FLAKE = "The PMIx server's listener thread failed to start"
+
+
+# The engine's error lines: "error: ...", "[rank 1] error: ...", "rnn.py: error: ...". Not TensorFlow's own
+# log lines, which a CUDA build prints on a machine without a GPU ("... CUDA error: Failed call to cuInit").
+ENGINE_ERROR = re.compile(r"(?m)(?:^|\[rank \d+\] |rnn\.py: )error:")
+
+
+def engine_errors(output: str) -> int:
+    """How many error messages of the engine ``output`` holds."""
+    return len(ENGINE_ERROR.findall(output))
 
 
 def run_mpi(num_ranks: int, args: list[str], timeout: float = 180, env: dict | None = None, cwd=None):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, run_mpi
+from helpers import ROOT, engine_errors, run_mpi
 from prerequisites import require_module
 from test_engine_parallel import BACKENDS, base_config
 
@@ -32,7 +32,7 @@ def test_a_stalled_rank_is_named_then_ends_the_training_job(tmp_path, backend):
     assert time.monotonic() - start < 300, output
     # rank 1 stalls before its third step; rank 0 waits in that step's gradient reduction. (A warning after
     # 1 s may also name a rank that was merely slow earlier, e.g. while tracing the step.)
-    assert output.count("error:") == 1, output
+    assert engine_errors(output) == 1, output
     error = re.search(r"\[rank 0\] error: rank 1 did not reach collective #(\d+) 'allreduce in a "
                       rf"tf.function' within {STALL_TIMEOUT} s \(distributed_stall_timeout\), where rank 0 "
                       r"waits", output)
@@ -96,7 +96,7 @@ def test_a_checkpoint_write_beyond_its_limit_ends_the_job_naming_rank_0_and_the_
     result, output, seconds = slow_save_run(tmp_path, 400)
     assert result.returncode == 1, output
     assert seconds < 300, output  # start-up, one epoch, 45 s: not the 400 s write
-    assert output.count("error:") == 1, output
+    assert engine_errors(output) == 1, output
     assert re.search(r"\[rank 0\] error: rank 0 did not reach collective #\d+ '[^']+' within "
                      rf"{CHECKPOINT_TIMEOUT} s \(distributed_checkpoint_timeout\), where rank 1 waits: a "
                      r"checkpoint is being saved",
@@ -128,7 +128,7 @@ def test_below_thread_multiple_the_watchdog_keeps_off_mpi_and_the_waiting_rank_e
     # rank 0 names no other rank (that would take the side channel from the watchdog thread): it ends the
     # job on its own wait, without MPI_Abort, and mpirun ends rank 1
     assert "has not reached collective" not in output and "MPI_ABORT" not in output, output
-    assert output.count("error:") == 1, output
+    assert engine_errors(output) == 1, output
     assert re.search(r"\[rank 0\] error: collective #\d+ 'allreduce in a tf.function' did not complete "
                      rf"within {STALL_TIMEOUT} s \(distributed_stall_timeout\); the ranks that did not "
                      r"arrive cannot be named", output), output

@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.distributed.backend import TimedAs, check_buckets, check_reduction, tensor_bytes
 from engine.distributed.fusion import group_by_dtype
-from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator, check_thread_level
+from engine.distributed.mpi_backend import MPICommunicator, check_thread_level
 from engine.distributed.watchdog import StallLimits
 from engine.distributed.wire import OnWire, Wire, compress, decompress, wire_of, wire_per_tensor
 from engine.report import phases
@@ -49,7 +49,6 @@ class HorovodCommunicator(MPICommunicator):
                 "Horovod was built against a different MPI library than mpi4py uses. Rebuild Horovod in "
                 "this environment (tools/install_env.sh) or set distributed_backend = 'mpi'.")
         self._hvd = hvd
-        self._outside_graph = None  # the watchdog's state before the in-graph reduction started
         self._hvd_ops = {"sum": hvd.Sum, "average": hvd.Sum, "min": hvd.Min, "max": hvd.Max}
 
     def allreduce(self, arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
@@ -172,14 +171,6 @@ class HorovodCommunicator(MPICommunicator):
             left = tf.numpy_function(self._leave_in_graph, [], tf.int8, stateful=True, name="stall_leave")
         with tf.control_dependencies([left]):
             return [tf.identity(r) for r in results]
-
-    def _enter_in_graph(self) -> np.int8:
-        self._outside_graph = self.watchdog.enter(IN_GRAPH)
-        return np.int8(0)
-
-    def _leave_in_graph(self) -> np.int8:
-        self.watchdog.leave(self._outside_graph)
-        return np.int8(0)
 
     def _grouped_allreduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]:
         """One Horovod grouped allreduce per dtype (a group must share its dtype; Horovod fuses it)."""

@@ -98,6 +98,7 @@ class MPICommunicator(Communicator):
         segment_bytes = SEGMENT_BYTES if self.ring_from_bytes is None else RING_SEGMENT_BYTES
         self._fusion = FusionBuffers(segment_bytes)
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+        self._outside_graph = None  # the watchdog's state before an in-graph reduction of a subclass started
         self._wire_fusion = FusionBuffers(segment_bytes)  # uint16 wire bits, apart from genuine uint16
         self._wire_ops: dict[str, Any] = {}  # user-defined MPI ops (wire.numpy_sum), made when first used
         super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
@@ -387,3 +388,14 @@ class MPICommunicator(Communicator):
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast: root rank {root} does not exist in a job of {self.size} ranks")
+
+    # The stall watchdog around a reduction that runs inside TensorFlow's graph (horovod and tf backends,
+    # called through tf.numpy_function): no Python of ours runs while the graph waits.
+
+    def _enter_in_graph(self) -> np.int8:
+        self._outside_graph = self.watchdog.enter(IN_GRAPH)
+        return np.int8(0)
+
+    def _leave_in_graph(self) -> np.int8:
+        self.watchdog.leave(self._outside_graph)
+        return np.int8(0)

@@ -38,7 +38,7 @@ import numpy as np
 from engine.distributed.backend import (Communicator, ReductionHandle, TimedAs, check_buckets,
                                         check_reduction, tensor_bytes)
 from engine.distributed.fusion import group_by_dtype
-from engine.distributed.mpi_backend import IN_GRAPH, MPICommunicator
+from engine.distributed.mpi_backend import MPICommunicator
 from engine.distributed.watchdog import StallLimits
 from engine.distributed.wire import OnWire, Wire, compress, decompress, wire_of
 from engine.report import phases
@@ -135,7 +135,6 @@ class TFCommunicator(MPICommunicator):
         self.addresses = start_collective_runtime(self._comm, self.rank)
         self._keys = InstanceKeys()
         self._tokens: dict[str, Any] = {}  # device kind -> ordering token, made at first use
-        self._outside_graph = None  # the watchdog's state before an in-graph reduction started
         log.debug(f"tf backend: collective cluster {self.addresses}, leader {LEADER}")
 
     # ----- numpy -----
@@ -311,14 +310,6 @@ class TFCommunicator(MPICommunicator):
             left = tf.numpy_function(self._leave_in_graph, [], tf.int8, stateful=True, name="stall_leave")
         with tf.control_dependencies([left]):
             return [tf.identity(r) for r in results]
-
-    def _enter_in_graph(self) -> np.int8:
-        self._outside_graph = self.watchdog.enter(IN_GRAPH)
-        return np.int8(0)
-
-    def _leave_in_graph(self) -> np.int8:
-        self.watchdog.leave(self._outside_graph)
-        return np.int8(0)
 
 
 def _static_length(tensor: tf.Tensor) -> int:
