@@ -1,10 +1,13 @@
 """Chaos: a 2-rank training under ``supervise`` takes a seeded series of faults and must end with the
 parameters of an uninterrupted run, bit for bit (mpi backend, grad mode).
 
-    python benchmarks/bench_chaos.py [--seed N] [--faults 6] [--epochs 12]
+    python benchmarks/bench_chaos.py [--hosts simulated|local] [--seed N] [--faults 8] [--epochs 12]
 
-The faults, cycled in a seeded random order, each at a seeded random moment once the restarted job
-trains (it has written a checkpoint; faults during start-up have tests of their own):
+``--hosts simulated`` (the default; root): the job runs on 2 simulated hosts, one rank each, started as
+SGE's job body with ``MAX_RESTARTS`` (chaos_jobs.py), and takes all six kinds of fault; ``--hosts local``:
+2 ranks on this host, the first four kinds. The faults, cycled in a seeded random order, each at a seeded
+random moment once the restarted job trains (it has written a checkpoint; faults during start-up have
+tests of their own):
   kill       SIGKILL of one rank: mpirun ends the job, ``supervise`` restarts it;
   preempt    SIGUSR1 to one rank: every rank saves and exits 99, ``supervise`` exits 99 and this script
              requeues the job, as a scheduler would;
@@ -12,11 +15,18 @@ trains (it has written a checkpoint; faults during start-up have tests of their 
              ``supervise`` restarts it;
   truncate   as soon as a new checkpoint appears, SIGKILL of rank 0 (which writes the checkpoints) and the
              newest checkpoint cut to half its bytes before the restart: the resume falls back to the
-             previous good checkpoint.
+             previous good checkpoint;
+  cut        one host's end of the link set down (TCP sees silence, not a reset) until the job has ended,
+             then up again: the launcher's keepalive or the stall watchdog ends the job, ``supervise``
+             restarts it;
+  hostkill   SIGKILL to every process of host 1, its MPI daemon included: ``mpirun_guard`` reports the
+             lost host, ``supervise`` restarts the job (the host is back, as after a reboot).
 A fault counts as survived only when its effect is in the job's log (``fault_effect``), between its
 injection and the next fault's: kill, a restart by ``supervise``; preempt, the requeue (``supervise``
 exiting 99 after the save); stall, the stall watchdog's end of the job and a restart; truncate, the resume
-falling back from the cut checkpoint to the one before it, after a restart. A signal that was sent but
+falling back from the cut checkpoint to the one before it, after a restart; cut, a line that shows the
+lost link (the stall watchdog's end, ssh's timeout, Open MPI's lost daemon) and a restart; hostkill,
+``mpirun_guard``'s message naming simhost1 and a restart. A signal that was sent but
 left no such trace (it hit a rank that was already ending, the save raced the kill, ...) is reported
 as "effect not seen" and fails the verdict.
 Prints each fault with the log line that shows its effect, then the faults survived, restarts and
@@ -41,9 +51,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-FAULTS = ("kill", "preempt", "stall", "truncate")
+from chaos_jobs import HOST_FAULTS, ONE_HOST_FAULTS, LocalJob, SimulatedHostsJob  # the script's directory
+
+Launcher = LocalJob | SimulatedHostsJob
+
+FAULTS = ONE_HOST_FAULTS + HOST_FAULTS
 STALL_TIMEOUT = 8.0
 
 CONFIG = """
@@ -76,6 +88,10 @@ STALL_END = re.compile(r"did not (reach|complete) .*within [\d.]+ s "
                        r"\(distributed_(stall|checkpoint)_timeout[^)]*\).*Ending the (MPI )?job", re.M)
 FALLBACK = re.compile(r"Checkpoint '([^']+)' cannot be used: .*Falling back to the checkpoint before it",
                       re.M)
+# a lost link: rank 0's stall watchdog, ssh's keepalive (Open MPI's launch agent), PRRTE's lost daemon
+LINK_LOST = re.compile(STALL_END.pattern + r"|Timeout, server \S+ not responding"
+                       r"|PRTE has lost communication with a remote daemon", re.M)
+HOST_LOST = re.compile(r"mpirun_guard: error: mpirun lost its daemon on simhost1\b.*")
 
 
 @dataclass
@@ -84,6 +100,7 @@ class Fault:
     what: str  # what was done, for the report
     offset: int  # the log's size just before it was injected: its effect is logged after this
     checkpoint: str = ""  # truncate: the file cut
+    at: float = 0.0  # time.monotonic() when it was injected
 
 
 def fault_effect(fault: Fault, segment: str) -> str | None:
@@ -104,12 +121,17 @@ def fault_effect(fault: Fault, segment: str) -> str | None:
         cut = os.path.basename(fault.checkpoint)
         fallback = first(FALLBACK, lambda m: os.path.basename(m.group(1)) == cut)
         return f"{restart} ... {fallback}" if restart and fallback else None
+    if fault.kind in ("cut", "hostkill"):
+        lost = first(LINK_LOST if fault.kind == "cut" else HOST_LOST)
+        return f"{lost} ... {restart}" if lost and restart else None
     raise ValueError(f"unknown fault kind {fault.kind!r}")
 
 
 EXPECTED = {"kill": "a restart by supervise", "preempt": "a requeue (supervise exits 99)",
             "stall": "the stall watchdog ending the job, and a restart",
-            "truncate": "a restart, and the resume falling back from the cut checkpoint"}
+            "truncate": "a restart, and the resume falling back from the cut checkpoint",
+            "cut": "a line showing the lost link, and a restart",
+            "hostkill": "mpirun_guard naming the lost simhost1, and a restart"}
 
 
 def fault_effects(log: bytes, faults: list[Fault]) -> list[str | None]:
@@ -118,23 +140,11 @@ def fault_effects(log: bytes, faults: list[Fault]) -> list[str | None]:
     return [fault_effect(f, log[f.offset:end].decode(errors="replace")) for f, end in zip(faults, ends)]
 
 
-def env() -> dict:
-    return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
-                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-
-
 def write_config(folder: Path, epochs: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "chaos.py"
     path.write_text(CONFIG.format(epochs=epochs, model=str(folder / "net"), stall=STALL_TIMEOUT))
     return path
-
-
-def job_command(config: Path) -> list[str]:
-    return [str(BIN / "supervise"), "--backoff", "0.5", "--max-restarts", "20", "--",
-            str(BIN / "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot", "-np", "2",
-            sys.executable, str(ROOT / "rnn.py"), str(config)]
 
 
 def rank_pids(config: Path) -> dict[int, int]:
@@ -178,12 +188,15 @@ def params_of(folder: Path, epochs: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def clean_run(folder: Path, epochs: int) -> float:
+def clean_run(launcher: Launcher, folder: Path, epochs: int) -> float:
     config = write_config(folder, epochs)
+    log_path = folder / "clean.log"
     started = time.monotonic()
-    result = subprocess.run(job_command(config), capture_output=True, text=True, env=env(), timeout=1800)
-    if result.returncode != 0:
-        sys.exit(f"bench_chaos: the clean run failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    with open(log_path, "w") as log:
+        code = launcher.start(config, log).wait(timeout=1800)
+    if code != 0:
+        tail = log_path.read_bytes()[-3000:].decode(errors="replace")
+        sys.exit(f"bench_chaos: the clean run failed (exit {code}); the end of {log_path}:\n{tail}")
     return time.monotonic() - started
 
 
@@ -208,8 +221,8 @@ def wait_gone(pids: dict[int, int], timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subprocess.Popen,
-           log_path: Path) -> Fault | None:
+def inject(fault: str, rng: random.Random, launcher: Launcher, folder: Path, config: Path,
+           job: subprocess.Popen, log_path: Path) -> Fault | None:
     """One fault into the running job, then waits until its ranks are gone; None when the job ended
     before the fault could be injected. The fault's log offset is the log's size just before it: the
     previous fault's effects (restart, fallback) are logged by then, since this one waited for the
@@ -221,12 +234,15 @@ def inject(fault: str, rng: random.Random, folder: Path, config: Path, job: subp
     pids = rank_pids(config)
     if len(pids) < 2 or job.poll() is not None:
         return None
-    offset = log_path.stat().st_size
-    done = _inject(fault, rank, pids, folder, job)
+    offset, at = log_path.stat().st_size, time.monotonic()
+    if fault in HOST_FAULTS:
+        done = launcher.inject(fault, rank, log_path, offset), ""
+    else:
+        done = _inject(fault, rank, pids, folder, job)
     if done is None:
         return None
     wait_gone(pids)
-    return Fault(fault, done[0], offset, done[1])
+    return Fault(fault, done[0], offset, done[1], at)
 
 
 def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path,
@@ -252,7 +268,8 @@ def _inject(fault: str, rank: int, pids: dict[int, int], folder: Path,
     return None
 
 
-def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) -> tuple[float, dict]:
+def chaos_run(launcher: Launcher, folder: Path, epochs: int, faults: list[str],
+              rng: random.Random) -> tuple[float, dict]:
     config = write_config(folder, epochs)
     log_path = folder / "chaos.log"
     log = open(log_path, "w")
@@ -261,14 +278,13 @@ def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) 
     started = time.monotonic()
     pending = list(faults)
     while True:
-        job = subprocess.Popen(job_command(config), stdout=log, stderr=subprocess.STDOUT, env=env(),
-                               start_new_session=True)
+        job = launcher.start(config, log)
         while pending and job.poll() is None:
-            done = inject(pending[0], rng, folder, config, job, log_path)
+            done = inject(pending[0], rng, launcher, folder, config, job, log_path)
             if done is not None:
                 injected.append(done)
                 print(f"  fault {len(injected)}: {pending[0]:8s} {done.what} "
-                      f"(at {time.monotonic() - started:.0f} s)", flush=True)
+                      f"(at {done.at - started:.0f} s)", flush=True)
                 pending.pop(0)
         code = job.wait(timeout=1800)
         if code != 99:  # finished (0), or supervise gave up; a finished job rerun would only say so again
@@ -286,27 +302,37 @@ def chaos_run(folder: Path, epochs: int, faults: list[str], rng: random.Random) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", choices=("simulated", "local"), default="simulated",
+                        help="2 simulated hosts, one rank each (root; all fault kinds), or 2 ranks on this "
+                        "host (kinds: " + ", ".join(ONE_HOST_FAULTS) + ") [simulated]")
     parser.add_argument("--seed", type=int, default=None, help="fault schedule seed (default: random)")
-    parser.add_argument("--kinds", default=",".join(FAULTS), help="the fault kinds to cycle through")
-    parser.add_argument("--faults", type=int, default=6, help="number of faults (at least 5 for the verdict)")
-    parser.add_argument("--epochs", type=int, default=12,
-                        help="default 12: long enough for the faults to land before the end (with 8, a run "
-                        "on a quieter machine finished before its fifth fault)")
+    parser.add_argument("--kinds", help="the fault kinds to cycle through [all that --hosts allows]")
+    parser.add_argument("--faults", type=int, default=8, help="number of faults (at least 5 for the verdict)")
+    parser.add_argument("--epochs", type=int, default=40,
+                        help="default 40: long enough for 8 faults to land before the end (the 12AX steps "
+                        "are fast: 12 epochs took 4 s of training on 2 simulated hosts, and a run with 12 "
+                        "finished before its fourth fault)")
     parser.add_argument("--keep", help="keep the run folders here instead of a temporary folder")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     rng = random.Random(seed)
-    kinds = args.kinds.split(",")
-    if set(kinds) - set(FAULTS):
-        parser.error(f"--kinds: unknown {sorted(set(kinds) - set(FAULTS))}; known: {', '.join(FAULTS)}")
+    allowed = SimulatedHostsJob.kinds if args.hosts == "simulated" else LocalJob.kinds
+    kinds = args.kinds.split(",") if args.kinds else list(allowed)
+    if set(kinds) - set(allowed):
+        parser.error(f"--kinds: {sorted(set(kinds) - set(allowed))} not possible with --hosts {args.hosts}; "
+                     f"possible: {', '.join(allowed)}")
     faults = [kinds[i % len(kinds)] for i in range(args.faults)]
     rng.shuffle(faults)
+    launcher = SimulatedHostsJob() if args.hosts == "simulated" else LocalJob()
     print(f"bench_chaos: seed {seed}, {args.faults} faults ({', '.join(faults)}), {args.epochs} epochs, "
-          f"2 ranks, mpi backend, stall timeout {STALL_TIMEOUT:.0f} s", flush=True)
+          f"{launcher.where}, mpi backend, stall timeout {STALL_TIMEOUT:.0f} s", flush=True)
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_chaos."))
-    clean_time = clean_run(base / "clean", args.epochs)
-    print(f"clean run: {clean_time:.1f} s", flush=True)
-    chaos_time, counts = chaos_run(base / "chaos", args.epochs, faults, rng)
+    try:
+        clean_time = clean_run(launcher, base / "clean", args.epochs)
+        print(f"clean run: {clean_time:.1f} s", flush=True)
+        chaos_time, counts = chaos_run(launcher, base / "chaos", args.epochs, faults, rng)
+    finally:
+        launcher.close()
     print(f"chaos run: {chaos_time:.1f} s, exit {counts['exit']}", flush=True)
     equal = False
     if counts["exit"] == 0:

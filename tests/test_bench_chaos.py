@@ -1,6 +1,7 @@
 """bench_chaos counts a fault as survived only when its effect is in the job's log: a restart by supervise
 (kill), a requeue (preempt), the stall watchdog's end and a restart (stall), the resume's fallback from
-the cut checkpoint (truncate). The log lines are made by the real code (supervise, the watchdog, the
+the cut checkpoint (truncate), a line showing the lost link and a restart (cut), mpirun_guard naming the
+killed host and a restart (hostkill). The log lines are made by the real code (supervise, the watchdog, the
 checkpoint reader), so a change of their wording that the benchmark would misread fails here. No mpirun,
 no training."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_chaos as chaos  # noqa: E402
 from engine.distributed.watchdog import StallLimits, Watchdog  # noqa: E402
+from engine.tools.mpirun_guard import Report  # noqa: E402
 from engine.tools.supervise import Supervisor  # noqa: E402
 from engine.training.checkpoints.reading import CheckpointDamaged, read_checkpoint  # noqa: E402
 
@@ -71,6 +73,16 @@ def fallback_line(path: str) -> str:
     return f"{exc.value} Falling back to the checkpoint before it."
 
 
+def guard_line(host: str) -> str:
+    """mpirun_guard's message after mpirun lost its daemon on ``host`` and exited 137."""
+    report = Report()
+    for line in ["hosts: 2 ranks on 2 hosts: simhost0 rank 0; simhost1 rank 1",
+                 "A daemon failed to report back after being spawned. This could", "",
+                 "  Local host:    simhost0", f"  Remote host:   {host}", "  Daemon exit status: 137"]:
+        report.note(line.encode())
+    return report.message(137) + "\n"
+
+
 TRAIN = "train epoch 3, step 12, score 0.5\n"
 PRTERUN_ABORT = ("-" * 74 + "\nprterun has exited due to process rank 0 with PID 0 on node vm calling\n"
                  "\"abort\". This may have caused other processes in the application to be\n"
@@ -85,7 +97,10 @@ def test_each_fault_is_survived_only_with_its_own_effect_in_its_part_of_the_log(
              ("preempt", TRAIN + requeue),
              # as in a real log: Open MPI's abort message ends in a NUL byte before supervise's line
              ("stall", TRAIN + "[rank 0] " + stall_end_line() + "\n" + PRTERUN_ABORT + "\x00" + restart),
-             ("truncate", TRAIN + restart + fallback_line(cut) + "\n" + TRAIN)]
+             ("truncate", TRAIN + restart + fallback_line(cut) + "\n" + TRAIN),
+             ("cut", TRAIN + "[rank 0] " + stall_end_line() + "\n" + guard_line("simhost1") + restart),
+             ("cut", TRAIN + "Timeout, server 198.18.0.2 not responding.\n" + restart),
+             ("hostkill", TRAIN + guard_line("simhost1") + restart)]
     log, faults = b"", []
     for kind, text in parts:
         faults.append(chaos.Fault(kind, "x", len(log), cut if kind == "truncate" else ""))
@@ -94,6 +109,8 @@ def test_each_fault_is_survived_only_with_its_own_effect_in_its_part_of_the_log(
     assert all(effects), list(zip(parts, effects))
     assert "restart 1 of 2" in effects[0] and "exiting 99" in effects[1]
     assert "distributed_stall_timeout" in effects[2] and "net.003.step40" in effects[3]
+    assert "distributed_stall_timeout" in effects[4] and "Timeout, server" in effects[5]
+    assert "lost its daemon on simhost1 (rank 1)" in effects[6]
 
 
 def test_a_fault_without_its_effect_is_not_survived(capfd, tmp_path):
@@ -108,6 +125,10 @@ def test_a_fault_without_its_effect_is_not_survived(capfd, tmp_path):
         ("stall", TRAIN + stall_end_line()),  # ended, but never restarted
         ("truncate", TRAIN + restart),  # the cut file was read as if whole (or not read at all)
         ("truncate", TRAIN + restart + fallback_line(other) + "\n"),  # another checkpoint fell back
+        ("cut", TRAIN + restart),  # a restart, with nothing that shows a lost link
+        ("cut", TRAIN + stall_end_line()),  # the link's loss ended the job, but it was never restarted
+        ("hostkill", TRAIN + restart),  # a restart, with no lost host named
+        ("hostkill", TRAIN + guard_line("simhost0") + restart),  # another host was lost
     ]
     for kind, text in cases:
         fault = chaos.Fault(kind, "x", 0, cut if kind == "truncate" else "")

@@ -2,8 +2,9 @@
 by the SGE job body: the link cut in either direction, and a host whose every process dies. Each must end
 the job: mpirun returns non-zero within distributed_stall_timeout + 60 s of the fault, and no rank is left
 running on either host. Before the launcher settings of tools/job_common.sh, mpirun never returned after a
-cut: it waited for its daemon behind the link. Fails (not skips) under CI=true where namespaces are
-unavailable."""
+cut: it waited for its daemon behind the link. Once the link is up again (or the host back), the same
+command resumes from the newest checkpoint and finishes. Fails (not skips) under CI=true where namespaces
+are unavailable."""
 from __future__ import annotations
 
 import re
@@ -32,19 +33,23 @@ network = {"lstm": {"class": "rec", "unit": "NativeLstm2", "n_out": 32},
            "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
 optimizer = {"class": "adam"}
 learning_rate = 0.01
-num_epochs = 1000
+# the fault lands in epoch 2 (the collectives then wait for the link); the rerun resumes from epoch 1's
+# checkpoint and trains epochs 2 and 3
+num_epochs = 3
 log_verbosity = 5
 """
 
 
 def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
+    """The fault, the checks that it ended the job, and then the same command again, which must resume
+    from epoch 1's checkpoint and finish."""
     require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
     if backend == "horovod":
         require_module("horovod.tensorflow", "Horovod")
+    overrides = ["++distributed_backend", backend, "++distributed_stall_timeout", str(STALL_TIMEOUT),
+                 "++distributed_stall_warning", "2", "++checkpoint_interval", "500"]
     with SimulatedHosts.create() as hosts:
-        run = FaultRun(hosts, tmp_path, CONFIG, [
-            "++distributed_backend", backend, "++distributed_stall_timeout", str(STALL_TIMEOUT),
-            "++distributed_stall_warning", "2", "++checkpoint_interval", "500"], QUICK_SSH_ALIVE)
+        run = FaultRun(hosts, tmp_path, CONFIG, overrides, QUICK_SSH_ALIVE)
         inject = {"cut": hosts.cut, "kill": hosts.kill_host}[fault]
         run.inject_when(r"train epoch 2, step 5,", lambda: inject(host))
         run.start()
@@ -52,14 +57,22 @@ def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
         # a rank behind the cut ends by its stall watchdog (or, waiting in a checkpoint window, by its
         # daemon's keepalive: up to a minute; docs/multi-node.md)
         left = run.ranks_left_after(BOUND)
-    assert run.injected_at is not None, f"the run never reached the fault's step:\n{run.output}"
-    print(f"{fault} host {host}, {backend}: mpirun exit {code} after {run.seconds_to_exit:.1f} s, "
-          f"no rank left after {run.ranks_gone_after} s")  # the measurement, shown by pytest -rP
-    assert code is not None, f"mpirun still ran {run.seconds_to_exit:.0f} s after the fault:\n{run.output}"
-    assert code != 0, run.output
-    took = run.seconds_to_exit
-    assert took <= BOUND, f"mpirun returned {took:.0f} s after the fault:\n{run.output}"
-    assert not left, f"ranks still running {BOUND} s after the fault: {left}\n{run.output}"
+        assert run.injected_at is not None, f"the run never reached the fault's step:\n{run.output}"
+        print(f"{fault} host {host}, {backend}: mpirun exit {code} after {run.seconds_to_exit:.1f} s, "
+              f"no rank left after {run.ranks_gone_after} s")  # the measurement, shown by pytest -rP
+        assert code is not None, \
+            f"mpirun still ran {run.seconds_to_exit:.0f} s after the fault:\n{run.output}"
+        assert code != 0, run.output
+        took = run.seconds_to_exit
+        assert took <= BOUND, f"mpirun returned {took:.0f} s after the fault:\n{run.output}"
+        assert not left, f"ranks still running {BOUND} s after the fault: {left}\n{run.output}"
+        if fault == "cut":
+            hosts.reconnect(host)
+        again = FaultRun(hosts, tmp_path, CONFIG, overrides, QUICK_SSH_ALIVE)  # a killed host is back
+        again.start()
+        assert again.wait(timeout=180) == 0, again.output
+    assert f"resuming after epoch 1 from {tmp_path / 'net.001'}" in again.output, again.output
+    assert "finished training after epoch 3" in again.output, again.output
     return run
 
 

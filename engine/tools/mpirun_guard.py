@@ -8,8 +8,12 @@ there was killed): it prints "PRTE has lost communication with a remote daemon .
 on node HOST", kills the ranks on the hosts left, and reports success (measured on two simulated hosts,
 tests/test_cluster_faults.py). A job script or ``supervise`` would take that unfinished training for a
 finished one. This wrapper copies mpirun's output through unchanged, notes that report, and then exits 1
-with one message naming the host and, from the engine's ``hosts:`` line, its ranks. Stop signals it
-receives (SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP) go on to mpirun, as the job scripts rely on.
+with one message naming the host and, from the engine's ``hosts:`` line, its ranks. When mpirun instead
+notices first that the command which started the daemon there ended ("A daemon failed to report back
+... Remote host: HOST ... Daemon exit status: 137"; a race with the report above), it exits non-zero by
+itself: the wrapper passes that status on, with the same one-line message naming the host and ranks.
+Stop signals it receives (SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP) go on to mpirun, as the job scripts
+rely on.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from typing import BinaryIO
 
 LOST = b"PRTE has lost communication with a remote daemon"
 REMOTE = re.compile(rb"Remote daemon: \S+ on node (\S+)")
+NOT_REPORTED = b"A daemon failed to report back"
+NOT_REPORTED_HOST = re.compile(rb"^\s*Remote host:\s+(\S+)")
 HOST_MAP = re.compile(rb"hosts: \d+ ranks? on \d+ hosts?: (.*)")
 DRAIN_SECONDS = 2.0
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -31,28 +37,36 @@ class Report:
     """What mpirun's output said about lost hosts and where the ranks run."""
 
     def __init__(self) -> None:
-        self.lost = False
+        self.lost = False  # "lost communication": mpirun then exits 0
+        self.not_reported = False  # "failed to report back": mpirun then exits non-zero
         self.hosts: list[str] = []
         self.ranks: dict[str, str] = {}  # host -> "rank 1" / "ranks 2-3", from the engine's hosts line
 
     def note(self, line: bytes) -> None:
         if LOST in line:
             self.lost = True
-        remote = REMOTE.search(line)
-        if remote and self.lost:
-            self.hosts.append(remote.group(1).decode(errors="replace"))
+        if NOT_REPORTED in line:
+            self.not_reported = True
+        named = (self.lost and REMOTE.search(line)) or (self.not_reported and NOT_REPORTED_HOST.search(line))
+        if named and named.group(1).decode(errors="replace") not in self.hosts:
+            self.hosts.append(named.group(1).decode(errors="replace"))
         host_map = HOST_MAP.search(line)
         if host_map:
             for part in host_map.group(1).decode(errors="replace").strip().split("; "):
                 host, _, ranks = part.partition(" ")
                 self.ranks[host] = ranks
 
-    def message(self) -> str:
+    def message(self, status: int) -> str:
+        """The one line naming the lost host(s) and their ranks, for mpirun's exit ``status``."""
         named = ", ".join(f"{host} ({self.ranks[host]})" if host in self.ranks else host
                           for host in self.hosts) or "a host it did not name"
-        return (f"mpirun_guard: error: mpirun lost its daemon on {named} and ended the job, but exited with "
-                "status 0 (Open MPI 5 does so); exiting 1 instead: the training did not finish. The host "
-                "died, was cut off, or its processes were killed; the newest checkpoint resumes it.")
+        if status == 0:
+            return (f"mpirun_guard: error: mpirun lost its daemon on {named} and ended the job, but exited "
+                    "with status 0 (Open MPI 5 does so); exiting 1 instead: the training did not finish. The "
+                    "host died, was cut off, or its processes were killed; the newest checkpoint resumes it.")
+        return (f"mpirun_guard: error: mpirun lost its daemon on {named} and ended the job (exit status "
+                f"{status}): the host died, was cut off, its processes were killed, or the daemon could not "
+                "start there; the newest checkpoint resumes the training.")
 
 
 def copy(source: BinaryIO, sink: BinaryIO, report: Report) -> None:
@@ -88,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     status = proc.wait()
     for copier in copiers:
         copier.join(timeout=DRAIN_SECONDS)  # what mpirun wrote last
-    if status == 0 and report.lost:
-        print(report.message(), file=sys.stderr, flush=True)
-        return 1
-    return status if status >= 0 else 128 - status  # killed by a signal: the shell's 128 + N
+    status = status if status >= 0 else 128 - status  # killed by a signal: the shell's 128 + N
+    if report.hosts and (status != 0 or report.lost):
+        print(report.message(status), file=sys.stderr, flush=True)
+        return status or 1
+    return status

@@ -11,7 +11,9 @@
 The network is closed: addresses from the reserved test range 198.18.0.0/24 (RFC 2544), the veth
 pair joins only the two namespaces (nothing is bridged to the machine's interfaces, there is no
 default route), and the namespaces, with every process left in them, are removed on exit, also when
-the test fails. Namespaces of an earlier test process that was killed are removed on the next start.
+the test fails. Inside the namespaces the hosts' names resolve to their addresses (``ip netns exec``
+mounts /etc/netns/<namespace>/hosts over /etc/hosts), as TensorFlow's collectives need (they connect to
+``hostname:port``). Namespaces of an earlier test process that was killed are removed on the next start.
 """
 from __future__ import annotations
 
@@ -93,10 +95,19 @@ class SimulatedHosts:
             for host in hosts:
                 _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.interface)
                 _ip("-n", host.netns, "link", "set", host.interface, "up")
+            self._write_hosts_files()
         except BaseException:
             self.remove()
             raise
         return self
+
+    def _write_hosts_files(self) -> None:
+        machine = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+        names = "".join(f"{h.address} {h.hostname}\n" for h in self.hosts)
+        for host in self.hosts:
+            folder = Path("/etc/netns") / host.netns
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text(f"{machine.rstrip()}\n# simulated hosts (tests/cluster)\n{names}")
 
     def __enter__(self) -> SimulatedHosts:
         return self
@@ -193,6 +204,11 @@ class SimulatedHosts:
         self.kill_processes()
         for host in self.hosts:
             _ip("netns", "del", host.netns, check=False)  # removing one end removes the veth pair
+            shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
+        try:
+            Path("/etc/netns").rmdir()  # when no other namespace has files there
+        except OSError:
+            pass
 
     @staticmethod
     def _remove_stale() -> None:
