@@ -76,7 +76,11 @@ def run_fault(tmp_path, backend: str, fault: str, host: int) -> FaultRun:
     return run
 
 
-@pytest.mark.parametrize("backend, host", [("mpi", 1), ("horovod", 0)])
+# the tf backend also on the newest TensorFlow, where it is what replaces Horovod: its collectives go
+# through TensorFlow's gRPC, whose behaviour behind a cut link is TensorFlow's own
+@pytest.mark.parametrize("backend, host", [
+    ("mpi", 1), ("horovod", 0),
+    pytest.param("tf", 1, marks=[pytest.mark.tf_latest, pytest.mark.tf_latest_mpi])])
 def test_a_cut_link_ends_the_job(tmp_path, backend, host):
     run = run_fault(tmp_path, backend, "cut", host)
     # rank 0's watchdog names the rank behind the cut (unless ssh's keepalive ended the job first)
