@@ -9,6 +9,7 @@ import pytest
 from engine.config.loader import Config
 from engine.runtime.errors import ConfigError, TransientIOError
 from engine.training.update.lr_control import EpochData, LearningRateControl
+from helpers import run_rnn
 
 pytestmark = pytest.mark.tf_latest
 
@@ -242,3 +243,37 @@ def test_error_key_as_returnn_chooses_it():
         assert control.score(1) == (key, scores[key])
     with pytest.raises(ConfigError, match="error_measure' must be a score name"):
         LearningRateControl(error_measure=3)
+
+
+def test_a_measure_naming_the_main_loss_layer_reads_its_reported_score_and_another_layer_is_refused():
+    control = LearningRateControl("newbob", error_measure="dev_error_output")
+    control.resolve_layer_keys(["output", "ctc"])
+    assert control.error_measure == "dev_error"  # RETURNN's fallback alone would take dev_score
+    control.epoch_data = {1: EpochData(0.1, {"dev_score": 2.0, "dev_error": 0.3, "train_score": 2.5})}
+    assert control.score(1) == ("dev_error", 0.3)
+    listed = LearningRateControl(error_measure=["dev_other_score_ctc", "dev_score_x/y", "train_score"])
+    listed.resolve_layer_keys(["ctc"])  # the only loss layer is the main one, whatever its name
+    assert listed.error_measure == ["dev_other_score", "dev_score_x/y", "train_score"]  # x/y: no loss layer
+    other = LearningRateControl(error_measure="dev_score_ctc")
+    with pytest.raises(ConfigError, match="names 'dev_score_ctc', the score of loss layer 'ctc'.*main loss "
+                                          "layer 'output' only"):
+        other.resolve_layer_keys(["output", "ctc"])
+
+
+@pytest.mark.version_independent
+def test_rnn_py_refuses_a_measure_naming_a_loss_layer_whose_score_is_not_reported(tmp_path):
+    config = tmp_path / "two_losses.py"
+    config.write_text(
+        'task = "train"\n'
+        'train = {"class": "Task12AXDataset", "num_seqs": 10}\n'
+        'network = {"aux": {"class": "softmax", "loss": "ce", "n_out": 2},\n'
+        '           "output": {"class": "softmax", "loss": "ce", "from": "aux"}}\n'
+        'learning_rate_control = "newbob"\n'
+        'learning_rate_control_error_measure = "dev_score_aux"\n'
+        f'model = {str(tmp_path / "net")!r}\n'
+        'batch_size = 2000\nnum_epochs = 1\n')
+    done = run_rnn([str(config)], timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "'learning_rate_control_error_measure' names 'dev_score_aux', the score of loss layer 'aux'" in out
+    assert "Traceback" not in out

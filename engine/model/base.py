@@ -137,6 +137,11 @@ class SeqModel(tf.Module):
         of ``LossResult.regularizer`` carrying them. A model without layer L2 options has none."""
         return {}
 
+    def score_layers(self) -> list[str]:
+        """The loss layers RETURNN reports a score for (``dev_score_<layer>``), the main one first: the one
+        whose score and error this engine reports (``dev_score``, ``dev_error``)."""
+        return ["output"]
+
     def returnn_parts(self) -> dict[str, tuple[int, ...]]:
         """Trainable variable name -> the row counts of the separate variables RETURNN keeps it as, for
         the variables this engine merges (an LSTM's input and recurrent weights in one ``W``). What RETURNN

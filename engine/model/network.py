@@ -177,6 +177,9 @@ class NetworkModel(SeqModel):
         return {f"{name}/{key}": self.l2[name] for name, layer in self.layers.items() if self.l2[name]
                 for key, var in layer.params.items() if var.trainable}
 
+    def score_layers(self) -> list[str]:
+        return list(self.loss_layers)
+
     def returnn_parts(self) -> dict[str, tuple[int, ...]]:
         return {f"{name}/{key}": rows for name, layer in self.layers.items()
                 for key, rows in layer.returnn_parts.items() if layer.params[key].trainable}

@@ -53,6 +53,7 @@ class Trainer:
         self.updater = Updater.from_config(config, self.model.named_trainable_variables(),
                                            l2=self.model.l2_factors(), parts=self.model.returnn_parts())
         self.lr_control = LearningRateControl.from_config(config)
+        self.lr_control.resolve_layer_keys(self.model.score_layers())
         self.monitor = RunMonitor(config, self.comm, self.lr_control)
         self.steps = Steps(self.model, self.updater, strategy,
                            check_numerics=config.bool("debug_add_check_numerics_ops"),

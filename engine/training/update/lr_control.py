@@ -19,6 +19,9 @@ For all of them: ``learning_rate_control_relative_error_relative_lr`` divides a 
 keeps a rate until the last N epochs all used it. The score compared is chosen as RETURNN's
 ``get_error_key`` does: ``learning_rate_control_error_measure`` (a key or a list of keys, each also
 with ``_output``), else ``dev_score``, other ``dev_*`` scores, ``train_score``, else the first key.
+RETURNN names its scores per loss layer (``dev_score_<layer>``, ``dev_error_<layer>``); this engine
+reports the main loss layer's as ``dev_score`` and ``dev_error``: ``resolve_layer_keys`` reads a measure
+naming that layer as those keys, and refuses one naming another loss layer, whose score is not reported.
 ``learning_rates`` (a list for epochs 1, 2, ... or a dict epoch -> rate) fixes the rates of those
 epochs, overriding the control.
 
@@ -28,7 +31,8 @@ writes it atomically, and who saves (rank 0) is the caller's decision.
 from __future__ import annotations
 
 import math
-from typing import Any
+import re
+from typing import Any, Sequence
 
 from engine.runtime import log
 from engine.runtime.atomic_file import write_text_atomically
@@ -37,6 +41,9 @@ from engine.training.update.lr_history import (EpochData, format_history, learni
                                                read_history_file)
 
 __all__ = ["LearningRateControl", "EpochData", "KINDS", "parse_history"]  # the file format: lr_history.py
+
+# RETURNN's key of one loss layer's score or error on one dataset: dev_score_output, dev_other_error_ctc
+_LAYER_KEY = re.compile(r"(?P<dataset>.+?)_(?P<kind>score|error)_(?P<layer>.+)")
 
 KINDS = {
     "constant": "constant",
@@ -222,6 +229,31 @@ class LearningRateControl:
             if rate > 0:
                 change /= rate / self.default_learning_rate  # a lower rate is expected to improve less
         return change
+
+    def resolve_layer_keys(self, loss_layers: Sequence[str]) -> None:
+        """Read ``learning_rate_control_error_measure``'s per-layer keys for a model whose loss layers are
+        ``loss_layers``, the main one first (the one whose score and error are reported). RETURNN's
+        ``dev_error_<main>`` becomes ``dev_error``, the same number (the fallback of ``get_error_key``
+        would take ``dev_score`` instead); a key of another loss layer is refused, since no such score
+        is reported and newbob would compare another number than RETURNN does."""
+        if self.error_measure is None or not loss_layers:
+            return
+        measures = [self.error_measure] if isinstance(self.error_measure, str) else self.error_measure
+        resolved = []
+        for key in measures:
+            match = _LAYER_KEY.fullmatch(key)
+            if match and match["layer"] == loss_layers[0]:
+                key = f"{match['dataset']}_{match['kind']}"
+            elif match and match["layer"] in loss_layers:
+                raise ConfigError(
+                    f"Config key 'learning_rate_control_error_measure' names {key!r}, the "
+                    f"{match['kind']} of loss layer {match['layer']!r}. This engine reports the scores of "
+                    f"the main loss layer {loss_layers[0]!r} only ({match['dataset']}_score, "
+                    f"{match['dataset']}_error), so the learning-rate control would compare another number "
+                    f"than RETURNN does. Use '{match['dataset']}_{match['kind']}_{loss_layers[0]}' (or "
+                    f"'{match['dataset']}_{match['kind']}'), or make {match['layer']!r} the layer 'output'.")
+            resolved.append(key)
+        self.error_measure = resolved[0] if isinstance(self.error_measure, str) else resolved
 
     def score(self, epoch: int) -> tuple[str | None, float | None]:
         """(key, value) of the score that drives the control for ``epoch``; (None, None) if it has none."""
