@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -25,9 +24,9 @@ import tensorflow as tf
 from engine.distributed.protocol import SCORE_NAMES
 from engine.distributed.strategy import Strategy
 from engine.model.base import SeqModel
-from engine.model.losses.data_checks import data_error_from
 from engine.runtime import log
-from engine.runtime.errors import ConfigError, DataError, EngineError
+from engine.runtime.errors import ConfigError
+from engine.training.compiled_step import CompiledStep
 from engine.training.nonfinite import FINITE, NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_PARAMS
 from engine.training.update.loss_scale import OVERFLOW, check_mode
 from engine.training.update.updater import Updater
@@ -51,49 +50,6 @@ def _dense(grads, params) -> list:
 # the two ways TensorFlow says that an op (here: one inside a gradient) has no gradient of its own
 _NO_SECOND_GRADIENT = re.compile(r"gradient registry has no entry for: (\w+)|No gradient defined for "
                                  r"operation\s*'[^']*' \(op type: (\w+)\)")
-_NUMERICS_FOUND = re.compile(r"!!! (Detected Infinity or NaN in output \d+ of graph op \"[^\"]*\")")
-
-
-class _CompiledStep:
-    """``tf.function(step)`` whose errors reach the user as one paragraph.
-
-    While tracing, autograph replaces an exception from the traced code by a copy whose message is the
-    trace's stack ("in user code: File ..."), so a config error found while the graph is built would
-    reach the user as a traceback in the message at any log_verbosity; the error as raised is the
-    copy's ``__context__``. An Inf or NaN found by ``check_numerics`` comes as TensorFlow's error with
-    the op's creation stack; its first line names the op."""
-
-    def __init__(self, step: Callable, signature: list) -> None:
-        self._function = tf.function(step, input_signature=signature)
-        self.name = step.__name__.strip("_")
-
-    def __call__(self, *args):
-        with self._user_errors():
-            return self._function(*args)
-
-    def trace(self) -> None:
-        """Build the graph now, without data (later calls reuse it)."""
-        with self._user_errors():
-            self._function.get_concrete_function()
-
-    @contextlib.contextmanager
-    def _user_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except EngineError as exc:
-            raised = exc.__context__
-            if type(raised) is type(exc) and hasattr(exc, "ag_error_metadata"):
-                raise raised from None
-            raise
-        except tf.errors.InvalidArgumentError as exc:
-            data_error = data_error_from(exc.message)  # a check of the batch inside the graph failed
-            if data_error is not None:
-                raise data_error from None
-            found = _NUMERICS_FOUND.search(exc.message)
-            if found is None:
-                raise
-            raise DataError(f"debug_add_check_numerics_ops: {found.group(1)} (in the {self.name}). Check the "
-                            "data for Inf/NaN, or lower the learning rate.") from None
 
 
 class Steps:
@@ -150,9 +106,9 @@ class Steps:
         targets_spec = {k: tf.TensorSpec([None, None], tf.int32, name=k) for k in self.target_keys}
         target_lengths_spec = {k: tf.TensorSpec([None], tf.int32, name=f"{k}_len") for k in self.target_keys}
         signature = [data_spec, lengths_spec, targets_spec, target_lengths_spec]
-        self._train = _CompiledStep(self._train_step, signature)
-        self._eval = _CompiledStep(self._eval_step, signature)
-        self._forward = _CompiledStep(self._forward_step, [data_spec, lengths_spec])
+        self._train = CompiledStep(self._train_step, signature)
+        self._eval = CompiledStep(self._eval_step, signature)
+        self._forward = CompiledStep(self._forward_step, [data_spec, lengths_spec])
         self._input_dtype = data_spec.dtype.as_numpy_dtype
         self.accum_steps = self._checked_accum_steps(accum_steps)
         self._pending = 0  # batches in the accumulators
@@ -162,10 +118,10 @@ class Steps:
             self._acc_scores = tf.Variable(tf.zeros([len(SCORE_NAMES)]), trainable=False,
                                            name="accumulated_scores")
             self._present: list[bool] | None = None  # which variables get a gradient; set when traced
-            self._accumulate = _CompiledStep(self._accumulate_step,
-                                             signature + [tf.TensorSpec([], tf.int32, name="index")])
-            self._apply = _CompiledStep(self._apply_step, [])
-            self._drop = _CompiledStep(self._drop_step, [])
+            self._accumulate = CompiledStep(self._accumulate_step,
+                                            signature + [tf.TensorSpec([], tf.int32, name="index")])
+            self._apply = CompiledStep(self._apply_step, [])
+            self._drop = CompiledStep(self._drop_step, [])
 
     def _checked_accum_steps(self, accum_steps) -> int:
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
