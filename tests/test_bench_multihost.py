@@ -13,6 +13,8 @@ from helpers import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other as scripts do
 
 import bench_multihost as bench  # noqa: E402
+from multihost_rows import MODELS, Setting, settings  # noqa: E402
+from multihost_runs import STEP_LINE, UNLIMITED, Segment, segment_plan, unknown_key  # noqa: E402
 from engine.config.key_check import UNKNOWN, Finding, log_notes  # noqa: E402
 from engine.runtime import log  # noqa: E402
 from engine.training.report import EpochReport  # noqa: E402
@@ -25,9 +27,9 @@ def test_the_engines_step_line_is_what_a_segment_is_timed_by(capsys):
     report.step_done(2, [3.0, 1.0, 10.0, 100.0], 0.5)
     report.step_done(2, [3.0, 1.0, 10.0, 100.0], 0.5)
     lines = capsys.readouterr().out.splitlines()
-    assert [int(bench.STEP_LINE.match(line).group(1)) for line in lines] == [1, 2]
-    assert not bench.STEP_LINE.match("train epoch 1: step 1200 of 5000")  # a progress line
-    assert not bench.STEP_LINE.match("train epoch 2, step 1, score 1.0")  # epoch 1 only
+    assert [int(STEP_LINE.match(line).group(1)) for line in lines] == [1, 2]
+    assert not STEP_LINE.match("train epoch 1: step 1200 of 5000")  # a progress line
+    assert not STEP_LINE.match("train epoch 2, step 1, score 1.0")  # epoch 1 only
 
 
 def test_a_key_the_engine_does_not_know_makes_its_row_na(capsys):
@@ -36,45 +38,45 @@ def test_a_key_the_engine_does_not_know_makes_its_row_na(capsys):
     log_notes([Finding("config", (), "", "distributed_bucket_mb", UNKNOWN)])
     captured = capsys.readouterr()
     (line,) = (captured.out + captured.err).splitlines()
-    rows = {s.name: s for s in bench.settings("large", full=True)}
-    assert bench.unknown_key(line, rows["grad, mpi, bucket 1 MB"])
-    assert bench.unknown_key(line, rows["grad, mpi, no overlap (bucket 0)"])
-    assert not bench.unknown_key(line, rows["grad, mpi, fp16"])  # another row's key
-    assert not bench.unknown_key(line, rows["grad, mpi, default (25 MB buckets)"])
+    rows = {s.name: s for s in settings("large", full=True)}
+    assert unknown_key(line, rows["grad, mpi, bucket 1 MB"])
+    assert unknown_key(line, rows["grad, mpi, no overlap (bucket 0)"])
+    assert not unknown_key(line, rows["grad, mpi, fp16"])  # another row's key
+    assert not unknown_key(line, rows["grad, mpi, default (25 MB buckets)"])
     hinted = "config key 'distributed_bucket_mb' (did you mean 'distributed_backend'?): not a key of this " \
              "engine nor of RETURNN"
-    assert bench.unknown_key(hinted, rows["grad, mpi, bucket 1 MB"])  # the engine's hint for a near name
+    assert unknown_key(hinted, rows["grad, mpi, bucket 1 MB"])  # the engine's hint for a near name
 
 
-@pytest.mark.parametrize("model", list(bench.MODELS))
+@pytest.mark.parametrize("model", list(MODELS))
 def test_segments_are_whole_periods(model):
-    for setting in bench.settings(model, full=True):
-        warmup, steps, total = bench.segment_plan(setting, bench.MODELS[model], 3)
+    for setting in settings(model, full=True):
+        warmup, steps, total = segment_plan(setting, MODELS[model], 3)
         assert warmup >= 2 and warmup % setting.period == 0, setting
-        assert steps >= bench.MODELS[model].segment and steps % setting.period == 0, setting
+        assert steps >= MODELS[model].segment and steps % setting.period == 0, setting
         assert total == warmup + 3 * steps
 
 
 def measured(name: str, period: int, seconds: dict[str, list[float]], ranks: int = 2, refused: str = "",
              tag: str = "engine", failure: str = "") -> bench.Measured:
-    m = bench.Measured(bench.Setting(name, period=period, ranks=ranks, tag=tag), refused=refused,
+    m = bench.Measured(Setting(name, period=period, ranks=ranks, tag=tag), refused=refused,
                        failure=failure)
     runs = len(next(iter(seconds.values())))
     for i in range(runs):
-        m.runs.append([bench.Segment(link, s[i] * 4, 4, 1e6) for link, s in seconds.items()])
+        m.runs.append([Segment(link, s[i] * 4, 4, 1e6) for link, s in seconds.items()])
     return m
 
 
 def test_param_verdict_pass_miss_inconclusive_and_na():
-    single = measured("1 process", 1, {bench.UNLIMITED: [1.0, 1.02, 0.98]}, ranks=1)
+    single = measured("1 process", 1, {UNLIMITED: [1.0, 1.02, 0.98]}, ranks=1)
     rows = {"single": single,
             "param, sync every 10": measured("param, sync every 10", 10,
-                                             {bench.UNLIMITED: [1.05] * 3, "100mbit": [1.05, 1.0, 1.08]}),
+                                             {UNLIMITED: [1.05] * 3, "100mbit": [1.05, 1.0, 1.08]}),
             "param, sync every 20": measured("param, sync every 20", 20,
-                                             {bench.UNLIMITED: [1.05] * 3, "100mbit": [1.2, 1.3, 1.25]}),
+                                             {UNLIMITED: [1.05] * 3, "100mbit": [1.2, 1.3, 1.25]}),
             "param, sync every 30": measured("param, sync every 30", 30,
-                                             {bench.UNLIMITED: [1.05] * 3, "100mbit": [1.0, 1.1, 1.2]}),
-            "param, sync every 50": measured("param, sync every 50", 50, {bench.UNLIMITED: [1.0]},
+                                             {UNLIMITED: [1.05] * 3, "100mbit": [1.0, 1.1, 1.2]}),
+            "param, sync every 50": measured("param, sync every 50", 50, {UNLIMITED: [1.0]},
                                              refused="config key 'x': not a key of this engine")}
     lines = bench.verdicts({"small": rows}, {}, {"100mbit": 95e6}, ["100mbit"])
     param = [line for line in lines if "param" in line]
@@ -92,13 +94,13 @@ def large_rows(engine: dict[str, list[float]], horovod: dict[str, list[float]],
     rows = {}
     for tag, seconds in (("engine", engine), ("horovod", horovod)):
         for name, values in seconds.items():
-            rows[name] = measured(name, 1, {bench.UNLIMITED: [1.0] * len(values), "100mbit": values},
+            rows[name] = measured(name, 1, {UNLIMITED: [1.0] * len(values), "100mbit": values},
                                   tag=tag, failure=failed.get(name, ""))
     return rows
 
 
 def test_allreduce_and_fp16_verdicts_on_the_allreduce_alone():
-    bits = bench.MODELS["large"].grad_bytes * 8
+    bits = MODELS["large"].grad_bytes * 8
     alone = {("large", "100mbit", "float32"): {"times": [bits / 90e6, bits / 89e6, bits / 91e6]},
              ("large", "100mbit", "fp16"): {"times": [bits / 90e6 / 1.7] * 3}}
     lines = bench.verdicts({"large": large_rows({"grad, mpi": [8.0] * 3}, {"grad, horovod": [7.5] * 3})},
@@ -140,15 +142,15 @@ def test_a_failed_or_refused_row_fails_the_horovod_verdict_naming_it(failed_side
     assert line.startswith("FAIL") and f"'{broken}' n/a: config key 'x'" in line, line
 
 
-@pytest.mark.parametrize("model", list(bench.MODELS))
+@pytest.mark.parametrize("model", list(MODELS))
 def test_horovod_gets_its_best_settings_buckets_fp16_and_tuned_cycle(model):
     """The default plan gives Horovod what it gives the engine: bucketed rows (one grouped allreduce per
     bucket, overlapped), fp16 on the wire, and its tuned cycle time, so its best row is a fair one."""
-    rows = [s for s in bench.settings(model, full=False) if s.tag == "horovod"]
+    rows = [s for s in settings(model, full=False) if s.tag == "horovod"]
     assert rows and all(s.backend == "horovod" for s in rows)
     buckets = [dict(zip(s.overrides[::2], s.overrides[1::2])).get("++distributed_bucket_mb") for s in rows]
     assert any(b != "0" for b in buckets), buckets  # None: the default 25 MB buckets
-    engine = [s for s in bench.settings(model, full=False) if s.tag == "engine"]
+    engine = [s for s in settings(model, full=False) if s.tag == "engine"]
     for wire in ("fp16",):
         if any("++distributed_wire_format" in s.overrides and wire in s.overrides for s in engine):
             tuned = [s for s in rows if wire in s.overrides and dict(s.env).get("HOROVOD_CYCLE_TIME") == "1"]
