@@ -3,8 +3,8 @@ the compute time of one step, the gradient bytes and the network, for a ring all
 
     python benchmarks/scaling_model.py --compute 0.05 --mb 85 [--busbw-share 0.9]
 
-prints the projection for 8, 64 and 256 GPUs on 25 and 100 Gbit/s. ``bench_multihost.py`` uses the same
-functions to predict its 2-host rows from what it measured, next to the measured times.
+prints the projection for 8, 64 and 256 GPUs on 25 and 100 Gbit/s. docs/scaling.md checks the model
+for n = 2 against ``bench_multihost.py``'s measured rows (its inputs taken from that run).
 
 A ring allreduce of S bytes over n ranks sends 2 (n - 1) / n * S bytes per rank, in 2 (n - 1) messages
 per bucket: time = 2 (n - 1) / n * S / (share * B) + 2 (n - 1) * latency * buckets. ``share`` is the
