@@ -47,9 +47,6 @@ class LocalJob:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job_env(),
                                 start_new_session=True)
 
-    def inject(self, fault: str, side: int, log_path: Path, offset: int) -> str:
-        raise ValueError(f"fault {fault!r} needs 2 hosts (--hosts simulated)")
-
     def close(self) -> None:
         pass
 
