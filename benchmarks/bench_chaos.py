@@ -1,7 +1,7 @@
 """Chaos: a 2-rank training under ``supervise`` takes a seeded series of faults and must end with the
 parameters of an uninterrupted run, bit for bit (mpi backend, grad mode).
 
-    python benchmarks/bench_chaos.py [--hosts simulated|local] [--seed N] [--faults 8] [--epochs 12]
+    python benchmarks/bench_chaos.py [--hosts simulated|local] [--seed N] [--faults 8] [--epochs 40]
 
 ``--hosts simulated`` (the default; root): the job runs on 2 simulated hosts, one rank each, started as
 SGE's job body with ``MAX_RESTARTS`` (chaos_jobs.py), and takes all six kinds of fault; ``--hosts local``:
