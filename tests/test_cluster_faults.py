@@ -3,8 +3,8 @@ by the SGE job body: the link cut in either direction, and a host whose every pr
 the job: mpirun returns non-zero within distributed_stall_timeout + 60 s of the fault, and no rank is left
 running on either host. Before the launcher settings of tools/job_common.sh, mpirun never returned after a
 cut: it waited for its daemon behind the link. Once the link is up again (or the host back), the same
-command resumes from the newest checkpoint and finishes (checked after the mpi runs). Fails (not skips) under CI=true where namespaces
-are unavailable."""
+command resumes from the newest checkpoint and finishes (checked after the mpi runs). Fails (not skips)
+under CI=true where namespaces are unavailable."""
 from __future__ import annotations
 
 import re
