@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from cluster.simulated_hosts import AGENT, SUBNET, SimulatedHosts  # noqa: E402
+from workload import blstm_network  # noqa: E402  (the script's own directory is on sys.path)
 
 CONFIG = """
 task = "train"
@@ -42,25 +43,13 @@ EPOCH = re.compile(r"train epoch 2, finished after (\d+) steps.*\n.*?([\d.]+) fr
                    r"([\d.]+)% in collectives")
 
 
-def network(layers: int, units: int) -> dict:
-    """A BLSTM: ``layers`` layers of ``units`` units per direction, then a softmax."""
-    net, inputs = {}, "data"
-    for i in range(1, layers + 1):
-        for name, direction in ((f"fw{i}", 1), (f"bw{i}", -1)):
-            net[name] = {"class": "rec", "unit": "nativelstm2", "n_out": units, "direction": direction,
-                         "from": inputs}
-        inputs = [f"fw{i}", f"bw{i}"]
-    net["output"] = {"class": "softmax", "loss": "ce", "from": inputs}
-    return net
-
-
 def run(hosts: SimulatedHosts, workdir: Path, bucket_mb: float, steps: int, layers: int,
         units: int) -> tuple[float, float, float | None]:
     """(seconds per step, % of the epoch the step waited in collectives) of epoch 2, and the share of
     the reduction hidden behind the backward pass (``hidden_share``)."""
     workdir = Path(tempfile.mkdtemp(dir=workdir))  # a fresh model each run
     config = workdir / "overlap.config"
-    config.write_text(CONFIG % {"seqs": 16 * steps, "network": network(layers, units)})
+    config.write_text(CONFIG % {"seqs": 16 * steps, "network": blstm_network(layers, units)})
     env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONPATH=str(ROOT),
                SIMULATED_HOSTS=hosts.agent_map)

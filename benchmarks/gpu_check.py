@@ -35,6 +35,7 @@ import numpy as np
 
 from engine.datasets import DataKeyInfo, HDFWriter
 from timing import ROOT, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped
+from workload import blstm_network
 
 LSTM_IMPLEMENTATION = "lstm_implementation"  # "cudnn" | "native"
 MIXED_PRECISION = "tf_amp"  # "bfloat16" | "float16" (RETURNN's key)
@@ -51,17 +52,6 @@ learning_rate = 0.001
 num_epochs = {epochs}
 log_verbosity = 3
 """
-
-
-def blstm_network(layers: int, units: int) -> dict:
-    network, source = {}, "data"
-    for i in range(layers):
-        for name, direction in ((f"fw{i}", 1), (f"bw{i}", -1)):
-            network[name] = {"class": "rec", "unit": "NativeLstm2", "n_out": units, "direction": direction,
-                             "from": source}
-        source = [f"fw{i}", f"bw{i}"]
-    network["output"] = {"class": "softmax", "loss": "ce", "from": source}
-    return network
 
 
 def write_corpus(path: str, num_seqs: int, seed: int) -> None:

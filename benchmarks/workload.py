@@ -73,3 +73,15 @@ def write_returnn_config(folder: str, corpus: str, epochs: int, unit: str, threa
     with open(path, "w") as f:
         f.write(RETURNN_CONFIG.format(corpus=corpus, epochs=epochs, unit=unit, threads=threads))
     return path
+
+
+def blstm_network(layers: int, units: int) -> dict:
+    """A network dict: ``layers`` BLSTM layers of ``units`` units per direction, then a softmax with ce."""
+    network, source = {}, "data"
+    for i in range(layers):
+        for name, direction in ((f"fw{i}", 1), (f"bw{i}", -1)):
+            network[name] = {"class": "rec", "unit": "NativeLstm2", "n_out": units, "direction": direction,
+                             "from": source}
+        source = [f"fw{i}", f"bw{i}"]
+    network["output"] = {"class": "softmax", "loss": "ce", "from": source}
+    return network
