@@ -174,7 +174,7 @@ def _compile_average(comm: Communicator, params: list, base: list | None, wire: 
     buckets = buckets_for(params, bucket_mb) if bucket_mb else None
     timed_as = ("parameter average", PARAM_AVERAGE)
 
-    @tf.function
+    @tf.function(autograph=False)  # plain Python control flow: converting it costs seconds per process
     def average() -> None:
         values = [v.read_value() for v in params]
         if base is not None:
