@@ -30,3 +30,34 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (CI=true), which counts as a failure: {reason}"
+
+
+# The suite's cost is the number of TensorFlow processes it starts, most of them in mpirun jobs: every mpirun
+# that a test starts (through helpers.mpirun_cmd or a job script's `mpirun` on PATH) goes through a counting
+# shim, and the summary prints the count beside the suite's time.
+MPIRUN_LOG = "ENGINE_TESTS_MPIRUN_LOG"
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or MPIRUN_LOG in os.environ:
+        return  # an xdist worker: the controller set the log up before it started the workers
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="engine-tests-mpirun-")
+    os.environ[MPIRUN_LOG] = os.path.join(folder, "launches.txt")
+    config._mpirun_log_folder = folder
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not hasattr(config, "_mpirun_log_folder"):
+        return
+    from collections import Counter
+
+    try:
+        with open(os.environ[MPIRUN_LOG]) as log:
+            tests = Counter(line.split(" (")[0].strip() for line in log)
+    except FileNotFoundError:
+        tests = Counter()
+    terminalreporter.write_sep("=", f"{sum(tests.values())} mpirun jobs in {len(tests)} tests")
+    for name, count in tests.most_common(10):
+        terminalreporter.write_line(f"{count:4d}  {name}")

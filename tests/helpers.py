@@ -15,6 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# Every mpirun a test starts goes through this shim, which counts it for the suite's summary (conftest.py).
+MPIRUN_SHIM = ROOT / "tests" / "mpirun_shim"
 
 
 def child_env(extra: dict | None = None) -> dict:
@@ -27,7 +29,8 @@ def child_env(extra: dict | None = None) -> dict:
         PYTHONUNBUFFERED="1",
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        PATH=f"{MPIRUN_SHIM}{os.pathsep}{BIN}{os.pathsep}{env.get('PATH', '')}",
+        ENGINE_TESTS_REAL_MPIRUN=str(BIN / "mpirun"),
     )
     env.update(extra or {})
     return env
@@ -41,7 +44,7 @@ def mpirun_cmd(num_ranks: int, args: list[str]) -> list[str]:
     if os.environ.get("ENGINE_TESTS_NO_MPIRUN") == "1":
         raise AssertionError("this test starts mpirun but is not marked @pytest.mark.mpi")
     return [
-        str(BIN / "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
+        str(MPIRUN_SHIM / "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
         "-np", str(num_ranks), *args,
     ]
 
