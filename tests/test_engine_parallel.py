@@ -27,7 +27,9 @@ def base_config(**overrides):
 
 
 def train(tmp_path, ranks, config, *options, timeout=120, expect_ok=True):
-    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    """One training (``config`` a dict), or several one after the other in one job (a list of dicts: the
+    result is a list, one per run)."""
+    out = tmp_path / f"job{len(list(tmp_path.iterdir()))}"
     out.mkdir()
     args = [SCRIPT, str(out), repr(config), *options]
     if ranks == 1:
@@ -35,10 +37,13 @@ def train(tmp_path, ranks, config, *options, timeout=120, expect_ok=True):
         r = run([sys.executable, *args], timeout=timeout)
     else:
         r = run_mpi(ranks, args, timeout=timeout)
-    if expect_ok:
-        assert r.returncode == 0, r.stdout + r.stderr
+    if not expect_ok:
+        return None, r
+    assert r.returncode == 0, r.stdout + r.stderr
+    if isinstance(config, dict):
         return [dict(np.load(out / f"rank{k}.npz")) for k in range(ranks)], r
-    return None, r
+    return [[dict(np.load(out / f"run{i}" / f"rank{k}.npz")) for k in range(ranks)]
+            for i in range(len(config))], r
 
 
 # The mpi backend also runs on the newest TensorFlow; Horovod exists only in the TF 2.15 environment.
@@ -72,10 +77,9 @@ def test_global_frames_normalization_equals_one_process_on_the_union_batch_with_
     def config(**overrides):
         return base_config(train=corpus, batch_size=10000, num_epochs=1, **overrides)
 
-    exact, _ = train(tmp_path, 2, config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
-                                         horovod_grad_normalization="global_frames"))
-    averaged, _ = train(tmp_path, 2, config(max_seqs=2, use_horovod=True, distributed_backend="mpi",
-                                            horovod_grad_normalization="average"))
+    (exact, averaged), _ = train(tmp_path, 2, [
+        config(max_seqs=2, use_horovod=True, distributed_backend="mpi", horovod_grad_normalization=rule)
+        for rule in ("global_frames", "average")])
     # global_frames is use_normalized_loss over the union batch: each batch holds both ranks' batches
     single, _ = train(tmp_path, 1, config(max_seqs=4, network=NORMALIZED_NETWORK))
     assert exact[0]["num_steps"] == single[0]["num_steps"] == 4
@@ -87,10 +91,10 @@ def test_global_frames_normalization_equals_one_process_on_the_union_batch_with_
 
 @pytest.mark.tf_latest
 def test_param_mode_sync_every_step_equals_averaged_grad_mode(tmp_path):
-    grad, _ = train(tmp_path, 2, base_config(use_horovod=True, horovod_avg_grad=True,
-                                             distributed_backend="mpi"))
-    param, _ = train(tmp_path, 2, base_config(use_horovod=True, horovod_reduce_type="param",
-                                              horovod_param_sync_step=1, distributed_backend="mpi"))
+    (grad, param), _ = train(tmp_path, 2, [
+        base_config(use_horovod=True, horovod_avg_grad=True, distributed_backend="mpi"),
+        base_config(use_horovod=True, horovod_reduce_type="param", horovod_param_sync_step=1,
+                    distributed_backend="mpi")])
     np.testing.assert_allclose(param[0]["params"], grad[0]["params"], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(param[0]["params"], param[1]["params"])
 
@@ -108,19 +112,17 @@ def test_param_mode_ranks_differ_between_syncs_and_agree_after(tmp_path):
     np.testing.assert_array_equal(r0["params"], r1["params"])
 
 
-@pytest.mark.parametrize("mode", [
-    {"horovod_reduce_type": "grad"},
-    {"horovod_reduce_type": "param", "horovod_param_sync_step": 3,
-     "horovod_dataset_distribution": "random_seed_offset"},
-])
-def test_uneven_data_never_deadlocks(tmp_path, mode):
-    config = base_config(use_horovod=True, **mode)
-    config["train"] = {"class": "Task12AXDataset", "num_seqs": 203, "seq_ordering": "random"}
-    config["batch_size"] = 200  # variable-length sequences: the ranks get different numbers of batches
-    ranks, r = train(tmp_path, 2, config, timeout=400)  # a deadlock: the stall watchdog ends it at 300 s
-    if mode["horovod_reduce_type"] == "grad":  # shard: the pending extra batch of one rank is dropped
-        assert ranks[0]["num_steps"] == ranks[1]["num_steps"]
-    np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
+def test_uneven_data_never_deadlocks_in_grad_or_param_mode(tmp_path):
+    modes = [{"horovod_reduce_type": "grad"},
+             {"horovod_reduce_type": "param", "horovod_param_sync_step": 3,
+              "horovod_dataset_distribution": "random_seed_offset"}]
+    configs = [base_config(use_horovod=True, **mode, batch_size=200,  # variable-length sequences: the ranks
+                           train={"class": "Task12AXDataset", "num_seqs": 203, "seq_ordering": "random"})
+               for mode in modes]  # get different numbers of batches
+    (grad, param), r = train(tmp_path, 2, configs, timeout=400)  # a deadlock: the stall watchdog ends it
+    assert grad[0]["num_steps"] == grad[1]["num_steps"]  # shard: one rank's extra batch is dropped
+    for ranks in (grad, param):
+        np.testing.assert_array_equal(ranks[0]["params"], ranks[1]["params"])
 
 
 def _assert_ends_quickly(r, started, bound=200.0):

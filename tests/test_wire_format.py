@@ -228,13 +228,23 @@ def train_config(**overrides) -> dict:
     return config
 
 
-def train(tmp_path, ranks: int, config: dict) -> tuple[list[dict], str]:
-    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+def train(tmp_path, ranks: int, config: dict | list[dict]) -> tuple[list, str]:
+    """Each rank's results of one training, or (``config`` a list) of each of several in one job."""
+    out = tmp_path / f"job{len(list(tmp_path.iterdir()))}"
     out.mkdir()
     args = [str(SCRIPTS / "engine_train.py"), str(out), repr(config)]
     r = run([sys.executable, *args], timeout=180) if ranks == 1 else run_mpi(ranks, args, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
-    return [dict(np.load(out / f"rank{k}.npz")) for k in range(ranks)], r.stdout + r.stderr
+    folders = [out] if isinstance(config, dict) else [out / f"run{i}" for i in range(len(config))]
+    results = [[dict(np.load(folder / f"rank{k}.npz")) for k in range(ranks)] for folder in folders]
+    return (results[0] if isinstance(config, dict) else results), r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def initial_params(tmp_path_factory) -> np.ndarray:
+    """The parameters before training (a run with learning rate 0), the same for every test here."""
+    (init,), _ = train(tmp_path_factory.mktemp("init"), 1, train_config(learning_rate=0.0))
+    return init["params"]
 
 
 GRAD, PARAM = {"horovod_reduce_type": "grad"}, {"horovod_reduce_type": "param", "horovod_param_sync_step": 1}
@@ -244,13 +254,12 @@ GRAD, PARAM = {"horovod_reduce_type": "grad"}, {"horovod_reduce_type": "param", 
 @pytest.mark.parametrize("backend, mode", [pytest.param("mpi", GRAD, marks=pytest.mark.tf_latest),
                                            pytest.param("mpi", PARAM, marks=pytest.mark.tf_latest),
                                            ("horovod", GRAD)])
-def test_fp16_training_differs_from_float32_by_fp16_rounding(tmp_path, backend, mode):
+def test_fp16_training_differs_from_float32_by_fp16_rounding(tmp_path, initial_params, backend, mode):
     parallel = dict(use_horovod=True, distributed_backend=backend, **mode)
-    (fp16, _), _ = train(tmp_path, 2, train_config(distributed_wire_format="fp16", **parallel))
-    (fp32, _), _ = train(tmp_path, 2, train_config(**parallel))
-    (init,), _ = train(tmp_path, 1, train_config(learning_rate=0.0))
+    ((fp16, _), (fp32, _)), _ = train(tmp_path, 2, [train_config(distributed_wire_format="fp16", **parallel),
+                                                    train_config(**parallel)])
     assert fp16["num_steps"] == fp32["num_steps"] == 2
-    moved = np.abs(fp32["params"] - init["params"]).max()
+    moved = np.abs(fp32["params"] - initial_params).max()
     diff = np.abs(fp16["params"] - fp32["params"]).max()
     assert moved > 1e-3  # it trained
     assert diff > 0  # the key has an effect

@@ -190,7 +190,8 @@ def run_config(**overrides) -> dict:
     return config
 
 
-def train(folder, config: dict, *options: str, ranks: int = 2):
+def train(folder, config: dict | list, *options: str, ranks: int = 2):
+    """One training, or several one after the other in one job (engine_train.py's list form)."""
     folder.mkdir()
     args = [SCRIPT, str(folder), repr(config), *options]
     r = run_mpi(ranks, args, timeout=240) if ranks > 1 else run([sys.executable, *args], timeout=180)
@@ -224,26 +225,29 @@ def test_a_gradient_past_fp16s_range_is_scaled_into_it_and_both_ranks_train_on_a
     both ranks scale by the same factor, train on to the same parameters, and end within fp16's rounding
     of the float32 wire."""
     config = run_config(distributed_backend=backend)
-    r, output = train(tmp_path / "fp16", config, *LOUD)
-    assert r.returncode == 0, output
-    assert assert_scaled_once(output) > 2 * FP16_MAX
-    rank0, rank1 = results(tmp_path / "fp16")
+    float32 = run_config(distributed_backend=backend, distributed_wire_format=None)
+    runs = [config, float32]
+    if backend == "mpi":  # the same run without the guard (it ends the job, so it comes last)
+        runs.append([config, ["fp16_guard=off"]])
+    r, output = train(tmp_path / "job", runs, *LOUD)  # one job: one TensorFlow start-up per rank
+    guarded, unguarded = output.split("=== run 1")[0], output.split("=== run 2")[-1]
+    assert assert_scaled_once(guarded) > 2 * FP16_MAX
+    rank0, rank1 = results(tmp_path / "job" / "run0")
     assert int(rank0["num_steps"]) == 6
     np.testing.assert_array_equal(rank0["after_step"], rank1["after_step"])  # every step: the same update
     assert np.isfinite(rank0["params"]).all()
-    float32 = run_config(distributed_backend=backend, distributed_wire_format=None)
-    r, output = train(tmp_path / "fp32", float32, *LOUD)
-    assert r.returncode == 0 and "distributed_wire_format = 'fp16'" not in output, output
-    fp32 = results(tmp_path / "fp32")[0]
+    fp32 = results(tmp_path / "job" / "run1")[0]
+    assert "distributed_wire_format = 'fp16'" not in output.split("=== run 1")[1].split("=== run 2")[0]
     moved = np.abs(fp32["params"] - fp32["after_step"][0]).max()
     diff = np.abs(rank0["params"] - fp32["params"]).max()
     print(f"{backend}: parameters moved {moved:.3g} after the first step, fp16 changed them by {diff:.3g}")
     assert diff <= 8 * 2.0 ** -11 * moved, (diff, moved)
-    if backend == "mpi":  # the same run without the guard: the overflow looked like a non-finite gradient
-        r, output = train(tmp_path / "unguarded", config, *LOUD, "fp16_guard=off")
+    if backend == "mpi":  # unguarded, the overflow looked like a non-finite gradient
         assert r.returncode == DATA_ERROR_EXIT_CODE, output
         assert "stop_on_nonfinite_train_score: in train epoch 1, step 3 (global step 3) had a non-finite " \
-               "gradient" in output, output
+               "gradient" in unguarded, output
+    else:
+        assert r.returncode == 0, output
 
 
 @pytest.mark.tf_latest
@@ -256,14 +260,13 @@ def test_param_mode_scales_a_change_past_fp16s_range_into_it(tmp_path):
                         optimizer={"class": "sgd"}, learning_rate=0.1)
     del config["horovod_grad_normalization"]  # grad mode's
     loud = ("fail=scale", "fail_rank=1", "fail_step=3", "fail_scale=1e7")
-    r, output = train(tmp_path / "fp16", config, *loud)
-    assert r.returncode == 0, output
-    assert "in train epoch 1, step 4 (global step 4) the values to reduce reached" in output, output
-    rank0, rank1 = results(tmp_path / "fp16")
+    r, output = train(tmp_path / "job", [config, [config, ["fp16_guard=off"]]], *loud)  # guarded, then not
+    guarded, unguarded = output.split("=== run 1")
+    assert "in train epoch 1, step 4 (global step 4) the values to reduce reached" in guarded, output
+    rank0, rank1 = results(tmp_path / "job" / "run0")
     np.testing.assert_array_equal(rank0["after_sync"], rank1["after_sync"])
     assert np.isfinite(rank0["params"]).all() and np.abs(rank0["params"]).max() > FP16_MAX
-    r, output = train(tmp_path / "unguarded", config, *loud, "fp16_guard=off")
-    assert r.returncode == DATA_ERROR_EXIT_CODE and "stop_on_nonfinite_train_score" in output, output
+    assert r.returncode == DATA_ERROR_EXIT_CODE and "stop_on_nonfinite_train_score" in unguarded, output
 
 
 @pytest.mark.tf_latest

@@ -1,6 +1,7 @@
 """Train through the engine's own API and record what each rank saw, for the engine tests.
 
-    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL'
+    python engine_train.py OUT_DIR 'CONFIG_DICT_LITERAL' [options]
+    python engine_train.py OUT_DIR '[CONFIG_DICT_LITERAL or [CONFIG_DICT_LITERAL, [options]], ...]' [options]
         [fail=step|loader|kill|stall|eio|nan|scale|SIGUSR1|SIGUSR2|SIGTERM] [fail_rank=R] [fail_step=S]
         [fail_once=MARKER_FILE] [fail_scale=FACTOR] [ready=FILE] [step_sleep=SECONDS] [slow_save=SECONDS]
         [fp16_guard=off]
@@ -19,8 +20,15 @@ A run stopped on request exits with 99 and writes nothing; other engine errors e
 ``ready``: rank 0 creates FILE after its first train step (a test then knows training runs);
 ``step_sleep``: every rank sleeps that long after each step (training that lasts while a test acts);
 ``slow_save``: rank 0 takes that much longer to write each checkpoint (slow storage).
+
+A list of configs trains them one after the other in the same processes (one TensorFlow start-up and one
+MPI job for all: the suite's cost is the number of processes it starts). Run K writes
+``OUT_DIR/run<K>/rank<R>.npz`` and prints ``=== run K`` before it starts; the options after the list apply
+to every run, and a run's own options are added to them. A run that ends the job (an error, a stop) must
+be the last one.
 """
 import ast
+import contextlib
 import dataclasses
 import os
 import signal
@@ -40,8 +48,25 @@ from engine.training import step as step_module
 
 def main() -> None:
     out_dir, config_text, *options = sys.argv[1:]
+    runs = ast.literal_eval(config_text)
+    if isinstance(runs, dict):
+        train_once(out_dir, runs, options)
+        return
+    for k, run in enumerate(runs):
+        values, own_options = (run, []) if isinstance(run, dict) else run
+        folder = os.path.join(out_dir, f"run{k}")
+        os.makedirs(folder, exist_ok=True)
+        print(f"=== run {k}", flush=True)
+        train_once(folder, values, [*options, *own_options])
+        process.set_communicator(None)  # the next run creates its own
+
+
+_original_average = ParamAverage.average_parameters
+
+
+def train_once(out_dir: str, values: dict, options: list[str]) -> None:
     opts = dict(o.split("=", 1) for o in options)
-    config = Config(ast.literal_eval(config_text))
+    config = Config(values)
     log.init(verbosity=config.int("log_verbosity", 3))
     fail = opts.get("fail")
     fail_rank, fail_step = int(opts.get("fail_rank", 1)), int(opts.get("fail_step", 1))
@@ -101,38 +126,41 @@ def main() -> None:
                 open(opts["ready"], "w").close()
             time.sleep(float(opts.get("step_sleep", 0)))
 
-    average_parameters = ParamAverage.average_parameters
-
     def recording_average(self, params):
-        average_parameters(self, params)
+        _original_average(self, params)
         trace["sync_steps"].append(recorded["steps"].count - 1)
         trace["after_sync"].append(recorded["steps"].checksum())
 
-    ParamAverage.average_parameters = recording_average
-    step_module.Steps = RecordingSteps
     import engine.tasks.train as train_module
-    train_module.Steps = RecordingSteps
-    if opts.get("fp16_guard") == "off":
-        from engine.distributed import backend
+    from engine.distributed import backend
 
-        backend.RangeGuard = lambda size: None  # every communicator made from now on has no guard
-    if fail == "loader":
-        _break_loader(fail_rank, fail_step)
-    if fail == "eio" and process.rank() == fail_rank:
-        _break_checkpoint_reads(opts.get("fail_once"))
-    if "slow_save" in opts:
-        _slow_down_saves(float(opts["slow_save"]))
-    try:
-        run_train(config)
-    except EngineError as exc:  # as rnn.py ends: one message (none for a stop), the error's exit code
-        fail_job(exc)
+    with contextlib.ExitStack() as patches:  # this run's changes to the engine, undone before the next run
+        def patch(owner, name: str, value) -> None:
+            patches.callback(setattr, owner, name, getattr(owner, name))
+            setattr(owner, name, value)
+
+        patch(ParamAverage, "average_parameters", recording_average)
+        patch(step_module, "Steps", RecordingSteps)
+        patch(train_module, "Steps", RecordingSteps)
+        if opts.get("fp16_guard") == "off":
+            patch(backend, "RangeGuard", lambda size: None)  # communicators made from now on have no guard
+        if fail == "loader":
+            _break_loader(patch, fail_rank, fail_step)
+        if fail == "eio" and process.rank() == fail_rank:
+            _break_checkpoint_reads(patch, opts.get("fail_once"))
+        if "slow_save" in opts:
+            _slow_down_saves(patch, float(opts["slow_save"]))
+        try:
+            run_train(config)
+        except EngineError as exc:  # as rnn.py ends: one message (none for a stop), the error's exit code
+            fail_job(exc)
     steps = recorded["steps"]
     np.savez(os.path.join(out_dir, f"rank{process.rank()}.npz"), params=steps.checksum(),
              after_step=np.array(trace["after_step"]), after_sync=np.array(trace["after_sync"]),
              sync_steps=np.array(trace["sync_steps"]), num_steps=steps.count)
 
 
-def _slow_down_saves(seconds: float) -> None:
+def _slow_down_saves(patch, seconds: float) -> None:
     """Rank 0 (the one that writes) spends ``seconds`` more in every checkpoint write."""
     from engine.training.checkpoints import policy
 
@@ -142,10 +170,10 @@ def _slow_down_saves(seconds: float) -> None:
         time.sleep(seconds)
         return save(*args, **kwargs)
 
-    policy.save_checkpoint = slow_save
+    patch(policy, "save_checkpoint", slow_save)
 
 
-def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
+def _break_loader(patch, fail_rank: int, fail_after_reads: int) -> None:
     """Make the data loader of ``fail_rank`` raise a DataError after some sequences (a corrupt corpus)."""
     from engine.datasets.base import Dataset
     from engine.runtime.errors import DataError
@@ -160,10 +188,10 @@ def _break_loader(fail_rank: int, fail_after_reads: int) -> None:
                 raise DataError(f"injected corrupt sequence {seq_idx} in dataset {self.name!r}")
         return original(self, seq_idx, key, out, offset)
 
-    Dataset.read_into = read_into
+    patch(Dataset, "read_into", read_into)
 
 
-def _break_checkpoint_reads(once: str | None) -> None:
+def _break_checkpoint_reads(patch, once: str | None) -> None:
     """Opening a checkpoint for reading fails with EIO (until ``once`` exists, if given)."""
     import errno
 
@@ -183,7 +211,7 @@ def _break_checkpoint_reads(once: str | None) -> None:
                                          "errno = 5, error message = 'Input/output error')")
             return real.File(path, mode, *args, **kwargs)
 
-    checkpoint_read.h5py = FailingReads()
+    patch(checkpoint_read, "h5py", FailingReads())
 
 
 if __name__ == "__main__":
