@@ -101,8 +101,8 @@ class MPICommunicator(Communicator):
         self._outside_graph = None  # the watchdog's state before an in-graph reduction of a subclass started
         self._wire_fusion = FusionBuffers(segment_bytes)  # uint16 wire bits, apart from genuine uint16
         self._wire_ops: dict[str, Any] = {}  # user-defined MPI ops (wire.numpy_sum), made when first used
-        super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
-                         watchdog_calls_mpi=self.thread_multiple)
+        channel = SideChannel(self._comm, MPI, threads=self.thread_multiple) if self.size > 1 else None
+        super().__init__(stall, channel, watchdog_calls_mpi=self.thread_multiple)
         # overlapped reductions (start_allreduce, buckets) run in a thread on a communicator of their own
         self._reducer = ReductionThread(self._comm.Dup(), self._ops, MPI.IN_PLACE, self._collective,
                                         ring_from_bytes=self.ring_from_bytes)
