@@ -11,12 +11,11 @@ import contextlib
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
 from engine.distributed.deadline import kill_after
-from engine.distributed.link_progress import tcp_bytes_moved
 from engine.distributed.watchdog import StallLimits, Watchdog
 from engine.distributed.wire import Wire, wire_per_tensor
 from engine.distributed.wire_guard import RangeGuard
@@ -70,26 +69,28 @@ class Communicator(abc.ABC):
     local_cpus: tuple[frozenset[int], ...] = ()
 
     def __init__(self, stall: StallLimits | None = None, side_channel: Any = None, *,
-                 watchdog_calls_mpi: bool = True) -> None:
+                 watchdog_calls_mpi: bool = True,
+                 bytes_moved: Callable[[], int | None] | None = None) -> None:
         """``stall``: when to warn about and end a wait for other ranks (None: never); ``side_channel``:
         a ``side_channel.SideChannel`` (multi-rank backends), for the watchdog and stop notices.
         ``watchdog_calls_mpi`` False (MPI below THREAD_MULTIPLE): the watchdog's thread neither uses the
-        side channel nor aborts through MPI; it watches this rank's own waits and ends the process."""
+        side channel nor aborts through MPI; it watches this rank's own waits and ends the process.
+        ``bytes_moved``: the bytes the collectives' connections have moved (``link_progress.LinkCounter``,
+        between hosts): a wait on a link that still moves them (a slow one) is no stall. None: a wait
+        counts from its start (one host, where the ranks talk through shared memory; or the collectives'
+        connections cannot be told from the process's other traffic)."""
         self.side_channel = side_channel
         self.watchdog = None
         # fp16 on the wire: the factors that keep each reduction in fp16's range (wire_guard.py). None
         # turns the guard off; only benchmarks do that, to measure what it costs.
         self.fp16_range: RangeGuard | None = RangeGuard(self.size)
         if stall is not None and stall.enabled:
-            # between hosts, a wait on a link that still moves bytes (a slow one) is no stall; on one host
-            # the ranks talk through shared memory, and other TCP traffic must not count as theirs
-            moved = tcp_bytes_moved if self.local_size < self.size else None
             if watchdog_calls_mpi:
                 self.watchdog = Watchdog(stall, self.abort, rank=self.rank, size=self.size,
-                                         channel=side_channel, bytes_moved=moved)
+                                         channel=side_channel, bytes_moved=bytes_moved)
             else:
                 self.watchdog = Watchdog(stall, exit_without_mpi, rank=self.rank, size=self.size,
-                                         bytes_moved=moved)
+                                         bytes_moved=bytes_moved)
 
     @property
     def is_main(self) -> bool:

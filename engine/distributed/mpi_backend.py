@@ -20,6 +20,7 @@ from engine.distributed.backend import (ABORT_GRACE, Communicator, ReductionHand
                                         check_reduction, exit_after, exit_without_mpi, tensor_bytes)
 from engine.distributed.comm_thread import JointReduction, Reduction, ReductionThread, WatchedReduction
 from engine.distributed.fusion import SEGMENT_BYTES, FusionBuffers
+from engine.distributed.link_progress import LinkCounter, mpi_link_counter
 from engine.distributed.ring import NUMPY_OPS, RING_SEGMENT_BYTES, ring_allreduce, ring_threshold
 from engine.distributed.side_channel import SideChannel
 from engine.distributed.watchdog import StallLimits
@@ -101,8 +102,17 @@ class MPICommunicator(Communicator):
         self._outside_graph = None  # the watchdog's state before an in-graph reduction of a subclass started
         self._wire_fusion = FusionBuffers(segment_bytes)  # uint16 wire bits, apart from genuine uint16
         self._wire_ops: dict[str, Any] = {}  # user-defined MPI ops (wire.numpy_sum), made when first used
-        super().__init__(stall, SideChannel(self._comm, MPI) if self.size > 1 else None,
-                         watchdog_calls_mpi=self.thread_multiple)
+        channel = SideChannel(self._comm, MPI, threads=self.thread_multiple) if self.size > 1 else None
+        # between hosts, a wait on a link that still moves the collectives' bytes (a slow one) is no stall;
+        # on one host the ranks talk through shared memory, and no TCP traffic is theirs
+        self.link_counter: LinkCounter | None = None
+        if self.local_size < self.size:
+            self.link_counter, why = mpi_link_counter(self._comm)
+            if why and self.rank == 0 and stall is not None and stall.enabled:
+                log.warning(f"stall watchdog: slow links between the hosts cannot be told from stalls: "
+                            f"{why}; a wait counts from its start (distributed_stall_timeout).")
+        super().__init__(stall, channel, watchdog_calls_mpi=self.thread_multiple,
+                         bytes_moved=self.link_counter)
         # overlapped reductions (start_allreduce, buckets) run in a thread on a communicator of their own
         self._reducer = ReductionThread(self._comm.Dup(), self._ops, MPI.IN_PLACE, self._collective,
                                         ring_from_bytes=self.ring_from_bytes)

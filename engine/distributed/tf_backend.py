@@ -133,6 +133,9 @@ class TFCommunicator(MPICommunicator):
         log.info(f"tf backend: CPU tensors reduced by RING, GPU tensors by {gpu_reduction.upper()} "
                  "(distributed_tf_gpu_reduction)")
         self.addresses = start_collective_runtime(self._comm, self.rank)
+        if self.link_counter is not None:  # the reductions' connections: to the gRPC servers' ports
+            ports = [int(address.rsplit(":", 1)[1]) for address in self.addresses]
+            self.link_counter.add(ports[self.rank], ports[:self.rank] + ports[self.rank + 1:])
         self._keys = InstanceKeys()
         self._tokens: dict[str, Any] = {}  # device kind -> ordering token, made at first use
         log.debug(f"tf backend: collective cluster {self.addresses}, leader {LEADER}")

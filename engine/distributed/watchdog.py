@@ -27,10 +27,10 @@ of ``timeout``: on rank 0 when the waiting ranks wait inside the window and rank
 they wait for, is writing; on the other ranks for their own waits inside it (plus the grace).
 
 Slow links: between hosts (``bytes_moved``, ``link_progress.py``) a wait counts as stalled only from the last
-look at which this rank's network connections moved data, on every rank and in every report, so a large
-reduction over a slow link is never ended while it moves, and a cut link (nothing moves) is ended as
-before. Without a byte count (one host, or a transport the kernel's TCP does not carry) waits count from
-their start.
+look at which the collectives' own connections moved data (never the process's other TCP traffic), on
+every rank and in every report, so a large reduction over a slow link is never ended while it moves, and a
+cut link (nothing moves) is ended as before. Without a byte count (one host, a transport the kernel's TCP
+does not carry, or connections that cannot be told apart) waits count from their start.
 
 Without a channel in a multi-rank job (``local_only``: MPI was initialised below ``THREAD_MULTIPLE``, so the
 watchdog thread must not call MPI), nothing is reported and nobody names missing ranks: every rank warns
