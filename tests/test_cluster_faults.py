@@ -83,7 +83,8 @@ def run_fault(tmp_path, backend: str, fault: str, host: int, resume: bool, launc
             return run
         if fault == "cut":
             hosts.reconnect(host)
-        again = FaultRun(hosts, tmp_path, CONFIG, overrides, env, ssh=launch != "agent")  # a killed host is back
+        # a killed host is back
+        again = FaultRun(hosts, tmp_path, CONFIG, overrides, env, ssh=launch != "agent")
         again.start(documented_line=launch == "documented")
         assert again.wait(timeout=180) == 0, again.output
     assert f"resuming after epoch 1 from {tmp_path / 'net.001'}" in again.output, again.output
@@ -106,7 +107,7 @@ def test_a_cut_link_ends_the_job(tmp_path, backend, host, launch):
 
 def test_a_cut_link_ends_the_documented_mpirun_line(tmp_path):
     """The README's multi-host line, not the job scripts: mpirun-guard gives mpirun ssh's keepalive, the
-    real ssh client gives up on the cut host, and mpirun ends (before, a plain mpirun line waited for ever)."""
+    real ssh client gives up on the cut host, and mpirun ends (a plain mpirun line waited for ever)."""
     run = run_fault(tmp_path, "mpi", "cut", 1, resume=False, launch="documented")
     assert "mpirun_guard: Open MPI 5" in run.output and "adding plm_ssh_args" in run.output, run.output
 

@@ -121,8 +121,8 @@ def test_a_user_s_own_setting_is_kept_and_named(tmp_path, where):
             "plm_ssh_args = -p 2222\noob_tcp_keepalive_time = 60  # slow network\n")
     got = plan("prrte", tmp_path, args, **environ)
     assert "plm_ssh_args" not in got.options and "oob_tcp_keepalive_time" not in got.options
-    assert got.options == ["--prtemca", "oob_tcp_keepalive_intvl", "10", "--prtemca", "oob_tcp_keepalive_probes",
-                           "3"]
+    assert got.options == ["--prtemca", "oob_tcp_keepalive_intvl", "10",
+                           "--prtemca", "oob_tcp_keepalive_probes", "3"]
     assert any("plm_ssh_args is set in" in n and "'-p 2222'): kept" in n for n in got.notes), got.notes
     assert any("oob_tcp_keepalive_time is set in" in n and "60" in n for n in got.notes), got.notes
 

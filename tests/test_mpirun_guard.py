@@ -118,15 +118,16 @@ def fake_launcher(tmp_path, version: str) -> str:
 
 def test_the_launcher_s_keepalive_options_go_right_after_mpirun_with_a_note(tmp_path):
     mpirun = fake_launcher(tmp_path, "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PRTE_MCA_", "OMPI_MCA_", "SLURM_", "SGE_"))},
-           "HOME": str(tmp_path)}  # no site settings of this machine's user
+    site = ("PRTE_MCA_", "OMPI_MCA_", "SLURM_", "SGE_")  # no site settings of this machine's user
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(site)}, "HOME": str(tmp_path)}
     done = subprocess.run([*GUARD[:2], mpirun, "-np", "2", "prog"], capture_output=True, text=True,
                           timeout=30, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout == ("[--prtemca][plm_ssh_args][-o ServerAliveInterval=10 -o ServerAliveCountMax=3]"
                            "[--prtemca][oob_tcp_keepalive_time][30][--prtemca][oob_tcp_keepalive_intvl][10]"
                            "[--prtemca][oob_tcp_keepalive_probes][3][-np][2][prog]")
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("mpirun_guard: Open MPI 5.0.11 (PRRTE): adding")
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith("mpirun_guard: Open MPI 5.0.11 (PRRTE): adding")
     # --no-keepalive: as given
     done = subprocess.run([*GUARD, mpirun, "-np", "2", "prog"], capture_output=True, text=True, timeout=30,
                           env=env)

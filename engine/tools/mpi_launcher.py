@@ -102,12 +102,9 @@ def _param_files(launcher: Launcher, command: str, environ: Mapping[str, str]) -
     which = shutil.which(command, path=environ.get("PATH"))
     prefix = environ.get("OPAL_PREFIX") or (str(Path(os.path.realpath(which)).parent.parent) if which else "")
     home = Path(environ.get("HOME", "~")).expanduser()
-    if launcher.kind == "prrte":
-        files = [home / ".prte" / "mca-params.conf"] + ([Path(prefix) / "etc" / "prte-mca-params.conf"]
-                                                         if prefix else [])
-    else:
-        files = [home / ".openmpi" / "mca-params.conf"] + ([Path(prefix) / "etc" / "openmpi-mca-params.conf"]
-                                                            if prefix else [])
+    user, installation = ((".prte", "prte-mca-params.conf") if launcher.kind == "prrte"
+                          else (".openmpi", "openmpi-mca-params.conf"))
+    files = [home / user / "mca-params.conf"] + ([Path(prefix) / "etc" / installation] if prefix else [])
     for variable in ("PRTE_MCA_mca_base_param_files", "OMPI_MCA_mca_base_param_files"):
         files += [Path(p) for p in environ.get(variable, "").split(":") if p and p != "none"]
     return files
@@ -140,12 +137,14 @@ class _Settings:
         for i, arg in enumerate(self.args):
             for name in names:
                 if arg == name or arg.startswith(name + "="):
-                    value = self.args[i + 1] if arg == name and i + 1 < len(self.args) else arg.partition("=")[2]
+                    given = arg == name and i + 1 < len(self.args)
+                    value = self.args[i + 1] if given else arg.partition("=")[2]
                     return f"{name} is set in the command's arguments ('{value}')"
         for name in names:
             for prefix in ("PRTE_MCA_", "OMPI_MCA_"):
-                if prefix + name in self.environ:
-                    return f"{name} is set in the environment ({prefix}{name}='{self.environ[prefix + name]}')"
+                value = self.environ.get(prefix + name)
+                if value is not None:
+                    return f"{name} is set in the environment ({prefix}{name}='{value}')"
         for path, params in self.files:
             for name in names:
                 if name in params:
@@ -196,7 +195,8 @@ def keepalive_plan(launcher: Launcher, command: str, args: list[str], environ: M
                           "(ServerAliveInterval in ~/.ssh/config makes ssh end too)")
     elif launcher.kind == "srun":
         plan.notes.append(f"{launcher.title}: no keepalive options needed: SLURM ends the step when it "
-                          "declares a node down (SlurmdTimeout), and the engine's stall watchdog ends the ranks")
+                          "declares a node down (SlurmdTimeout), and the engine's stall watchdog ends the "
+                          "ranks")
     else:
         plan.notes.append(f"cannot tell which launcher '{command}' is (--version said "
                           f"'{launcher.first_line[:80]}'): no keepalive options; after a cut link the job "

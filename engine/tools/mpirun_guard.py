@@ -36,7 +36,8 @@ from typing import BinaryIO
 from engine.tools import mpi_launcher
 
 # Open MPI 5 (PRRTE) and Open MPI 4 (ORTE) word it alike; the summary line stands in for repeats of it
-LOST = re.compile(rb"(PRTE|ORTE) has lost communication with a remote daemon|help-errmgr-base.txt / node-died")
+LOST = re.compile(rb"(PRTE|ORTE) has lost communication with a remote daemon"
+                  rb"|help-errmgr-base.txt / node-died")
 REMOTE = re.compile(rb"Remote daemon: \S+ on node (\S+)")
 NOT_REPORTED = b"A daemon failed to report back"
 NOT_REPORTED_HOST = re.compile(rb"^\s*Remote host:\s+(\S+)")
@@ -89,9 +90,9 @@ def copy(source: BinaryIO, sink: BinaryIO, report: Report) -> None:
 
 
 USAGE = ("usage: mpirun_guard.py [--no-keepalive] MPIRUN [ARGS ...]\n\nRuns MPIRUN with ARGS and, unless "
-         "--no-keepalive, the keepalive options of that launcher (from MPIRUN --version; settings of the site "
-         "are kept), copies its output and passes its exit status on; after mpirun lost a host's daemon a 0 "
-         "becomes 1, with a message naming the host.")
+         "--no-keepalive, the keepalive options of that launcher (from MPIRUN --version; settings of the "
+         "site are kept), copies its output and passes its exit status on; after mpirun lost a host's "
+         "daemon a 0 becomes 1, with a message naming the host.")
 
 
 def main(argv: list[str] | None = None) -> int:
