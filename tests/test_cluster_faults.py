@@ -1,10 +1,14 @@
 """Faults between two simulated hosts (tests/cluster/simulated_hosts.py) during a 2-rank training started
-by the SGE job body: the link cut in either direction, and a host whose every process dies. Each must end
-the job: mpirun returns non-zero within distributed_stall_timeout + 60 s of the fault, and no rank is left
-running on either host. Before the launcher settings of tools/job_common.sh, mpirun never returned after a
-cut: it waited for its daemon behind the link. Once the link is up again (or the host back), the same
-command resumes from the newest checkpoint and finishes (checked after the mpi runs). Fails (not skips)
-under CI=true where namespaces are unavailable."""
+by the SGE job body, or by the README's multi-host line: the link cut in either direction, and a host
+whose every process dies. Each must end the job: mpirun returns non-zero within distributed_stall_timeout
++ 60 s of the fault, and no rank is left running on either host. Without the launcher's keepalive options
+(which mpirun-guard adds), mpirun never returned after a cut: it waited for its daemon behind the link.
+Once the link is up again (or the host back), the same command resumes from the newest checkpoint and
+finishes (checked after the mpi runs). Two runs start the daemon on host 1 by the real ssh client and
+an sshd there (tests/cluster/ssh_logins.py) with the launch options as they are: the job script's cut
+and the README line's; the others use the shell stand-in for ssh (tests/cluster/netns_agent.sh) with a
+3 s keepalive, to keep the suite short. Fails (not skips) under CI=true where namespaces or OpenSSH are
+unavailable."""
 from __future__ import annotations
 
 import re
@@ -13,14 +17,15 @@ import pytest
 
 from cluster.fault_run import FaultRun
 from cluster.simulated_hosts import SimulatedHosts
+from cluster.ssh_logins import SshLogins
 from prerequisites import require, require_module
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 STALL_TIMEOUT = 5
 BOUND = STALL_TIMEOUT + 60  # the promise: mpirun returns within the stall timeout plus a minute
-# ssh's keepalive as tools/job_common.sh sets it, 3 s apart instead of 10 to keep the tests short (the job
-# script's own settings: tests/test_cluster_jobs.py; measured with them: docs/multi-node.md)
+# ssh's keepalive as mpirun-guard sets it, 3 s apart instead of 10, for the runs with the stand-in for ssh
+# (the real settings and ssh: the "ssh" and "documented" runs; the options: tests/test_mpi_launcher.py)
 QUICK_SSH_ALIVE = {"PRTE_MCA_plm_ssh_args": "-o ServerAliveInterval=3 -o ServerAliveCountMax=3"}
 
 CONFIG = """
@@ -40,20 +45,27 @@ log_verbosity = 5
 """
 
 
-def run_fault(tmp_path, backend: str, fault: str, host: int, resume: bool) -> FaultRun:
+def run_fault(tmp_path, backend: str, fault: str, host: int, resume: bool, launch: str = "agent") -> FaultRun:
     """The fault and the checks that it ended the job; with ``resume``, then the same command again, which
     must resume from epoch 1's checkpoint and finish (the resume does not depend on the backend: the mpi
-    runs check it, to keep the suite's time)."""
+    runs check it, to keep the suite's time). ``launch``: "agent", the job script with the shell stand-in
+    for ssh and a short keepalive; "ssh", the job script as it is, its daemons started by the real ssh
+    client; "documented", the README's ``mpirun-guard mpirun --hostfile ...`` line, by the real ssh."""
     require("network namespaces (root, ip netns)", SimulatedHosts.unavailable())
+    if launch != "agent":
+        require("an OpenSSH client and server", SshLogins.unavailable())
     if backend == "horovod":
         require_module("horovod.tensorflow", "Horovod")
     overrides = ["++distributed_backend", backend, "++distributed_stall_timeout", str(STALL_TIMEOUT),
                  "++distributed_stall_warning", "2", "++checkpoint_interval", "500"]
+    env = QUICK_SSH_ALIVE if launch == "agent" else {}
     with SimulatedHosts.create() as hosts:
-        run = FaultRun(hosts, tmp_path, CONFIG, overrides, QUICK_SSH_ALIVE)
+        if launch != "agent":
+            SshLogins.start(hosts, tmp_path / "ssh")
+        run = FaultRun(hosts, tmp_path, CONFIG, overrides, env, ssh=launch != "agent")
         inject = {"cut": hosts.cut, "kill": hosts.kill_host}[fault]
         run.inject_when(r"train epoch 2, step 5,", lambda: inject(host))
-        run.start()
+        run.start(documented_line=launch == "documented")
         code = run.wait(timeout=120 + BOUND)
         # a rank behind the cut ends by its stall watchdog (or, waiting in a checkpoint window, by its
         # daemon's keepalive: up to a minute; docs/multi-node.md)
@@ -71,8 +83,9 @@ def run_fault(tmp_path, backend: str, fault: str, host: int, resume: bool) -> Fa
             return run
         if fault == "cut":
             hosts.reconnect(host)
-        again = FaultRun(hosts, tmp_path, CONFIG, overrides, QUICK_SSH_ALIVE)  # a killed host is back
-        again.start()
+        # a killed host is back
+        again = FaultRun(hosts, tmp_path, CONFIG, overrides, env, ssh=launch != "agent")
+        again.start(documented_line=launch == "documented")
         assert again.wait(timeout=180) == 0, again.output
     assert f"resuming after epoch 1 from {tmp_path / 'net.001'}" in again.output, again.output
     assert "finished training after epoch 3" in again.output, again.output
@@ -81,14 +94,22 @@ def run_fault(tmp_path, backend: str, fault: str, host: int, resume: bool) -> Fa
 
 # the tf backend also on the newest TensorFlow, where it is what replaces Horovod: its collectives go
 # through TensorFlow's gRPC, whose behaviour behind a cut link is TensorFlow's own
-@pytest.mark.parametrize("backend, host", [
-    ("mpi", 1), ("horovod", 0),
-    pytest.param("tf", 1, marks=[pytest.mark.tf_latest, pytest.mark.tf_latest_mpi])])
-def test_a_cut_link_ends_the_job(tmp_path, backend, host):
-    run = run_fault(tmp_path, backend, "cut", host, resume=backend == "mpi")
+# the mpi run is the job script's own launch line, unchanged: its keepalive options, the real ssh client
+@pytest.mark.parametrize("backend, host, launch", [
+    ("mpi", 1, "ssh"), ("horovod", 0, "agent"),
+    pytest.param("tf", 1, "agent", marks=[pytest.mark.tf_latest, pytest.mark.tf_latest_mpi])])
+def test_a_cut_link_ends_the_job(tmp_path, backend, host, launch):
+    run = run_fault(tmp_path, backend, "cut", host, resume=backend == "mpi", launch=launch)
     # rank 0's watchdog names the rank behind the cut (unless ssh's keepalive ended the job first)
     assert ("rank 1 (host simhost1) did not reach collective" in run.output
             or "Remote host:   simhost1" in run.output), run.output
+
+
+def test_a_cut_link_ends_the_documented_mpirun_line(tmp_path):
+    """The README's multi-host line, not the job scripts: mpirun-guard gives mpirun ssh's keepalive, the
+    real ssh client gives up on the cut host, and mpirun ends (a plain mpirun line waited for ever)."""
+    run = run_fault(tmp_path, "mpi", "cut", 1, resume=False, launch="documented")
+    assert "mpirun_guard: Open MPI 5" in run.output and "adding plm_ssh_args" in run.output, run.output
 
 
 def test_a_dead_host_ends_the_job(tmp_path):

@@ -72,7 +72,7 @@ def expected_mpirun_tail(cluster: Cluster, extra: list[str]) -> list[str]:
 
 def check_mpirun(cluster: Cluster, num_ranks: int, extra: list[str]) -> dict:
     (call,) = cluster.calls("mpirun")
-    args = call["args"]
+    args = call["args"][call["args"].index("--hostfile"):]  # after the launcher's keepalive options
     assert args[:8] == ["--hostfile", args[1], "-np", str(num_ranks), "--bind-to", "none", "--map-by", "slot"]
     # the hostfile lies in a fresh private directory (mktemp -d), removed at the end of the job
     hostfile_dir = Path(args[1]).parent
@@ -282,3 +282,35 @@ def test_ssh_keepalive_options_only_where_ssh_starts_the_daemons(cluster, env, s
     (call,) = cluster.calls("mpirun")
     assert ("plm_ssh_args" in call["args"]) == ssh_args, call["args"]
     assert "oob_tcp_keepalive_time" in call["args"]
+
+
+OPEN_MPI_4 = "mpirun (Open MPI) 4.1.5\n\nReport bugs to http://www.open-mpi.org/community/help/"
+HYDRA = "HYDRA build details:\n    Version:                                 4.1.2\n"
+
+
+@pytest.mark.parametrize("version, options, note", [
+    (OPEN_MPI_4, ["--mca", "plm_rsh_args", "-o ServerAliveInterval=10 -o ServerAliveCountMax=3", "--mca",
+                  "oob_tcp_keepalive_time", "30", "--mca", "oob_tcp_keepalive_intvl", "10", "--mca",
+                  "oob_tcp_keepalive_probes", "3"], "Open MPI 4.1.5 (ORTE): adding plm_rsh_args"),
+    (HYDRA, [], "MPICH Hydra 4.1.2: no keepalive options"),
+])
+def test_each_launcher_gets_its_own_keepalive_options(cluster, version, options, note):
+    """Open MPI 4's mpirun would reject PRRTE's --prtemca, MPICH's any of them."""
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE,
+                            FAKE_MPIRUN_VERSION=version)
+    assert result.returncode == 0 and cluster.job_status() == 0, cluster.job_output()
+    (call,) = cluster.calls("mpirun")
+    assert call["args"][:call["args"].index("--hostfile")] == options
+    assert f"mpirun_guard: {note}" in cluster.job_output()
+
+
+def test_a_site_s_mca_parameter_file_setting_is_kept_and_reported(cluster, tmp_path):
+    home = tmp_path / "home"
+    (home / ".prte").mkdir(parents=True)
+    (home / ".prte" / "mca-params.conf").write_text("plm_ssh_args = -o ServerAliveInterval=20\n")
+    result = cluster.submit("qsub_train.sh", [CONFIG, "2"], FAKE_PE_HOSTFILE=ONE_HOST_PE, HOME=str(home))
+    assert result.returncode == 0 and cluster.job_status() == 0, cluster.job_output()
+    (call,) = cluster.calls("mpirun")
+    assert "plm_ssh_args" not in call["args"] and "oob_tcp_keepalive_time" in call["args"]
+    assert (f"mpirun_guard: plm_ssh_args is set in {home / '.prte' / 'mca-params.conf'} "
+            "('-o ServerAliveInterval=20'): kept") in cluster.job_output()

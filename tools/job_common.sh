@@ -101,48 +101,18 @@ run_job() {
   return "$status"
 }
 
-# Settings that let mpirun end when a host stops answering (docs/multi-node.md, "When a host or the
-# network fails"; tested by tests/test_cluster_faults.py). Open MPI 5's mpirun waits for the daemon
-# (prted) on every host before it exits, also after MPI_Abort; behind a cut link that was for ever.
-# - ssh's own keepalive: ssh exits 255 after 3 unanswered asks 10 s apart, and mpirun takes that for the
-#   loss of the daemon and ends the job (only where mpirun starts its daemons with ssh: under SLURM it uses
-#   srun, under SGE qrsh, which would take ssh's -o for an output file).
-# - a keepalive of its own on the daemons' TCP connections (PRRTE's default: after 300 s idle, 9 probes
-#   20 s apart), for a connection that is idle when the link fails: 30 s, then 3 probes 10 s apart.
-LINK_KEEPALIVE_ARGS="--prtemca oob_tcp_keepalive_time 30 --prtemca oob_tcp_keepalive_intvl 10 \
---prtemca oob_tcp_keepalive_probes 3"
-SSH_ALIVE_ARGS="-o ServerAliveInterval=10 -o ServerAliveCountMax=3"
-
-# launcher_fault_args: the options above that apply to this job's launcher, unless MPIRUN_ARGS or the
-# environment (PRTE_MCA_plm_ssh_args, PRTE_MCA_oob_tcp_keepalive_time) sets them.
-launcher_fault_args() {
-  local args=()
-  case " ${MPIRUN_ARGS:-} ${PRTE_MCA_oob_tcp_keepalive_time:+oob_tcp_keepalive} " in *oob_tcp_keepalive*) ;; *)
-    # shellcheck disable=SC2206  # a list of options, split on purpose
-    args+=($LINK_KEEPALIVE_ARGS) ;;
-  esac
-  local daemons_by=ssh
-  if [ -n "${SLURM_JOB_ID:-}" ]; then daemons_by=srun; fi
-  if [ -n "${SGE_ROOT:-}" ] && [ -n "${ARC:-}" ]; then
-    case " ${MPIRUN_ARGS:-} " in *plm_ssh_disable_qrsh*) ;; *) daemons_by=qrsh ;; esac
-  fi
-  case " ${MPIRUN_ARGS:-} ${PRTE_MCA_plm_ssh_args:+plm_ssh_args} " in *plm_ssh_args*) daemons_by=user ;; esac
-  if [ "$daemons_by" = ssh ]; then args+=(--prtemca plm_ssh_args "$SSH_ALIVE_ARGS"); fi
-  printf '%s\n' "${args[@]}"
-}
-
 # job_mpirun HOSTFILE NUM_RANKS CONFIG [rnn.py args ...]: run the training; returns mpirun's status.
 job_mpirun() {
-  local hostfile=$1 num_ranks=$2 config=$3 name fault_args
+  local hostfile=$1 num_ranks=$2 config=$3 name
   shift 3
-  # mpirun_guard.py: mpirun exits 0 after losing a host's daemon; the guard makes that a failure
+  # mpirun_guard.py adds this launcher's keepalive options, so that mpirun ends when a host stops answering
+  # (engine/tools/mpi_launcher.py: for Open MPI 5 and 4, where the site has not set them), and turns the 0
+  # that mpirun returns after losing a host's daemon into a failure
   local cmd=("$PYTHON" "$ENGINE_ROOT/tools/mpirun_guard.py" "$MPIRUN" --hostfile "$hostfile" -np "$num_ranks"
              --bind-to none --map-by slot)
   for name in $DEFAULT_RANK_ENV ${RANK_ENV:-}; do
     if printenv "$name" >/dev/null; then cmd+=(-x "$name"); fi  # exported ones: mpirun's environment
   done
-  mapfile -t fault_args < <(launcher_fault_args)
-  cmd+=("${fault_args[@]}")
   # shellcheck disable=SC2206  # MPIRUN_ARGS is a list of options, split on purpose
   cmd+=(${MPIRUN_ARGS:-} "$PYTHON" "$ENGINE_ROOT/rnn.py" "$config" ++use_horovod 1 "$@")
   run_job "${cmd[@]}"

@@ -1,7 +1,13 @@
-"""``mpirun-guard`` (``tools/mpirun_guard.py``): run mpirun and pass its exit status on, but never a success
-for a job that Open MPI ended because it lost a host.
+"""``mpirun-guard`` (``tools/mpirun_guard.py``): run mpirun with the options that let it end when a host
+stops answering, pass its exit status on, but never a success for a job that Open MPI ended because it
+lost a host.
 
-    python tools/mpirun_guard.py MPIRUN [mpirun args ...]
+    python tools/mpirun_guard.py [--no-keepalive] MPIRUN [mpirun args ...]
+
+First it asks ``MPIRUN --version`` which launcher it is and puts that launcher's keepalive options right
+after MPIRUN (engine/tools/mpi_launcher.py: Open MPI 5 and 4 get ssh's and the daemons' keepalive, where
+they are not set already; MPICH's Hydra and srun none), one line on stderr saying what it added or kept;
+``--no-keepalive`` adds nothing.
 
 Open MPI 5.0.11's mpirun exits 0 when its daemon on another host dies (the host crashed, or every process
 there was killed): it prints "PRTE has lost communication with a remote daemon ... Remote daemon: [...]
@@ -12,11 +18,14 @@ with one message naming the host and, from the engine's ``hosts:`` line, its ran
 notices first that the command which started the daemon there ended ("A daemon failed to report back
 ... Remote host: HOST ... Daemon exit status: 137"; a race with the report above), it exits non-zero by
 itself: the wrapper passes that status on, with the same one-line message naming the host and ranks.
+A lost daemon is a failure also when no host name can be read from the report (a truncated report, or
+Open MPI's "N more processes have sent help message ... node-died" summary).
 Stop signals it receives (SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP) go on to mpirun, as the job scripts
 rely on.
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -24,7 +33,11 @@ import sys
 import threading
 from typing import BinaryIO
 
-LOST = b"PRTE has lost communication with a remote daemon"
+from engine.tools import mpi_launcher
+
+# Open MPI 5 (PRRTE) and Open MPI 4 (ORTE) word it alike; the summary line stands in for repeats of it
+LOST = re.compile(rb"(PRTE|ORTE) has lost communication with a remote daemon"
+                  rb"|help-errmgr-base.txt / node-died")
 REMOTE = re.compile(rb"Remote daemon: \S+ on node (\S+)")
 NOT_REPORTED = b"A daemon failed to report back"
 NOT_REPORTED_HOST = re.compile(rb"^\s*Remote host:\s+(\S+)")
@@ -37,13 +50,13 @@ class Report:
     """What mpirun's output said about lost hosts and where the ranks run."""
 
     def __init__(self) -> None:
-        self.lost = False  # "lost communication": mpirun then exits 0
+        self.lost = False  # "lost communication": Open MPI 5's mpirun then exits 0
         self.not_reported = False  # "failed to report back": mpirun then exits non-zero
         self.hosts: list[str] = []
         self.ranks: dict[str, str] = {}  # host -> "rank 1" / "ranks 2-3", from the engine's hosts line
 
     def note(self, line: bytes) -> None:
-        if LOST in line:
+        if LOST.search(line):
             self.lost = True
         if NOT_REPORTED in line:
             self.not_reported = True
@@ -76,9 +89,10 @@ def copy(source: BinaryIO, sink: BinaryIO, report: Report) -> None:
         report.note(line)
 
 
-USAGE = ("usage: mpirun_guard.py MPIRUN [ARGS ...]\n\nRuns MPIRUN with ARGS, copies its output and passes "
-         "its exit status on; a 0 after mpirun lost a host's daemon becomes 1, with a message naming the "
-         "host.")
+USAGE = ("usage: mpirun_guard.py [--no-keepalive] MPIRUN [ARGS ...]\n\nRuns MPIRUN with ARGS and, unless "
+         "--no-keepalive, the keepalive options of that launcher (from MPIRUN --version; settings of the "
+         "site are kept), copies its output and passes its exit status on; after mpirun lost a host's "
+         "daemon a 0 becomes 1, with a message naming the host.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +103,22 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print(USAGE, file=sys.stderr)
         return 2
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    keepalive = argv[0] != "--no-keepalive"
+    argv = argv if keepalive else argv[1:]
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        if keepalive:
+            launcher = mpi_launcher.ask(argv[0])
+            plan = mpi_launcher.keepalive_plan(launcher, argv[0], argv[1:], os.environ)
+            for note in plan.notes:
+                print(f"mpirun_guard: {note}", file=sys.stderr, flush=True)
+            argv = [argv[0], *plan.options, *argv[1:]]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except (OSError, mpi_launcher.LauncherError) as error:
+        print(f"mpirun_guard: error: cannot start '{argv[0]}': {error}", file=sys.stderr)
+        return 127
     for signum in FORWARDED:
         signal.signal(signum, lambda signum, frame: proc.send_signal(signum))
     report = Report()
@@ -103,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     for copier in copiers:
         copier.join(timeout=DRAIN_SECONDS)  # what mpirun wrote last
     status = status if status >= 0 else 128 - status  # killed by a signal: the shell's 128 + N
-    if report.hosts and (status != 0 or report.lost):
+    if report.lost or report.not_reported:  # a lost daemon ended the job: never a success
         print(report.message(status), file=sys.stderr, flush=True)
         return status or 1
     return status

@@ -13,7 +13,8 @@ before SIGKILL, to every process of the job), a signal name (``SIGTERM``) sends 
 shell only. ``srun`` and ``scontrol`` only record; ``mpirun`` records, then acts out the next entry of
 ``FAKE_MPIRUN_OUTCOMES`` (comma-separated, one per call, the last one repeated; default ``0``): an exit
 code, or ``wait-signal``: wait for SIGUSR1, SIGUSR2 or SIGTERM, as ranks that save a checkpoint on it,
-record the signals received and exit 99. Every call appends one JSON line to ``$FAKE_RECORD``: the
+record the signals received and exit 99. ``mpirun --version`` prints ``FAKE_MPIRUN_VERSION`` (default: Open
+MPI 5.0.11's text) and is not recorded. Every call appends one JSON line to ``$FAKE_RECORD``: the
 command, its arguments, its environment and, for ``mpirun``, the content of its ``--hostfile`` and the
 permissions of the directory it lies in.
 """
@@ -144,6 +145,10 @@ def sbatch(args: list[str]) -> int:
 
 
 def mpirun(args: list[str]) -> int:
+    if args == ["--version"]:  # asked by mpirun_guard; not recorded
+        print(os.environ.get("FAKE_MPIRUN_VERSION", "mpirun (Open MPI) 5.0.11\n\nReport bugs to "
+                             "https://www.open-mpi.org/community/help/"))
+        return 0
     hostfile = hostfile_dir_mode = None
     if "--hostfile" in args:
         path = args[args.index("--hostfile") + 1]
