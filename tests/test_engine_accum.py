@@ -25,12 +25,12 @@ COMMON = dict(train=CORPUS, batch_size=10000, network=FEED_FORWARD, gradient_cli
 @tf_latest
 def test_one_process_accumulation_equals_the_union_batch_and_drops_the_last_short_group(tmp_path):
     # 10 batches of one sequence in groups of 4: updates on sequences 0-3 and 4-7; 8-9 make none
-    accumulated, out = train(tmp_path, 1, base_config(max_seqs=1, accum_grad_multiple_step=4, **COMMON,
-                                                      log_verbosity=4))
     # each of the 4 batches' gradients holds the L2 term (RETURNN's accum_grad_multiple_step sums them)
     first_8 = {**COMMON, "train": {**CORPUS, "num_seqs": 8}, "network": L2_TIMES_4}
-    union, _ = train(tmp_path, 1, base_config(max_seqs=4, **first_8))
-    per_batch, _ = train(tmp_path, 1, base_config(max_seqs=1, **COMMON))
+    (accumulated, union, per_batch), out = train(tmp_path, 1, [  # one process trains the three
+        base_config(max_seqs=1, accum_grad_multiple_step=4, **COMMON, log_verbosity=4),
+        base_config(max_seqs=4, **first_8),
+        base_config(max_seqs=1, **COMMON)])
     assert accumulated[0]["num_steps"] == 10 and union[0]["num_steps"] == 2
     np.testing.assert_allclose(accumulated[0]["params"], union[0]["params"], rtol=1e-5, atol=1e-6)
     # the batches inside a group leave the parameters alone; the group's last one updates them
