@@ -303,7 +303,7 @@ def main() -> int:
         text, code = run_probe(COLLECTIVE_PROBE, ["--device", "gpu", "--gpu-reduction", "nccl"], gpus,
                                extra={"NCCL_DEBUG": "VERSION"})
         between = f"NCCL between the {gpus} GPUs TensorFlow sees (one rank per GPU)" if gpus > 1 else \
-            "the tf backend's GPU reduction on 1 rank (communication hint nccl)"
+            "its GPU reduction on 1 rank (communication hint nccl)"
         say(reduction_verdict(f"tf backend, {between}", text, code, gpus, "GPU", "nccl", nccl=gpus > 1))
         if gpus == 1:
             unchecked.append("NCCL between ranks (this node has 1 GPU; NCCL takes one rank per GPU)")

@@ -166,8 +166,8 @@ def test_a_one_gpu_node_says_nccl_between_ranks_was_not_checked(monkeypatch, cap
     gpu_node(monkeypatch, 1)
     code, lines = run_check(monkeypatch, capsys, tmp_path, FakeRuns(), "--runs", "3")
     assert code == 0, lines
-    assert ("PASS: tf backend, the tf backend's GPU reduction on 1 rank (communication hint nccl): each of 1 "
-            "rank(s) got the exact sum on its GPU (nccl)") in lines
+    assert ("PASS: tf backend, its GPU reduction on 1 rank (communication hint nccl): each of 1 rank(s) got "
+            "the exact sum on its GPU (nccl)") in lines
     assert any(line.startswith("NOT CHECKED: NCCL between ranks: this node has 1 GPU") for line in lines)
     assert lines[-1] == ("gpu-check: all checks PASS; not checked: NCCL between ranks (this node has 1 GPU; "
                          "NCCL takes one rank per GPU)")
