@@ -3,23 +3,33 @@
 
     .venv/bin/python benchmarks/gpu_check.py [--dry] [--runs 3] [--keep DIR]
 
-Every check trains through ``rnn.py`` on a generated corpus (40-dim features, 50 classes, lengths 50-250)
-and reads frames/s from the epoch line of the last epoch (the first epoch builds and traces the graph):
+First, where it runs (``gpu_node.py``): on the GPU when TensorFlow sees one; in the dry mode when the node
+has no GPU at all (no ``nvidia-smi``, no ``/dev/nvidiaN``); on a node with a GPU that TensorFlow does not
+see, it stops at once with one FAIL line naming the cause (a CPU-only TensorFlow, a CUDA/driver mismatch,
+TensorFlow not importing, ``CUDA_VISIBLE_DEVICES`` hiding the GPUs), exit 1.
 
-- frames/s on the GPU against the 2-core CPU, for configs/12ax.py (information) and for a 4x512 BLSTM
-  (4 layers of 512 units each way; target: at least 10x);
+Every speed check trains through ``rnn.py`` on a generated corpus (40-dim features, 50 classes, lengths
+50-250) and reads frames/s from the epoch line of the last epoch (the first builds and traces the graph):
+
+- frames/s on the GPU against the 2-core CPU, for configs/12ax.py (information; a failed run is a FAIL)
+  and for a 4x512 BLSTM (4 layers of 512 units each way; target: at least 10x);
 - the LSTM through cuDNN against the engine's own kernel (BlockLSTM) on the GPU (target: at least 3x);
 - mixed precision (bf16 where the GPU has it, else fp16) against float32: speed (target: at least 1.5x)
   and dev score (target: within the spread of float32's seeds);
-- the ``tf`` backend on 1 rank (NCCL), and 2 ranks sharing the GPU with the ``mpi`` backend and with the
-  ``tf`` backend (its ring: NCCL takes one rank per GPU);
+- cuDNN's layout (``lstm_layout_probe.py``): the engine's LSTM through ``CudnnRNNV3`` against Keras' LSTM
+  given the same weights in Keras' layout, and the engine's parameter vector against Keras' own;
+- the ``tf`` backend's reduction (``collective_probe.py``), its result checked on every rank: with NCCL
+  between every GPU TensorFlow sees (one rank per GPU; a node with one GPU cannot check NCCL between
+  ranks, and the last line says so), and with its ring between 2 ranks sharing one GPU;
+- 2 ranks sharing one GPU train, with the ``mpi`` backend and with the ``tf`` backend (ring);
 - peak GPU memory of the 4x512 BLSTM (information).
 
 Speed verdicts take medians of ``--runs`` interleaved runs and their ranges (``timing.compare``); the
-others are PASS/MISS. Without a GPU (or with ``--dry``) the same checks run on the CPU with a small
-model, so that the script cannot rot (CI runs it): each check must run, but the speed targets, which are
-for a GPU (an H100 or H200), are printed as DRY lines with the measured ratio and judge nothing.
-Exits non-zero when a check that applies is not PASS.
+others are PASS/MISS/FAIL. Without a GPU (or with ``--dry``) the same checks run on the CPU with a small
+model, so that the script cannot rot (CI runs it). Each line that the CPU cannot judge says DRY: the speed
+targets (printed with the CPU's ratio), cuDNN's kernel (the vector and the CPU twin against Keras are
+still compared), NCCL and the ring on GPU tensors (the ring between 2 CPU ranks is checked instead), peak
+GPU memory; the last line names what was not checked. Exits non-zero when a check that ran is not PASS.
 """
 from __future__ import annotations
 
@@ -27,13 +37,13 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 from engine.datasets import DataKeyInfo, HDFWriter
+from gpu_node import NodeFacts, decide, read_facts
 from timing import ROOT, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped
 from workload import blstm_network
 
@@ -64,30 +74,17 @@ def write_corpus(path: str, num_seqs: int, seed: int) -> None:
             writer.insert(f"seq-{i}", {"data": features, "classes": (features @ mapping).argmax(1)})
 
 
-def visible_gpu() -> tuple[int, int]:
-    """(GPUs TensorFlow sees, the first one's compute capability major), asked in a child so that this
-    process holds no GPU memory."""
-    probe = ("import tensorflow as tf; gpus = tf.config.list_physical_devices('GPU'); "
-             "cc = tf.config.experimental.get_device_details(gpus[0]).get('compute_capability', (0, 0)) "
-             "if gpus else (0, 0); print(len(gpus), cc[0])")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=child_env())
-    if out.returncode != 0 or not out.stdout.strip():
-        return 0, 0
-    count, major = out.stdout.split()[-2:]
-    return int(count), int(major)
-
-
 class Check:
     """Runs ``rnn.py`` on one config with overrides and reads what its output says."""
 
     def __init__(self, config: str, workdir: str, name: str, overrides: list[str], ranks: int = 1,
-                 cpu: bool = False) -> None:
+                 cpu: bool = False, env: dict | None = None) -> None:
         self.name, self.config, self.workdir = name, config, workdir
-        self.overrides, self.ranks, self.cpu = overrides, ranks, cpu
+        self.overrides, self.ranks, self.cpu, self.env = overrides, ranks, cpu, env or {}
         self.outputs: list[str] = []
 
     def run(self) -> str:
-        extra = {"CUDA_VISIBLE_DEVICES": ""} if self.cpu else {}
+        extra = {"CUDA_VISIBLE_DEVICES": ""} if self.cpu else self.env
         env = child_env(threads=2 if self.cpu else None, extra=extra)
         model = os.path.join(self.workdir, f"{self.name}-{len(self.outputs)}", "model")
         cmd = rnn_command(self.config, self.ranks, ["++model", model, *self.overrides], env,
@@ -115,19 +112,92 @@ def peak_gpu_mib(text: str) -> float | None:
     return float(found[-1]) if found else None
 
 
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+COLLECTIVE_PROBE = os.path.join(BENCHMARKS, "collective_probe.py")
+LAYOUT_PROBE = os.path.join(BENCHMARKS, "lstm_layout_probe.py")
+PROBE_LINE = re.compile(r"^(?:\[rank \d+\] )?collective-probe: rank (\d+) of (\d+): (.*)$", re.M)
+EXACT = re.compile(  # the rest of a rank's line when its sum was exact: (device kind, communication hint)
+    r"[1-9]\d* CollectiveReduceV2 on \S+/device:(\w+):\d+ \(communication_hint ([\w, ]+)\): sum exact")
+
+
+def run_probe(program: str, args: list[str], ranks: int, extra: dict | None = None) -> tuple[str, int]:
+    """(output, exit code) of a probe, under mpirun when ``ranks`` says so (``rnn_command`` puts the
+    program's first argument where it puts a config)."""
+    env = child_env(extra=extra)
+    cmd = rnn_command(args[0], ranks, args[1:], env, program=program, mpirun=ranks > 1 or program ==
+                      COLLECTIVE_PROBE)
+    out = run_stamped(cmd, env, timeout=600, check=False)
+    if out.returncode != 0:
+        print(out.text[-3000:], file=sys.stderr, flush=True)
+    return out.text, out.returncode
+
+
+def reduction_verdict(name: str, text: str, returncode: int, ranks: int, kind: str, hint: str,
+                      nccl: bool = False) -> str:
+    """PASS only when every one of ``ranks`` ranks printed that its reduction ran on the ``kind`` device
+    with communication hint ``hint`` and gave the exact sum, and, with ``nccl``, NCCL printed its version
+    (``NCCL_DEBUG=VERSION``: NCCL says so when it sets up a communicator, i.e. when it ran)."""
+    exact, other = set(), []
+    for rank, size, rest in PROBE_LINE.findall(text):
+        exact_here = EXACT.fullmatch(rest)
+        if int(size) == ranks and exact_here and exact_here.groups() == (kind, hint):
+            exact.add(int(rank))
+        else:
+            other.append(f"rank {rank} of {size}: {rest}")
+    missing = sorted(set(range(ranks)) - exact)
+    if missing or returncode != 0:
+        said = f"; {'; '.join(other)}" if other else ""
+        return (f"FAIL: {name}: exit {returncode}, no exact sum on the {kind} with {hint} from rank(s) "
+                f"{', '.join(map(str, missing)) or 'none'}{said} (the end of its output is above)")
+    version = re.search(r"NCCL version ([\w.+-]+)", text)
+    if nccl and not version:
+        return (f"FAIL: {name}: every rank got the exact sum, but NCCL printed no version line "
+                "(NCCL_DEBUG=VERSION), so NCCL did not run: the reduction went another way")
+    ran = f"; NCCL {version.group(1)} ran" if version else ""
+    return f"PASS: {name}: each of {ranks} rank(s) got the exact sum on its {kind} ({hint}{ran})"
+
+
+def layout_verdict(text: str, returncode: int, on_gpu: bool) -> str:
+    """The cuDNN layout line: on a GPU a PASS needs both comparisons equal; on the CPU cuDNN's kernel
+    does not run, so the line is DRY when both are equal (and FAIL when not)."""
+    found = dict(re.findall(r"^lstm-layout: (vector|outputs) (.*)$", text, re.M))
+    if returncode != 0 or len(found) != 2 or not all(v.startswith("equal") for v in found.values()):
+        shown = "; ".join(f"{k} {v}" for k, v in found.items()) or "no result (its output is above)"
+        return f"FAIL: cuDNN's layout: exit {returncode}: {shown}"
+    if on_gpu:
+        return (f"PASS: the LSTM through cuDNN (CudnnRNNV3) computes Keras' LSTM given the same weights in "
+                f"Keras' layout: {found['outputs'][len('equal: '):]}; its parameter vector is Keras' own")
+    return ("DRY: cuDNN's kernel (no GPU). Checked on the CPU instead: the engine's parameter vector for "
+            "cuDNN equals the one Keras builds from the same weights, and the CPU twin reading it computes "
+            "Keras' LSTM. The twin reads the vector as the engine writes it, so twin against the engine's "
+            "own kernel cannot see a layout error; Keras' vector can")
+
+
+def mode_of(args: argparse.Namespace) -> tuple[str, NodeFacts, str]:
+    if args.dry:
+        return "dry", NodeFacts(), "--dry"
+    facts = read_facts()
+    mode, why = decide(facts)
+    return mode, facts, why
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="the CPU dry mode even where a GPU is visible")
     parser.add_argument("--runs", type=int, default=3, help="interleaved runs per speed row")
     parser.add_argument("--keep", help="keep corpora and models in this directory")
     args = parser.parse_args()
-    gpus, capability = (0, 0) if args.dry else visible_gpu()
-    on_gpu = gpus > 0
+    mode, facts, why = mode_of(args)
+    if mode == "fail":
+        print(f"FAIL: {why}", flush=True)
+        print("gpu-check: 1 check(s) not PASS (the GPU cannot be used)", flush=True)
+        return 1
+    on_gpu, gpus, capability = mode == "gpu", facts.tf_gpus, facts.capability
     workdir = args.keep or tempfile.mkdtemp(prefix="gpu-check-")
     os.makedirs(workdir, exist_ok=True)
     layers, units, seqs, cpu_seqs = (4, 512, 400, 40) if on_gpu else (2, 32, 30, 30)
     runs = args.runs if on_gpu else 1
-    print(f"gpu-check: {'on the GPU' if on_gpu else 'DRY mode on the CPU (no GPU visible)'}; "
+    print(f"gpu-check: {f'on the GPU ({why})' if on_gpu else f'DRY mode on the CPU ({why})'}; "
           f"BLSTM {layers}x{units}, {runs} run(s) per speed row; files in {workdir}", flush=True)
 
     configs = {}
@@ -171,11 +241,17 @@ def main() -> int:
             print(f"  {exc}", file=sys.stderr, flush=True)
     mixed_scores = [last_dev_score(text) for text in checks["blstm_mixed"].outputs]
 
-    failures = 0
+    failures, unchecked = 0, []
 
     def say(line: str) -> None:
+        """A judged line: anything but PASS is a failure."""
         nonlocal failures
         failures += not line.startswith("PASS")
+        print(line, flush=True)
+
+    def dry(line: str, what: str) -> None:
+        """A line nothing judged here (``what``: named in the last line)."""
+        unchecked.append(what)
         print(line, flush=True)
 
     side = {name: Side.of(row) for name, row in rows.items()}
@@ -187,12 +263,18 @@ def main() -> int:
             say(compare(side[ours], side[theirs], text, factor=factor, fmt="{:.0f}"))
             return
         ratio = side[ours].median / side[theirs].median
-        print(f"DRY: {text}: {ratio:.2f}x on the CPU [{side[ours].describe('{:.0f}')}; "
-              f"{side[theirs].describe('{:.0f}')}] (the target is for a GPU: nothing judged)", flush=True)
+        dry(f"DRY: {text}: {ratio:.2f}x on the CPU [{side[ours].describe('{:.0f}')}; "
+            f"{side[theirs].describe('{:.0f}')}] (the target is for a GPU: nothing judged)",
+            "the speed targets")
 
-    ratio = side["12ax_compute"].median / side["12ax_cpu"].median
-    print(f"INFO: 12AX frames/s on the {compute} {side['12ax_compute'].describe('{:.0f}')} against the "
-          f"2-core CPU {side['12ax_cpu'].describe('{:.0f}')}: {ratio:.2f}x", flush=True)
+    failed_ax = [name for name in ("12ax_compute", "12ax_cpu") if side[name].failed]
+    if failed_ax:
+        say(f"FAIL: 12AX frames/s on the {compute} against the 2-core CPU: "
+            + "; ".join(f"{name}: {side[name].failure}" for name in failed_ax))
+    else:
+        ratio = side["12ax_compute"].median / side["12ax_cpu"].median
+        print(f"INFO: 12AX frames/s on the {compute} {side['12ax_compute'].describe('{:.0f}')} against the "
+              f"2-core CPU {side['12ax_cpu'].describe('{:.0f}')}: {ratio:.2f}x", flush=True)
     speed_target("blstm_cudnn", "blstm_cpu", 10, f"{layers}x{units} BLSTM frames/s on the {compute} at least "
                  "10x the 2-core CPU's")
     speed_target("blstm_cudnn", "blstm_native", 3, "the LSTM through cuDNN at least 3x the engine's own "
@@ -207,27 +289,66 @@ def main() -> int:
         within = low - margin <= mixed_score <= high + margin
         say(f"{'PASS' if within else 'MISS'}: {precision} dev score {mixed_score:.4f} within float32's seed "
             f"spread {low:.4f}..{high:.4f} ({len(seed_scores)} seeds{', widened to 2%' if margin else ''})")
+
+    text, code = run_probe(LAYOUT_PROBE, [compute], 1)
+    line = layout_verdict(text, code, on_gpu)
+    if line.startswith("DRY"):
+        dry(line, "cuDNN's kernel")
+    else:
+        say(line)
+
+    # the tf backend's reduction, its result checked on every rank (collective_probe.py)
+    one_gpu = {"CUDA_VISIBLE_DEVICES": (facts.visible_devices or "0").split(",")[0]} if on_gpu else {}
+    if on_gpu:
+        text, code = run_probe(COLLECTIVE_PROBE, ["--device", "gpu", "--gpu-reduction", "nccl"], gpus,
+                               extra={"NCCL_DEBUG": "VERSION"})
+        between = f"NCCL between the {gpus} GPUs TensorFlow sees (one rank per GPU)" if gpus > 1 else \
+            "its GPU reduction on 1 rank (communication hint nccl)"
+        say(reduction_verdict(f"tf backend, {between}", text, code, gpus, "GPU", "nccl", nccl=gpus > 1))
+        if gpus == 1:
+            unchecked.append("NCCL between ranks (this node has 1 GPU; NCCL takes one rank per GPU)")
+            print("NOT CHECKED: NCCL between ranks: this node has 1 GPU, and NCCL takes one rank per GPU "
+                  "(run gpu-check on a node with 2 or more)", flush=True)
+        text, code = run_probe(COLLECTIVE_PROBE, ["--device", "gpu", "--gpu-reduction", "ring"], 2,
+                               extra=one_gpu)
+        say(reduction_verdict("tf backend, its ring between 2 ranks sharing one GPU", text, code, 2, "GPU",
+                              "ring"))
+    else:
+        dry("DRY: the tf backend with NCCL, and its ring on GPU tensors (no GPU)", "NCCL")
+        text, code = run_probe(COLLECTIVE_PROBE, ["--device", "cpu"], 2)
+        say(reduction_verdict("tf backend, its ring between 2 CPU ranks", text, code, 2, "CPU", "ring"))
+
     collective = ["++use_horovod", "1", "++distributed_backend"]
-    for name, check, expect in (  # the tf backend's log line names how it reduces CPU and GPU tensors
-            ("the tf backend on 1 rank (NCCL on a GPU)", blstm("tf_1rank", *collective, "tf"),
-             "GPU tensors by NCCL"),
-            ("2 ranks sharing the device, mpi backend", blstm("mpi_2ranks", *collective, "mpi", ranks=2),
+    where = "sharing one GPU" if on_gpu else "on the CPU"
+    for name, check, expect in (  # a reduction's result is the probe's to check; these show training runs
+            (f"2 ranks {where} trained with the mpi backend",
+             Check(configs["blstm"], workdir, "mpi_2ranks", [*collective, "mpi"], ranks=2, env=one_gpu),
              "using the mpi backend"),
-            ("2 ranks sharing the device, tf backend (ring)", blstm(
-                "tf_2ranks", *collective, "tf", "++distributed_tf_gpu_reduction", "ring", ranks=2),
-             "GPU tensors by RING")):
+            (f"2 ranks {where} trained with the tf backend (ring)",
+             Check(configs["blstm"], workdir, "tf_2ranks",
+                   [*collective, "tf", "++distributed_tf_gpu_reduction", "ring"], ranks=2, env=one_gpu),
+             "using the tf backend")):
         try:
             text = check.run()
-            ok = expect in text
-            say(f"{'PASS' if ok else 'MISS'}: {name} trained"
-                f"{'' if ok else f' but its log does not say {expect!r}'}")
+            finished = re.search(r"^train epoch 2: [0-9.]+ frames/sec", text, re.M)
+            ok = expect in text and finished
+            say(f"{'PASS' if ok else 'MISS'}: {name}"
+                f"{'' if ok else f' (its log lacks {expect!r} or the last epoch line)'}")
         except RowFailed as exc:
             say(f"FAIL: {name}: {exc}")
     peaks = [peak_gpu_mib(text) for text in checks["blstm_cudnn"].outputs]
     peak = max((p for p in peaks if p is not None), default=None)
-    print(f"INFO: peak GPU memory of the {layers}x{units} BLSTM: "
-          f"{f'{peak:.0f} MiB' if peak is not None else 'none measured (no GPU)'}", flush=True)
-    print(f"gpu-check: {'all checks PASS' if not failures else f'{failures} check(s) not PASS'}", flush=True)
+    if not on_gpu:
+        dry("DRY: peak GPU memory (no GPU)", "peak GPU memory")
+    elif peak is None:
+        say(f"FAIL: the {layers}x{units} BLSTM reported no peak GPU memory: it did not compute on the GPU")
+    else:
+        print(f"INFO: peak GPU memory of the {layers}x{units} BLSTM: {peak:.0f} MiB", flush=True)
+    verdict = "all checks PASS" if not failures else f"{failures} check(s) not PASS"
+    if not on_gpu:
+        verdict = f"DRY mode, {verdict}" + (" (on the CPU)" if not failures else "")
+    not_checked = f"; not checked: {', '.join(dict.fromkeys(unchecked))}" if unchecked else ""
+    print(f"gpu-check: {verdict}{not_checked}", flush=True)
     return 1 if failures else 0
 
 

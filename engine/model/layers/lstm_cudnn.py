@@ -18,10 +18,12 @@ goes in as length 1 (cuDNN refuses 0) and its outputs are zeroed after.
 The CPU twin (``cudnn_twin``): no CPU kernel exists for ``CudnnRNNV3``, so the twin is the standard LSTM
 of plain ops that Keras runs in its place on a CPU (``standard_lstm``), but reading the very parameter
 vector the GPU op gets, in cuDNN's documented layout, and with the op's semantics (two bias halves
-added, state held and output 0 past each length). What the twin proves on the CPU: the conversion
-(gate order, transposes, bias halves, forget bias), the length handling and the gradients through the
-conversion to our variables (tests/test_lstm_cudnn.py). What it cannot prove: the cuDNN kernel itself.
-No GPU run has been made here.
+added, state held and output 0 past each length). What the twin proves on the CPU: that the reading of
+the vector agrees with its writing (``_unpack`` undoes ``cudnn_params``), the length handling and the
+gradients through the conversion to our variables. What it cannot prove: that the layout is cuDNN's (an
+error that writing and reading share leaves the twin right), for which the vector is compared with the
+one Keras builds for cuDNN (tests/test_lstm_cudnn.py, and ``make gpu-check`` with the real kernel on a
+GPU, ``benchmarks/lstm_layout_probe.py``); nor the cuDNN kernel itself. No GPU run has been made here.
 """
 from __future__ import annotations
 
