@@ -23,9 +23,9 @@ A run stopped on request exits with 99 and writes nothing; other engine errors e
 
 A list of configs trains them one after the other in the same processes (one TensorFlow start-up and one
 MPI job for all: the suite's cost is the number of processes it starts). Run K writes
-``OUT_DIR/run<K>/rank<R>.npz`` and prints ``=== run K`` before it starts; the options after the list apply
-to every run, and a run's own options are added to them. A run that ends the job (an error, a stop) must
-be the last one.
+``OUT_DIR/run<K>/rank<R>.npz``, and rank 0 prints ``=== run K`` before it starts; the options after the
+list apply to every run, and a run's own options are added to them. A run that ends the job (an error, a
+stop) must be the last one.
 """
 import ast
 import contextlib
@@ -42,6 +42,7 @@ from engine.distributed import fail as fail_job
 from engine.distributed.strategy import ParamAverage
 from engine.runtime import log, process
 from engine.runtime.errors import EngineError
+from engine.runtime.launch import env_rank
 from engine.tasks.train import run_train
 from engine.training import step as step_module
 
@@ -56,7 +57,8 @@ def main() -> None:
         values, own_options = (run, []) if isinstance(run, dict) else run
         folder = os.path.join(out_dir, f"run{k}")
         os.makedirs(folder, exist_ok=True)
-        print(f"=== run {k}", flush=True)
+        if env_rank() == 0:  # one marker a run: tests split rank 0's output at them
+            print(f"=== run {k}", flush=True)
         train_once(folder, values, [*options, *own_options])
         process.set_communicator(None)  # the next run creates its own
 
