@@ -103,10 +103,14 @@ def start_collective_runtime(mpi_comm: Any, rank: int) -> list[str]:
 
 
 class InstanceKeys:
-    """Instance keys from what a collective is: the same on every rank, one key per signature.
+    """Instance keys from what a collective is: one key per signature, the same on every rank.
 
-    A key is a CRC of the signature, so it does not depend on the order in which a rank first met its
-    signatures; a collision with another signature already seen here is resolved by the next free key."""
+    A signature's key is 1 + its CRC (mod 0x7FFFFFF0), unless that key is taken already by a signature
+    met before, in which case it gets the next key not taken. So keys do not depend on the order of the
+    signatures met, except where two collide (or one lands on a key a collision moved): then the one met
+    later gets the moved key. Every rank still gets the same keys, because the ranks meet their signatures
+    in the same program order (they run the same collectives); a rank that meets one once more (a retrace)
+    keeps the key it gave it first."""
 
     def __init__(self) -> None:
         self._keys: dict[tuple, int] = {}
