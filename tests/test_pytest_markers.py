@@ -28,11 +28,12 @@ def test_every_marker_used_in_tests_is_declared():
 
 
 def test_an_undeclared_marker_fails_the_collection(tmp_path):
+    misspelt = "tf_" + "lastest"  # not spelt out here, or the test above would find it in this file
     (tmp_path / "test_misspelt.py").write_text(
-        "import pytest\n\n\n@pytest.mark.tf_lastest\ndef test_x():\n    pass\n")
+        f"import pytest\n\n\n@pytest.mark.{misspelt}\ndef test_x():\n    pass\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "setup.cfg"), "--rootdir",
                            str(tmp_path), "-p", "no:cacheprovider", "-p", "no:xdist", "--collect-only", "-q",
                            str(tmp_path / "test_misspelt.py")], capture_output=True, text=True, cwd=tmp_path,
                           timeout=120)
     assert done.returncode != 0, done.stdout + done.stderr
-    assert "'tf_lastest' not found in `markers` configuration option" in done.stdout + done.stderr
+    assert f"'{misspelt}' not found in `markers` configuration option" in done.stdout + done.stderr
