@@ -136,7 +136,6 @@ def test_export_refuses_to_overwrite_unless_asked(tmp_path, capsys):
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
-
 def test_an_overwrite_cut_between_its_renames_leaves_no_old_index_beside_new_data(tmp_path, monkeypatch):
     """The renames replace one file at a time: a crash after the data's must not leave the old .index and
     .meta, which would read as a complete checkpoint of the old names with the new data."""
@@ -165,6 +164,8 @@ def test_an_overwrite_cut_between_its_renames_leaves_no_old_index_beside_new_dat
     assert write_checkpoint(out, {"v": np.ones((4,), np.float32)}, global_step=2)  # a rerun completes it
     np.testing.assert_array_equal(stored(out)["v"], np.ones(4))
     assert "w" not in stored(out) and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 # ----- errors: each names the parameter and the file -----
 
 def write_variant(tmp_path, name: str, drop=(), add=None) -> str:
