@@ -93,7 +93,8 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
                 if not strategy.keeps_rank_state:  # one reduced update: every rank found the same
                     raise _nonfinite_error([(0, step, steps.nonfinite)], epoch, strategy, checkpoints)
                 nonfinite = (step, steps.nonfinite)
-    if step == 0:  # the ranks agreed on the end in the step signal: each knows that none trained
+    if step == 0 and not start.skip_batches:  # no step in this run nor before a resume: nothing trained
+        # (the ranks agreed on the epoch's end in the step signal, so every rank raises alike)
         raise no_step_error(epoch, planned.all_shards, shard_size, dataset.num_seqs, strategy.comm.rank)
     with report.computing():
         dropped, leftover = steps.drop_partial_group() if steps.accum_steps > 1 else (0, None)
