@@ -1,7 +1,7 @@
 """README.md and docs/*.md are the contract, and what they show must run as written on the fresh machine the
 README describes: after `make install` the engine's Python, mpirun and console commands live in .venv/bin,
-and none of them is on PATH. These tests read the markdown as text and fail where a doc names something
-that is not there (one of them runs programs: the last point):
+and none of them is on PATH. This test reads the markdown as text (no TensorFlow, no command is run) and
+fails where a doc names something that is not there:
 
 - `make TARGET`: a target of the Makefile;
 - a repository path (tools/..., configs/..., demos/..., benchmarks/..., docs/..., tests/..., engine/...,
@@ -11,9 +11,9 @@ that is not there (one of them runs programs: the last point):
   a program): it names the environment's programs by path (.venv/bin/python, .venv/bin/mpirun), runs the
   repository's Python scripts with .venv/bin/python, and runs its shell scripts only if they are executable;
 - a markdown link to a local file: the file exists, and its #anchor is one of the file's headings;
-- a ```python block headed `# configs/NAME.py`: it assigns every key of that file, with the file's values;
-- every Python program a command runs (rnn.py, a script of tools/, benchmarks/ or demos/, a console
-  command) starts with `--help`, and its help lists every `--option` a doc passes it.
+- a ```python block headed `# configs/NAME.py`: it assigns every key of that file, with the file's values.
+
+test_docs_programs.py runs the programs these commands name.
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import ast
 import configparser
 import os
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -300,80 +299,6 @@ def test_environment_programs_are_installed(doc):
 def test_commands_name_their_programs_by_path(doc):
     problems = [f"{code.where()}: `{command}`: {problem}" for code in all_code(doc)
                 for command in commands(code) for problem in command_problems(command)]
-    assert not problems, report(problems)
-
-
-def documented_programs() -> dict[str, dict[str, str]]:
-    """Every Python program a doc command runs (a repository script after .venv/bin/python, or a console
-    command of setup.cfg, as its tools/ script) -> the --options the docs pass it -> where."""
-    found: dict[str, dict[str, str]] = {}
-    for doc in DOCS:
-        for code in all_code(doc):
-            for command in commands(code):
-                words = words_of(command)
-                program = program_of(words)
-                rest = words[words.index(program) + 1:] if program in words else []
-                if program.endswith(".venv/bin/python") and rest and is_repo_script(rest[0]) \
-                        or program.endswith(".venv/bin/python") and rest and rest[0] == "rnn.py":
-                    script, arguments = rest[0], rest[1:]
-                elif program.startswith(".venv/bin/") and program[len(".venv/bin/"):] in console_scripts():
-                    script, arguments = f"tools/{program[len('.venv/bin/'):].replace('-', '_')}.py", rest
-                else:
-                    continue
-                if not script.endswith(".py"):
-                    continue
-                options = found.setdefault(script, {})
-                if "--" in arguments:  # supervise -- COMMAND: the rest is the command it runs
-                    arguments = arguments[:arguments.index("--")]
-                for word in arguments:
-                    if re.fullmatch(r"--[a-z][\w-]*(=.*)?", word):
-                        options.setdefault(word.split("=")[0], code.where())
-    return found
-
-
-# Runs each script as ``python SCRIPT --help`` would (as __main__, from the repository root), in one
-# process for all (a Python start per script would cost a second each); prints {script: [status, help]}.
-HELP_RUNNER = """
-import contextlib, io, json, os, runpy, sys
-results = {}
-for script in sys.argv[1:]:
-    out, status = io.StringIO(), 0
-    sys.argv, saved_path = [script, "--help"], list(sys.path)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException as exc:
-        status, _ = 1, out.write(f"{type(exc).__name__}: {exc}")
-    sys.path[:] = saved_path
-    results[script] = [status, out.getvalue()]
-print(json.dumps(results))
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.version_independent
-def test_documented_programs_start_and_take_the_documented_options():
-    """Runs each program the docs run, with --help: it must start (its imports, its argument parser)
-    and list every option a doc command passes it."""
-    import json
-
-    from helpers import run
-
-    programs = documented_programs()
-    assert {"rnn.py", "tools/make_hostfile.py", "benchmarks/bench_multihost.py"} <= set(programs), programs
-    done = run([sys.executable, "-c", HELP_RUNNER, *sorted(programs)], timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout + done.stderr
-    problems = []
-    for script, (status, text) in json.loads(done.stdout.splitlines()[-1]).items():
-        if status != 0:
-            problems.append(f"{script} --help: exit {status}: {text[-600:]}")
-            continue
-        problems += [f"{where}: {script} {option}: not an option of {script} (its --help lists none)"
-                     for option, where in programs[script].items()
-                     if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text)]
     assert not problems, report(problems)
 
 
