@@ -13,7 +13,7 @@ old ``behavior_version``; the two mean the same optimizer), and the Sprint corpu
 synthetic one: 50-dim features, 12 classes, each frame's class given by its neighbourhood (frames
 -2..+2), so that both directions help. A seed changes the initial values and the dropout masks in both
 programs, not the data order. RETURNN runs where ``$RETURNN_PYTHON`` or ``/tmp/returnn-venv/bin/python``
-has it."""
+has it. One PASS or MISS line per epoch; any MISS makes the exit status 1."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,7 @@ import numpy as np
 from bench_returnn_ctc_demo import RETURNN_HEAD, curve
 from engine.datasets import DataKeyInfo, HDFWriter
 from returnn_side import no_returnn, returnn_python
+from returnn_verdicts import seed_spread_verdict
 from timing import ROOT, child_env
 
 INPUT_DIM, CLASSES, CONTEXT = 50, 12, 2
@@ -121,16 +122,19 @@ def main() -> int:
             scores[program].append([score for score, _ in rows])
             print(f"{name}: dev score per epoch " + " / ".join(f"{s:.4f}" for s, _ in rows)
                   + f"; dev frame error, last epoch {100 * rows[-1][1]:.1f} %", flush=True)
-    for epoch in range(args.epochs):
-        ours = [run[epoch] for run in scores["engine"]]
-        theirs = [run[epoch] for run in scores["returnn"]]
-        ours_median, theirs_median = float(np.median(ours)), float(np.median(theirs))
-        inside = min(theirs) <= ours_median <= max(theirs) and min(ours) <= theirs_median <= max(ours)
-        print(f"{'PASS' if inside else 'MISS'}: epoch {epoch + 1}: each side's median dev score lies within "
-              f"the other's seed spread [engine {ours_median:.4f} ({min(ours):.4f}..{max(ours):.4f}); "
-              f"RETURNN {theirs_median:.4f} ({min(theirs):.4f}..{max(theirs):.4f}), {len(ours)} seeds each]")
-    print(f"\nfolder: {folder}")
-    return 0
+    print(f"folder: {folder}\n")
+    return verdicts(scores, args.epochs)
+
+
+def verdicts(scores: dict[str, list[list[float]]], epochs: int) -> int:
+    """One PASS or MISS line per epoch (``seed_spread_verdict``); the exit status: 1 when any missed."""
+    missed = 0
+    for epoch in range(epochs):
+        inside, line = seed_spread_verdict(epoch + 1, [run[epoch] for run in scores["engine"]],
+                                           [run[epoch] for run in scores["returnn"]])
+        print(line)
+        missed += not inside
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

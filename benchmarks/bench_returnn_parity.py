@@ -2,6 +2,7 @@
 """One training update, proved equal to RETURNN's: the RETURNN side, the fixtures, and the comparison.
 
     .venv/bin/python benchmarks/bench_returnn_parity.py [--cases ce_sgd,...] [--out DIR] [--no-check]
+        [--update-fixtures]
 
 A dev script: RETURNN is no dependency of this project. It runs RETURNN in a Python of its own,
 ``$RETURNN_PYTHON`` or else ``/tmp/returnn-venv/bin/python`` (``python3 -m venv /tmp/returnn-venv &&
@@ -21,14 +22,21 @@ a ``softmax`` with a ``ce`` or ``ctc`` loss), an optimizer and the gradient keys
 - runs ONE update on the fixed train batch (4 sequences; a 2-rank case's ranks take 2 each) and saves the
   parameters after it by RETURNN's variable names, and scores the dev batch again.
 
-``--out DIR`` [tests/fixtures/returnn_parity] receives ``<case>.index`` and ``.data-00000-of-00001`` (the
+A temporary folder (or ``--out DIR``) receives ``<case>.index`` and ``.data-00000-of-00001`` (the
 checkpoint before), ``<case>.after.npz`` (the parameters after), ``batches.npz`` (the train and dev
 batches of both losses) and ``cases.json`` (per case what RETURNN ran, the engine config meaning the same,
 the ranks' sequences, RETURNN's scores and gradient norms; versions, date, command). Then, unless
 ``--no-check``, the engine does the same update (``tests/mpi_scripts/returnn_parity_step.py``, the code the
 tests run: the config's ``load`` of the fixture, one train step; 1-rank cases in this process, 2-rank ones
-with real ``mpirun``) and a table, one row per case, shows the largest parameter differences and both
-dev-score changes with their ratio.
+with real ``mpirun``) and a table, one row per case, shows the largest parameter differences, both
+dev-score changes with their ratio, and the case's verdict: PASS when every parameter is within the
+tests' tolerance (``PARAM_RTOL``, ``PARAM_ATOL``, as ``numpy.testing.assert_allclose``) and the dev-score
+change within ``DEV_CHANGE_RTOL`` of RETURNN's, else MISS naming what is off. Any MISS makes the exit
+status 1.
+
+The test fixtures (tests/fixtures/returnn_parity) change only with ``--update-fixtures``, and only when
+every case passed (or with ``--no-check``): then the run's files replace theirs (``cases.json`` keeps the
+cases not run), each written to a temporary name and renamed. A run that misses leaves them as they were.
 
 Where RETURNN needs help on TensorFlow 2.15 (``RETURNN_PATCHES``), the case's entry says so: ``darc1`` is
 written for TensorFlow 1's ``tf.where``, which picks rows; TensorFlow 2's broadcasts and fails.
@@ -51,9 +59,14 @@ import zlib
 import numpy as np
 
 from returnn_side import no_returnn, returnn_python, returnn_versions, run_returnn_side
+from returnn_verdicts import parity_misses, summary, update_fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(ROOT, "tests", "fixtures", "returnn_parity")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "returnn_parity")
+# what tests/test_returnn_parity.py allows (it imports these): float32 rounding of parameters of size ~1
+# after one update, and the dev score's change
+PARAM_RTOL, PARAM_ATOL = 1e-5, 1e-6
+DEV_CHANGE_RTOL = 0.01
 STEP_SCRIPT = os.path.join(ROOT, "tests", "mpi_scripts", "returnn_parity_step.py")
 INPUT_DIM, NUM_CLASSES = 4, 5
 TRAIN_LENGTHS, DEV_LENGTHS = [9, 7, 6, 4], [8, 6, 5]
@@ -322,26 +335,38 @@ def differences(out: str, name: str, engine: dict) -> tuple[float, float]:
     return abs_diff, float(max(r.max(initial=0.0) for r in rel))
 
 
-def table(out: str, names: list[str], engine: dict[str, dict]) -> list[str]:
+def table(out: str, names: list[str], engine: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """The table's lines, and the names of the cases that missed."""
     with open(os.path.join(out, "cases.json")) as f:
         cases = json.load(f)["cases"]
     lines = ["| case | ranks | max abs param diff | max rel param diff | dev-score change RETURNN | engine | "
-             "ratio |", "|---|---|---|---|---|---|---|"]
+             "ratio | verdict |", "|---|---|---|---|---|---|---|---|"]
+    missed = []
     for name in names:
-        abs_diff, rel_diff = differences(out, name, engine[name])
+        returnn_after, params = dict(np.load(os.path.join(out, f"{name}.after.npz"))), engine[name]["params"]
         theirs = cases[name]["dev_score_after"] - cases[name]["dev_score_before"]
         ours = engine[name]["dev_score_after"] - engine[name]["dev_score_before"]
-        lines.append(f"| {name} | {cases[name]['ranks']} | {abs_diff:.1e} | {rel_diff:.1e} | {theirs:+.6f} | "
-                     f"{ours:+.6f} | {ours / theirs:.5f} |")
-    return lines
+        misses = parity_misses(returnn_after, params, theirs, ours, PARAM_RTOL, PARAM_ATOL, DEV_CHANGE_RTOL)
+        comparable = sorted(returnn_after) == sorted(params) and all(
+            params[k].shape == v.shape for k, v in returnn_after.items())
+        diffs = "{:.1e} | {:.1e}".format(*differences(out, name, engine[name])) if comparable else "- | -"
+        ratio = f"{ours / theirs:.5f}" if theirs else "-"
+        verdict = "PASS" if not misses else "MISS: " + "; ".join(misses)
+        missed += [name] if misses else []
+        lines.append(f"| {name} | {cases[name]['ranks']} | {diffs} | {theirs:+.6f} | {ours:+.6f} | {ratio} | "
+                     f"{verdict} |")
+    return lines, missed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated names of CASES")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="where the fixtures go [%(default)s]")
+    parser.add_argument("--out", help="keep the run's files here [a temporary folder]")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the engine's update and print the table [on]")
+    parser.add_argument("--update-fixtures", action="store_true",
+                        help=f"replace the test fixtures in {os.path.relpath(FIXTURES, ROOT)} with this "
+                             "run's files when every case passed")
     parser.add_argument("--returnn-side", metavar="JOBS", help=argparse.SUPPRESS)  # the RETURNN process
     args = parser.parse_args()
     if args.returnn_side:
@@ -351,24 +376,34 @@ def main() -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; cases: {', '.join(CASES)}")
+    if args.out and os.path.realpath(args.out) == os.path.realpath(FIXTURES):
+        parser.error("--out names the test fixtures: pass --update-fixtures instead (it replaces them only "
+                     "when every case passed)")
     python = returnn_python()
     if python is None:
         return no_returnn("bench_returnn_parity", "nothing is recomputed")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the engine imports TensorFlow
-    os.makedirs(args.out, exist_ok=True)
     command = "benchmarks/bench_returnn_parity.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
-        results = run_returnn(python, names, args.out, tmp)
-        write_manifest(python, names, results, args.out, command.strip())
-        print(f"wrote RETURNN's update of {len(names)} case(s) to {args.out} ({returnn_versions(python)})")
-        if not args.check:
-            return 0
-        from engine.runtime import log
+        out = args.out or os.path.join(tmp, "out")
+        os.makedirs(out, exist_ok=True)
+        results = run_returnn(python, names, out, tmp)
+        write_manifest(python, names, results, out, command.strip())
+        print(f"wrote RETURNN's update of {len(names)} case(s) to {out} ({returnn_versions(python)})")
+        status = 0
+        if args.check:
+            from engine.runtime import log
 
-        log.init(verbosity=log.WARNING)
-        engine = engine_results(args.out, names, tmp)
-    print("\n".join(table(args.out, names, engine)))
-    return 0
+            log.init(verbosity=log.WARNING)
+            lines, missed = table(out, names, engine_results(out, names, tmp))
+            last, status = summary(names, missed, f"parameters rtol {PARAM_RTOL:g}, atol {PARAM_ATOL:g}; "
+                                   f"dev-score change {100 * DEV_CHANGE_RTOL:g} %")
+            print("\n".join(lines + [last]))
+        if args.update_fixtures:
+            files = ["batches.npz"] + [n + suffix for n in names
+                                       for suffix in (".index", ".data-00000-of-00001", ".after.npz")]
+            print(update_fixtures(status, out, files, FIXTURES))
+    return status
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ Speed-ups are against the best single-process row. The verdicts check the target
   would read as a lower ceiling;
 - monitoring: everything on / everything off >= 0.98 (a fixed target, at most 2% slower); the "off
   again" / "off" ratio, the noise of identical runs, is printed beside it, not mixed into the target;
-- memory, per parallel row: its median peak (``VmHWM``, the largest of its ranks) at most one rank
-  under mpirun's median peak + the fused buffers + the noise of the two rows' own runs (each row's
-  range of peaks).
+- memory, per parallel row: its peaks (``VmHWM``, the largest of its ranks) at most one rank under
+  mpirun's peaks + the fused buffers, by the ranges rule (``timing.compare``: PASS or MISS only when the
+  two ranges are apart).
 A row that failed makes every verdict that needs it FAIL, and the benchmark exit with status 1.
 Peak memory: the kernel's high-water mark of each rank's process (``peak_memory.py``), medians.
 """
@@ -51,8 +51,7 @@ import threading
 from typing import Sequence
 
 from bench_timeline import in_graph_cost, span_costs  # the script's own directory is on sys.path
-from timing import (Output, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped,
-                    verdict)
+from timing import Output, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped
 from workload import make_corpus, write_engine_config
 
 FRAMES_LINE = re.compile(r"^train epoch (\d+): [\d.]+ frames/sec \((\d+) frames", re.M)
@@ -252,21 +251,17 @@ def memory_report(alone: Row, under_mpirun: Row, parallel: dict[str, dict[str, R
 
 def memory_verdict(row: Row, runs: list[tuple[float, float, float]], base: Row,
                    base_runs: list[tuple[float, float, float]], fused: float) -> str:
-    """A rank of several holds no more at its peak than one rank under mpirun plus the fused buffers,
-    within the noise of these two rows' own runs. ``runs``: per run, (peak, anonymous, files) MiB of
-    the rank with the largest peak. The peak, not the memory at the end: a buffer freed before the end
-    still had to fit. The noise is each row's own range of peaks (identical runs differ by the
-    allocator's and the page cache's state), not the widest range of any row."""
-    if row.failed or base.failed:
-        return verdict(False, f"{row.name}: peak memory per rank", failed=[row, base])
-    peaks, base_peaks = [run[0] for run in runs], [run[0] for run in base_runs]
-    held, base_held = statistics.median(peaks), statistics.median(base_peaks)
-    noise, base_noise = max(peaks) - min(peaks), max(base_peaks) - min(base_peaks)
-    limit = base_held + fused + noise + base_noise
-    return verdict(held <= limit,
-                   f"{row.name}: peak {held:.1f} MiB per rank; one rank under mpirun {base_held:.1f} MiB "
-                   f"+ fused buffers {fused:.1f} MiB + the noise of this row's runs {noise:.1f} MiB and of "
-                   f"the 1-rank row's {base_noise:.1f} MiB = {limit:.1f} MiB")
+    """A rank of several holds no more at its peak than one rank under mpirun plus the fused buffers.
+    ``runs``: per run, (peak, anonymous, files) MiB of the rank with the largest peak. The peak, not the
+    memory at the end: a buffer freed before the end still had to fit. Decided by the ranges rule of
+    every measured verdict (``timing.compare``): this row's peaks against the 1-rank row's peaks plus the
+    buffers, PASS or MISS only when the two ranges are apart, else INCONCLUSIVE; no row's noise widens
+    the limit."""
+    peaks = Side(row.name, tuple(run[0] for run in runs), row.failure)
+    limit = Side(f"{base.name} + fused buffers {fused:.1f} MiB", tuple(run[0] + fused for run in base_runs),
+                 base.failure)
+    return compare(peaks, limit, f"{row.name}: peak memory per rank, MiB (at most one rank under mpirun + "
+                   "the fused buffers)", better="lower", fmt="{:.1f}")
 
 
 def monitoring_verdict(on: Row, off: Row, off_again: Row) -> str:

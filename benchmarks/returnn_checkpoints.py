@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """RETURNN's TensorFlow checkpoints both ways, against real RETURNN: the proof, and the test fixtures.
 
-    .venv/bin/python benchmarks/returnn_checkpoints.py [--cases dense,rec_LSTM,...]
-    .venv/bin/python benchmarks/returnn_checkpoints.py --write-fixtures tests/fixtures/returnn_ckpt
+    .venv/bin/python benchmarks/returnn_checkpoints.py [--cases dense,rec_LSTM,...] [--update-fixtures]
 
 A dev script: RETURNN is no dependency of this project. It runs RETURNN in a Python of its own,
 ``$RETURNN_PYTHON`` or else ``/tmp/returnn-venv/bin/python`` (``python3 -m venv /tmp/returnn-venv &&
@@ -22,17 +21,21 @@ Each case (``CASES``) is a ``network`` dict run on fixed inputs (3 sequences of 
   needs every variable of its network in the file) and runs the inputs.
 
 Printed per case and direction: the largest absolute difference between RETURNN's and the engine's
-output of every layer over the valid frames. ``--write-fixtures DIR`` writes the "in" side for the
-tests instead: ``DIR/<case>.index`` and ``.data-00000-of-00001`` (RETURNN's checkpoint, without the
-``.meta`` that only RETURNN reads), ``DIR/<case>.npz`` (``data``, ``lengths`` and ``out:<layer>``, RETURNN's
-outputs) and ``DIR/cases.json`` (each case's network and streams, RETURNN's and TensorFlow's versions).
+output of every layer over the valid frames, and the case's verdict: PASS when both are at most
+``TOLERANCE`` (the tests'), else MISS. Any MISS makes the exit status 1.
+
+Everything is written to a temporary folder. ``--update-fixtures`` then, and only when every case passed,
+puts the "in" side into the tests' fixtures (``FIXTURES``; each file written to a temporary name and
+renamed): ``<case>.index`` and ``.data-00000-of-00001`` (RETURNN's checkpoint, without the ``.meta`` that
+only RETURNN reads), ``<case>.npz`` (``data``, ``lengths`` and ``out:<layer>``, RETURNN's outputs) and
+``cases.json`` (each case's network and streams, RETURNN's and TensorFlow's versions; the cases not run
+are kept).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import zlib
@@ -40,6 +43,11 @@ import zlib
 import numpy as np
 
 from returnn_side import no_returnn, returnn_python, returnn_versions, run_returnn_side
+from returnn_verdicts import summary, update_fixtures, within_tolerance
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures",
+                        "returnn_ckpt")
+TOLERANCE = 1e-5  # the largest difference of a layer's output (tests/test_returnn_checkpoints.py's)
 
 DENSE = {"data": {"dim": 5}, "classes": {"dim": 4, "sparse": True}}
 SPARSE = {"data": {"dim": 7, "sparse": True}, "classes": {"dim": 4, "sparse": True}}
@@ -189,50 +197,44 @@ def export_side(name: str, case: dict, folder: str) -> tuple[str, dict[str, np.n
     return prefix, engine_outputs(model, *inputs(case))
 
 
-def write_fixtures(python: str, names: list[str], out: str) -> None:
-    os.makedirs(out, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        jobs = [{"case": n, "mode": "make", "seed": case_seed(n), "checkpoint": os.path.join(tmp, n),
-                 "outputs": os.path.join(out, f"{n}.npz")} for n in names]
-        run_returnn(python, jobs, tmp)
-        for name in names:
-            for suffix in (".index", ".data-00000-of-00001"):
-                shutil.copyfile(os.path.join(tmp, name + suffix), os.path.join(out, name + suffix))
-    manifest = {"made_by": "benchmarks/returnn_checkpoints.py --write-fixtures", **returnn_versions(python),
-                "cases": {n: CASES[n] for n in names}}
-    with open(os.path.join(out, "cases.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
-    print(f"wrote {len(names)} RETURNN checkpoints with their inputs and outputs to {out}")
-
-
-def compare(python: str, names: list[str]) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        jobs = [{"case": n, "mode": "make", "seed": case_seed(n), "checkpoint": os.path.join(tmp, n),
-                 "outputs": os.path.join(tmp, f"{n}.in.npz")} for n in names]
-        run_returnn(python, jobs, tmp)
-        exported = {n: export_side(n, CASES[n], tmp) for n in names}
-        run_returnn(python, [{"case": n, "mode": "load", "checkpoint": exported[n][0],
-                              "outputs": os.path.join(tmp, f"{n}.out.npz")} for n in names], tmp)
-        print(f"RETURNN: {python} {returnn_versions(python)}; max |RETURNN - engine| over the valid frames")
-        print(f"{'case':<22} {'in (RETURNN -> engine)':>24} {'out (engine -> RETURNN)':>24}  worst layer")
-        worst = 0.0
-        for name in names:
-            case = CASES[name]
-            lengths = inputs(case)[1]
-            got_in = max_differences(np.load(os.path.join(tmp, f"{name}.in.npz")),
-                                     import_side(case, os.path.join(tmp, name)), lengths)
-            got_out = max_differences(np.load(os.path.join(tmp, f"{name}.out.npz")), exported[name][1],
-                                      lengths)
-            layer = max({**got_in, **got_out}, key=lambda k: max(got_in[k], got_out[k]))
-            worst = max(worst, *got_in.values(), *got_out.values())
-            print(f"{name:<22} {max(got_in.values()):>24.2e} {max(got_out.values()):>24.2e}  {layer}")
-        print(f"largest difference: {worst:.2e}")
+def compare(python: str, names: list[str], tmp: str) -> int:
+    """RETURNN's checkpoints into the engine and the engine's exports into RETURNN, a row per case; writes
+    the fixtures' files of the "in" side and their ``cases.json`` into ``tmp``. Returns the exit status."""
+    jobs = [{"case": n, "mode": "make", "seed": case_seed(n), "checkpoint": os.path.join(tmp, n),
+             "outputs": os.path.join(tmp, f"{n}.npz")} for n in names]
+    run_returnn(python, jobs, tmp)
+    exported = {n: export_side(n, CASES[n], tmp) for n in names}
+    run_returnn(python, [{"case": n, "mode": "load", "checkpoint": exported[n][0],
+                          "outputs": os.path.join(tmp, f"{n}.out.npz")} for n in names], tmp)
+    with open(os.path.join(tmp, "cases.json"), "w") as f:
+        json.dump({"made_by": "benchmarks/returnn_checkpoints.py --update-fixtures",
+                   **returnn_versions(python), "cases": {n: CASES[n] for n in names}}, f, indent=1)
+    print(f"RETURNN: {python} {returnn_versions(python)}; max |RETURNN - engine| over the valid frames")
+    print(f"{'case':<22} {'in (RETURNN -> engine)':>24} {'out (engine -> RETURNN)':>24}  worst layer")
+    worst, missed = 0.0, []
+    for name in names:
+        case = CASES[name]
+        lengths = inputs(case)[1]
+        got_in = max_differences(np.load(os.path.join(tmp, f"{name}.npz")),
+                                 import_side(case, os.path.join(tmp, name)), lengths)
+        got_out = max_differences(np.load(os.path.join(tmp, f"{name}.out.npz")), exported[name][1], lengths)
+        layer = max({**got_in, **got_out}, key=lambda k: max(got_in[k], got_out[k]))
+        ok, largest = within_tolerance([*got_in.values(), *got_out.values()], TOLERANCE)
+        worst = float(np.max([worst, largest]))  # a NaN stays
+        missed += [] if ok else [name]
+        print(f"{name:<22} {max(got_in.values()):>24.2e} {max(got_out.values()):>24.2e}  {layer}  "
+              f"{'PASS' if ok else 'MISS'}")
+    line, status = summary(names, missed, f"largest difference {worst:.2e}, at most {TOLERANCE:g}")
+    print(line)
+    return status
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated names of CASES")
-    parser.add_argument("--write-fixtures", metavar="DIR", help="write the RETURNN side for the tests")
+    parser.add_argument("--update-fixtures", action="store_true",
+                        help=f"replace the test fixtures in {FIXTURES} with RETURNN's side of this run when "
+                             "every case passed")
     parser.add_argument("--returnn-side", metavar="JOBS", help=argparse.SUPPRESS)  # the RETURNN process
     args = parser.parse_args()
     if args.returnn_side:
@@ -249,11 +251,12 @@ def main() -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; cases: {', '.join(CASES)}")
-    if args.write_fixtures:
-        write_fixtures(python, names, args.write_fixtures)
-    else:
-        compare(python, names)
-    return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        status = compare(python, names, tmp)
+        if args.update_fixtures:
+            files = [n + suffix for n in names for suffix in (".index", ".data-00000-of-00001", ".npz")]
+            print(update_fixtures(status, tmp, files, FIXTURES))
+    return status
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ fails where a doc names something that is not there:
   repository's Python scripts with .venv/bin/python, and runs its shell scripts only if they are executable;
 - a markdown link to a local file: the file exists, and its #anchor is one of the file's headings;
 - a ```python block headed `# configs/NAME.py`: it assigns every key of that file, with the file's values.
+
+test_docs_programs.py runs the programs these commands name.
 """
 from __future__ import annotations
 
@@ -294,7 +296,7 @@ def test_environment_programs_are_installed(doc):
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=doc_id)
-def test_commands_run_as_written(doc):
+def test_commands_name_their_programs_by_path(doc):
     problems = [f"{code.where()}: `{command}`: {problem}" for code in all_code(doc)
                 for command in commands(code) for problem in command_problems(command)]
     assert not problems, report(problems)

@@ -9,6 +9,7 @@ the errors (missing, unused, wrong shape: each names the parameter and the file)
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 from engine.config.loader import Config
 from engine.model import build_model
-from engine.runtime.errors import ConfigError
+from engine.runtime.errors import ConfigError, EngineError
 from engine.tools.export_returnn_checkpoint import main as export_main
 from engine.training.checkpoints.file_format import save_checkpoint
 from engine.training.checkpoints.initial_params import init_for_training, load_for_inference
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.tf_latest
 
 FIXTURES = ROOT / "tests" / "fixtures" / "returnn_ckpt"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
-TOLERANCE = 1e-5
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from returnn_checkpoints import TOLERANCE  # noqa: E402  (the script that makes the fixtures judges by it)
 
 
 def model_of(case: dict | str, network: dict | None = None, seed: int = 42):
@@ -134,6 +136,36 @@ def test_export_refuses_to_overwrite_unless_asked(tmp_path, capsys):
     assert "out.index exist(s) already" in capsys.readouterr().err
     assert export_main([str(config), engine_file, out, "--overwrite"]) == 0
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_an_overwrite_cut_between_its_renames_leaves_no_old_index_beside_new_data(tmp_path, monkeypatch):
+    """The renames replace one file at a time: a crash after the data's must not leave the old .index and
+    .meta, which would read as a complete checkpoint of the old names with the new data."""
+    import os
+
+    from engine.training.checkpoints.returnn_files import files_of, open_checkpoint
+
+    out = str(tmp_path / "out")
+    write_checkpoint(out, {"w": np.zeros((2, 3), np.float32)}, global_step=1)
+    renames, real_replace = [], os.replace
+
+    def replace_then_crash(source, target):
+        if renames:  # the data file is in place: the process dies before the .index follows
+            raise OSError(5, "Input/output error", target)
+        renames.append(target)
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace_then_crash)
+    with pytest.raises(EngineError, match="Cannot write the RETURNN checkpoint"):
+        write_checkpoint(out, {"v": np.ones((4,), np.float32)}, global_step=2)
+    monkeypatch.undo()
+    assert renames == [out + ".data-00000-of-00001"]
+    assert files_of(out) == [out + ".data-00000-of-00001"]  # no .index, no .meta: nothing takes it whole
+    with pytest.raises(ConfigError, match="cannot be read"):
+        open_checkpoint(out)
+    assert write_checkpoint(out, {"v": np.ones((4,), np.float32)}, global_step=2)  # a rerun completes it
+    np.testing.assert_array_equal(stored(out)["v"], np.ones(4))
+    assert "w" not in stored(out) and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 # ----- errors: each names the parameter and the file -----

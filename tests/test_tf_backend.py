@@ -63,6 +63,33 @@ def test_the_ring_for_gpu_tensors_is_the_tf_backends_alone():
         settings(distributed_backend="tf", distributed_tf_gpu_reduction="gloo")
 
 
+# two signatures of the tf backend's form (device kind, dtype, length, op) whose keys collide
+COLLIDING = (("CPU", "float32", 10758, "Add"), ("CPU", "float32", 15405165, "Add"))
+
+
+def test_instance_keys_are_the_crc_whatever_the_order_and_a_collision_takes_the_next_free_key():
+    import zlib
+
+    from engine.distributed.tf_backend import InstanceKeys
+
+    def crc_key(signature):
+        return 1 + zlib.crc32(repr(signature).encode()) % 0x7FFFFFF0
+
+    others = [("CPU", "float32", n, "Add") for n in (5, 17, 1000)] + [("GPU", "float16", 5, "Max")]
+    forward, backward = InstanceKeys(), InstanceKeys()
+    keys_forward = {s: forward.key(s) for s in others}
+    keys_backward = {s: backward.key(s) for s in reversed(others)}
+    assert keys_forward == keys_backward == {s: crc_key(s) for s in others}
+    assert forward.key(others[0]) == keys_forward[others[0]]  # met again (a retrace): the same key
+
+    first, second = COLLIDING
+    assert crc_key(first) == crc_key(second)
+    keys = InstanceKeys()
+    assert (keys.key(first), keys.key(second)) == (crc_key(first), crc_key(first) + 1)
+    keys = InstanceKeys()  # the order decides which of the two moves
+    assert (keys.key(second), keys.key(first)) == (crc_key(first), crc_key(first) + 1)
+
+
 @mpirun_test
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_collectives_exact_and_as_the_mpi_backend(ranks):

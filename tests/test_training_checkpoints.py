@@ -156,3 +156,52 @@ def test_rnn_py_answers_sigterm_with_a_checkpoint_and_exit_99_then_resumes(tmp_p
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming in epoch 1 at global step {saved.rsplit('step', 1)[1]}" in resumed.stdout
     assert os.path.isfile(tmp_path / "net.001") and not os.path.exists(saved)  # superseded by the epoch's
+
+
+class _Model:
+    def __init__(self, trainable: list[str], frozen: list[str] = ()):
+        self.trainable = {name: np.zeros(2, np.float32) for name in trainable}
+        self.frozen = {name: np.zeros(2, np.float32) for name in frozen}
+
+    def named_variables(self) -> dict:
+        return {**self.trainable, **self.frozen}
+
+    def named_trainable_variables(self) -> dict:
+        return dict(self.trainable)
+
+
+def _resume_with_sync_base(model: _Model, base: dict):
+    """A Checkpointer continuing a 1-rank param-mode checkpoint 3 steps into epoch 2 whose base of the next
+    average holds ``base``."""
+    from engine.training.checkpoints.policy import Checkpointer
+    from engine.training.checkpoints.resume import SYNC_BASE
+
+    from engine.distributed.local_backend import LocalCommunicator
+    from engine.distributed.strategy import Strategy
+
+    strategy, restored = Strategy(LocalCommunicator()), []
+    strategy.keeps_rank_state = True  # param mode: the ranks' own state comes from the checkpoint
+    strategy.restore_sync_base = restored.append
+    updater = type("Updater", (), {"named_variables": lambda self: {}})()
+    checkpoints = Checkpointer(Config({}), strategy, model, updater, lr_control=None)
+    checkpoints._loaded = (  # what ``load`` keeps of a checkpoint for ``restore_rank_states``
+        {"ranks": 1, "global_step": 13, "learning_rate": 0.1},
+        {SYNC_BASE: base, "resume": {"steps": np.array([3]), "batches_done": np.array([3]),
+                                     "scores": np.zeros((1, 4)), "fingerprints": np.array([0])}})
+    point = ResumePoint(2, "out/net.002.step13", mid_epoch=True)
+    return restored, lambda: checkpoints.restore_rank_states(point)
+
+
+def test_a_sync_base_with_other_parameter_names_is_refused_naming_them():
+    base = {"a/W": np.ones(2, np.float32), "b/W": np.full(2, 2, np.float32)}
+    restored, restore = _resume_with_sync_base(_Model(["b/W", "a/W"]), base)
+    assert restore() == 10  # the global step at the epoch's start
+    assert [list(v) for v in restored[0]] == [[2, 2], [1, 1]]  # in the model's order
+
+    restored, restore = _resume_with_sync_base(_Model(["a/W", "c/W"], frozen=["b/W"]), base)
+    with pytest.raises(ConfigError) as caught:
+        restore()
+    text = str(caught.value)
+    assert "Cannot continue from the mid-epoch checkpoint 'out/net.002.step13'" in text
+    assert "lacks c/W, which this model trains and has b/W, which this model does not train" in text
+    assert restored == []

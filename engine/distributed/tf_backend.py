@@ -5,10 +5,12 @@ ranks still come from the MPI launcher: mpi4py gives rank, size and local rank, 
 a reduction (object collectives, variable broadcasts, barrier, abort, the stall watchdog's side channel),
 as in the ``mpi`` backend, from which this class inherits them. Reductions go through TensorFlow:
 
-- Start-up (``start_collective_runtime``): every rank picks a free TCP port, MPI allgathers every rank's
-  "host:port", and each rank hands TensorFlow a cluster of one job "worker" (task = rank) with rank 0 as
-  the collective group leader. TensorFlow starts its in-process gRPC server when its context initialises
-  (at the first TensorFlow op), so this must run before any op, and before ``select_device`` hides GPUs.
+- Start-up (``start_collective_runtime``): every rank reserves a free TCP port (``ports.py``: outside
+  the kernel's ephemeral range and reserved on the host until the rank exits, so that nothing takes it
+  before TensorFlow's server binds it), MPI allgathers every rank's "host:port", and each rank hands
+  TensorFlow a cluster of one job "worker" (task = rank) with rank 0 as the collective group leader.
+  TensorFlow starts its in-process gRPC server when its context initialises (at the first TensorFlow
+  op), so this must run before any op, and before ``select_device`` hides GPUs.
 - A reduction: the tensors of one dtype are flattened into one fused vector, reduced by one
   ``all_reduce_v2`` (RING over gRPC between CPUs, NCCL between GPUs), and split again. Averages are a sum
   followed by one division in the dtype, as the ``mpi`` backend does, so 2-rank results are bit-identical.
@@ -39,6 +41,7 @@ from engine.distributed.backend import (Communicator, ReductionHandle, TimedAs, 
                                         check_reduction, tensor_bytes)
 from engine.distributed.fusion import group_by_dtype
 from engine.distributed.mpi_backend import MPICommunicator
+from engine.distributed.ports import reserve_port
 from engine.distributed.watchdog import StallLimits
 from engine.distributed.wire import OnWire, Wire, compress, decompress, wire_of
 from engine.report import phases
@@ -61,13 +64,6 @@ UINT64 = ("allreduce: the tf backend cannot reduce uint64 (TensorFlow's collecti
           "distributed_backend = 'mpi'")
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (the OS picks it; TensorFlow's server binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
 _started: list[str] = []  # the cluster's addresses once this process started TensorFlow's collectives
 
 
@@ -88,7 +84,7 @@ def start_collective_runtime(mpi_comm: Any, rank: int) -> list[str]:
             "distributed_backend = 'tf' must start TensorFlow's collective runtime before TensorFlow's first "
             "operation, but this process already ran one: create the communicator first "
             "(engine.distributed.start does).")
-    port = free_port()
+    port = reserve_port()  # TensorFlow's server binds it at the first op: kept from others till then
     addresses = mpi_comm.allgather(f"{socket.gethostname()}:{port}")
     # The group leader resolves every collective group; device_filters keep each task from asking the
     # others for their devices (the ranks talk only inside collectives).
@@ -103,10 +99,14 @@ def start_collective_runtime(mpi_comm: Any, rank: int) -> list[str]:
 
 
 class InstanceKeys:
-    """Instance keys from what a collective is: the same on every rank, one key per signature.
+    """Instance keys from what a collective is: one key per signature, the same on every rank.
 
-    A key is a CRC of the signature, so it does not depend on the order in which a rank first met its
-    signatures; a collision with another signature already seen here is resolved by the next free key."""
+    A signature's key is 1 + its CRC (mod 0x7FFFFFF0), unless that key is taken already by a signature
+    met before, in which case it gets the next key not taken. So keys do not depend on the order of the
+    signatures met, except where two collide (or one lands on a key a collision moved): then the one met
+    later gets the moved key. Every rank still gets the same keys, because the ranks meet their signatures
+    in the same program order (they run the same collectives); a rank that meets one once more (a retrace)
+    keeps the key it gave it first."""
 
     def __init__(self) -> None:
         self._keys: dict[tuple, int] = {}

@@ -3,7 +3,6 @@ resuming and stopping on request: ``engine/training/checkpoints/policy.py``)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 from engine.config.loader import Config
@@ -19,6 +18,7 @@ from engine.training.checkpoints.cleanup import CleanupPolicy, cleanup_old_model
 from engine.training.checkpoints.initial_params import init_for_training
 from engine.training.checkpoints.policy import Checkpointer
 from engine.training.checkpoints.resume import ResumePoint, choose_resume_point
+from engine.training.epoch_end import check_train_score
 from engine.training.loop import evaluate, train_epoch
 from engine.training.monitor import RunMonitor
 from engine.training.step import Steps
@@ -122,10 +122,8 @@ class Trainer:
             scores = {"train_score": report.scores.score, "train_error": report.scores.error}
             log.info(f"epoch {epoch} score: {report.scores.score:.6f} error: {report.scores.error:.6f} "
                      f"elapsed: {hms(report.elapsed)}")
-            if not math.isfinite(report.scores.score) and self.comm.rank == 0:
-                # stop_on_nonfinite_train_score = False (True would have stopped): RETURNN warns and goes on
-                log.warning(f"train epoch {epoch}: the score is {report.scores.score} (Inf/NaN); "
-                            "stop_on_nonfinite_train_score = False, so training goes on, as in RETURNN.")
+            check_train_score(epoch, report.scores.score, report.scores.count, self.steps.stop_on_nonfinite,
+                              self.comm.rank)
             if self.dev_data is not None:
                 dev = evaluate(self.steps, self.dev_data, epoch, "dev", self.eval_batching, self.comm)
                 scores.update(dev_score=dev.scores.score, dev_error=dev.scores.error)

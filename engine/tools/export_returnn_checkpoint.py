@@ -13,8 +13,11 @@ and the checkpoint's global step as ``global_step``. RETURNN with the same netwo
 ``OUT = <model>.<NNN>`` (next to this engine's file of that name) as epoch NNN of ``model``.
 
 The files are written under temporary names and renamed; existing files of OUT are kept unless
-``--overwrite``. The optimizer's state is not written: RETURNN's own checkpoints hold none either (it
-saves the parameters and ``global_step``, and starts its optimizer afresh when it loads one).
+``--overwrite``, which removes them once the new files are complete, just before renaming those into
+place: a crash in between leaves an incomplete set that RETURNN does not load (rerun the export), never
+the new data beside the old ``.index`` (``write_checkpoint``). The optimizer's state is not written:
+RETURNN's own checkpoints hold none either (it saves the parameters and ``global_step``, and starts its
+optimizer afresh when it loads one).
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from engine.report.timeline import EVAL, STEP
 from engine.runtime import log
 from engine.training.checkpoints.policy import Checkpointer
 from engine.training.checkpoints.resume import EpochStart
+from engine.training.epoch_end import no_step_error
 from engine.training.monitor import RunMonitor
 from engine.training.nonfinite import NONFINITE_LOSS, newest_checkpoint_text, nonfinite_error
 from engine.training.report import EpochReport
@@ -92,6 +93,9 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
                 if not strategy.keeps_rank_state:  # one reduced update: every rank found the same
                     raise _nonfinite_error([(0, step, steps.nonfinite)], epoch, strategy, checkpoints)
                 nonfinite = (step, steps.nonfinite)
+    if step == 0 and not start.skip_batches:  # no step in this run nor before a resume: nothing trained
+        # (the ranks agreed on the epoch's end in the step signal, so every rank raises alike)
+        raise no_step_error(epoch, planned.all_shards, shard_size, dataset.num_seqs, strategy.comm.rank)
     with report.computing():
         dropped, leftover = steps.drop_partial_group() if steps.accum_steps > 1 else (0, None)
         if leftover is not None and steps.stop_on_nonfinite and not np.isfinite(leftover).all():

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from engine.distributed.ports import reserve_port  # the daemons bind them later: kept from others
 from schedulers import packages
 from schedulers.packages import wait_until
 
@@ -59,12 +60,6 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class SlurmCluster:
     """``start()`` returns None when the node is idle, else why it could not start; ``stop()`` always."""
 
@@ -84,8 +79,8 @@ class SlurmCluster:
         key = self.folder / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.conf.write_text(CONF.format(host=self.host, folder=self.folder, ctld_port=free_port(),
-                                         slurmd_port=free_port()))
+        self.conf.write_text(CONF.format(host=self.host, folder=self.folder, ctld_port=reserve_port(),
+                                         slurmd_port=reserve_port()))
         f = self.folder
         self._spawn(["munged", "-F", "--force", f"--key-file={key}", f"--socket={f}/munge.sock",
                      f"--pid-file={f}/munged.pid", f"--log-file={f}/munged.log",

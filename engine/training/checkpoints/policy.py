@@ -84,11 +84,29 @@ class Checkpointer:
                 variables[name].assign(value)
         if part.get(SYNC_BASE):  # param mode with a wire format: the base of the next average
             names = list(self.model.named_trainable_variables())
-            if set(names) == set(part[SYNC_BASE]):
-                self.strategy.restore_sync_base([part[SYNC_BASE][name] for name in names])
+            self._check_sync_base(point, names, part[SYNC_BASE])
+            self.strategy.restore_sync_base([part[SYNC_BASE][name] for name in names])
         self._resumed, self._resumed_epoch = part.get("start"), point.start_epoch
         self.run_id = point.run_id
         return part["global_step"]
+
+    def _check_sync_base(self, point: ResumePoint, names: list[str], base: dict) -> None:
+        """The base of the next average must cover exactly this model's trainable parameters: a base with
+        other names (a layer's ``trainable`` changed since the checkpoint) would average against a wrong
+        or missing start. Every rank got the same base and has the same model, so each raises alike."""
+        missing, extra = sorted(set(names) - set(base)), sorted(set(base) - set(names))
+        if not missing and not extra:
+            return
+        parts = ([f"lacks {', '.join(missing)}, which this model trains"] if missing else []) + \
+            ([f"has {', '.join(extra)}, which this model does not train"] if extra else [])
+        error = ConfigError(
+            f"Cannot continue from the mid-epoch checkpoint '{point.path}': its base of the next parameter "
+            f"average ('{SYNC_BASE}', param mode with distributed_wire_format) {' and '.join(parts)}. The "
+            "set of trainable parameters changed since it was saved (a layer's 'trainable'?): restore the "
+            "config it was saved with, or continue from the end of the epoch before (move the mid-epoch "
+            "checkpoints aside).")
+        error.agreed, error.quiet = True, self.comm.rank != 0
+        raise error
 
     # ----- within an epoch -----
     def begin_epoch(self, epoch: int, global_step: int) -> None:

@@ -10,8 +10,12 @@ always was, and a name whose ``.index`` exists is RETURNN's. Reading needs Tenso
 Writing (``write_checkpoint``) makes what RETURNN's ``Saver`` makes, ``.meta`` included: RETURNN looks for
 ``<prefix>.meta`` to tell whether a checkpoint exists (``load``, ``import_model_train_epoch1``, the epochs
 under ``model``), though it never reads the graph in it. The files are written under a temporary prefix
-beside the target and renamed into place, the data first and the ``.meta`` last, so a crash leaves no
-file set that RETURNN or TensorFlow takes for complete.
+beside the target and renamed into place, the data first, then the ``.index``, the ``.meta`` last. Files
+of an older checkpoint under the same prefix are removed before the first rename (its ``.meta`` first,
+then its ``.index``, then its data): renames replace one file at a time, so a crash between them would
+otherwise leave the new data beside the old ``.index`` (read as a checkpoint, with wrong values). A crash
+now leaves an incomplete set, which RETURNN and TensorFlow refuse (no ``.meta``, or no ``.index``), never
+a mix of old and new files.
 """
 from __future__ import annotations
 
@@ -82,12 +86,15 @@ def open_checkpoint(prefix: str) -> TfCheckpoint:
 def write_checkpoint(prefix: str, values: Mapping[str, np.ndarray], global_step: int = 0) -> list[str]:
     """Write ``values`` (RETURNN's names -> arrays) and ``global_step`` as the TensorFlow checkpoint
     ``prefix``, as RETURNN's Saver does; returns the files written. A failed write is an EngineError
-    naming the prefix; files of an earlier checkpoint under that prefix are replaced only by complete new
-    ones (each by a rename)."""
+    naming the prefix; the files of an earlier checkpoint under that prefix are removed only once the new
+    ones are complete under their temporary names, and before the first of them is renamed into place."""
     folder = os.path.dirname(os.path.abspath(prefix))
     tmp = os.path.join(folder, f".{os.path.basename(prefix)}.{os.getpid()}.tmp")
     try:
         _save(tmp, values, global_step)
+        old = files_of(prefix)
+        for path in sorted(old, key=lambda p: (not p.endswith(".meta"), not p.endswith(".index"))):
+            os.remove(path)  # the .meta, the .index, then the data: never new data beside an old index
         written = []
         data = sorted(glob.glob(glob.escape(tmp) + ".data-*"))
         for source in data + [tmp + ".index", tmp + ".meta"]:
