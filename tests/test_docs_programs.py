@@ -3,6 +3,7 @@ benchmarks/ or demos/, a console command as its tools/ script) starts with ``--h
 every ``--option`` a doc command passes it. The commands are found as test_docs_commands.py finds them."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -12,6 +13,10 @@ import pytest
 from helpers import ROOT, run
 from test_docs_commands import (DOCS, all_code, commands, console_scripts, is_repo_script, program_of, report,
                                 words_of)
+
+
+# Programs that run the command after their own options (mpirun-guard runs mpirun with the rest).
+WRAPPERS = {"tools/mpirun_guard.py"}
 
 
 def documented_programs() -> dict[str, dict[str, str]]:
@@ -36,6 +41,8 @@ def documented_programs() -> dict[str, dict[str, str]]:
                 options = found.setdefault(script, {})
                 if "--" in arguments:  # supervise -- COMMAND: the rest is the command it runs
                     arguments = arguments[:arguments.index("--")]
+                if script in WRAPPERS:  # mpirun-guard [options] MPIRUN ...: the rest is mpirun's
+                    arguments = list(itertools.takewhile(lambda word: word.startswith("-"), arguments))
                 for word in arguments:
                     if re.fullmatch(r"--[a-z][\w-]*(=.*)?", word):
                         options.setdefault(word.split("=")[0], code.where())

@@ -108,7 +108,7 @@ def test_session_options_without_effect_are_accepted():
 TINY = """
 train = {"class": "DummyDataset", "input_dim": 3, "output_dim": 2, "num_seqs": 4, "seq_len": 5}
 network = {"output": {"class": "softmax", "loss": "ce"}}
-batch_size = 20
+batch_size = 10
 num_epochs = 1
 log_all_ranks = True
 """
