@@ -2,13 +2,21 @@
 """RETURNN's own BLSTM-CTC demo (``demos/demo-timit-lstm-ctc.config``) as written, on a synthetic corpus:
 the dev score and label error per epoch, this engine beside RETURNN.
 
-    .venv/bin/python benchmarks/bench_returnn_ctc_demo.py [--epochs 3] [--seeds 1,2] [--train 600]
+    .venv/bin/python benchmarks/bench_returnn_ctc_demo.py [--epochs 3] [--seeds 1,2] [--train 600] [--ranks 2]
+        [--corpus-seed 1]
 
 Only the dataset is swapped: the demo reads TIMIT (or NLTK's excerpt) through RETURNN's ``TimitDataset``;
 here ``--train`` utterances and 60 dev utterances are synthesised and written as HDF, with the demo's
 shapes (80 input dims, 61 phone classes) and about TIMIT's utterance length (2-3 s). Each utterance is
 15..40 random phones, each phone 4..11 frames of its own random prototype plus noise, with silence (a
-prototype of its own) before, between some and after.
+prototype of its own) before, between some and after. ``--corpus-seed`` draws another corpus (other
+prototypes and utterances; 1, the default, is the corpus of the runs recorded in docs/config-and-cli.md).
+``--ranks N`` runs both programs data-parallel under ``mpirun -np N`` with ``use_horovod = True`` and
+RETURNN's defaults (grad mode, summed gradients, ``shard``: rank r takes batches r, r+N, ...); RETURNN
+then needs Horovod in its Python and runs under the ``mpirun`` beside that Python. RETURNN + Horovod ends
+every epoch, dev scoring included, when its first rank runs out of batches, so when the dev batches do not
+split evenly over the ranks it scores only the first ones (sorted by length: not the longest); a line
+says so, since the dev scores then are not over the same utterances.
 The demo's ``ler_39`` layer maps the 61 phones to 39 with ``TimitDataset.get_label_map()``; the corpus
 has no phonetics, so here the map folds phone ``i`` onto ``i % 39``. Everything else (network, nadam,
 ``gradient_noise = 0.1``, L2 and darc1, newbob, batching) is the demo's. ``num_epochs`` is ``--epochs``;
@@ -38,7 +46,9 @@ import tempfile
 import numpy as np
 
 from bench_returnn import returnn_python
-from engine.datasets import DataKeyInfo, HDFWriter
+from engine.config.loader import Config
+from engine.datasets import DataKeyInfo, HDFWriter, dataset_from_config
+from engine.datasets.batching import BatchOptions, generate_batches
 from timing import ROOT, child_env
 
 INPUT_DIM, PHONES = 80, 61
@@ -127,6 +137,35 @@ def write_config(folder: str, name: str, corpus: dict, epochs: int, seed: int, r
     return path
 
 
+def program_command(program: str, python: str, ranks: int) -> list[str]:
+    """The command that runs ``program`` ("engine" or "returnn", whose Python is ``python``) on ``ranks``
+    ranks: each under the ``mpirun`` of its own environment (RETURNN's Horovod is built against the Open
+    MPI beside its Python)."""
+    command = [python, os.path.join(ROOT, "rnn.py")] if program == "engine" else [python, "-m", "returnn"]
+    if ranks == 1:
+        return command
+    mpirun = os.path.join(os.path.dirname(python), "mpirun")
+    return [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *command]
+
+
+def returnn_dev_batches_scored(num_batches: int, ranks: int) -> int:
+    """How many of the dev batches RETURNN + Horovod (``shard``) scores: rank r holds batches r, r+N, ...,
+    and all ranks stop when the first has none left (``Runner._horovod_signal_broadcast``)."""
+    return (num_batches // ranks) * ranks
+
+
+def dev_batches(dev: str) -> int:
+    """The demo's dev batches (``sorted``, ``batch_size`` 2000, ``max_seqs`` 64), as both programs make
+    them."""
+    spec = {"class": "HDFDataset", "files": [dev], "seq_ordering": "sorted"}
+    config = Config.from_sources([], [("dev", repr(spec)), ("batch_size", "2000"), ("max_seqs", "64"),
+                                      ("max_seq_length", "2000")])
+    dataset = dataset_from_config(config, "dev")
+    dataset.init_seq_order(1)
+    return sum(1 for _ in generate_batches(dataset, BatchOptions.from_config(config, train=False),
+                                           keys=["data", "classes"]))
+
+
 def curve(lr_file: str, epochs: int) -> list[tuple[float, float]]:
     """(dev score, dev label error) per epoch, from a learning-rate file (both programs write one)."""
     from engine.training.update.lr_history import read_history_file
@@ -146,6 +185,9 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seeds", default="1,2")
     parser.add_argument("--train", type=int, default=600)
+    parser.add_argument("--ranks", type=int, default=1, help="data-parallel ranks of each run (mpirun)")
+    parser.add_argument("--corpus-seed", type=int, default=1,
+                        help="which synthetic corpus (1: the recorded one)")
     parser.add_argument("--folder", help="keep the corpus and runs here (default: a temporary folder)")
     parser.add_argument("--no-darc1", action="store_true",
                         help="leave out the output layer's darc1 (RETURNN 1.20261022 on TF 2.15 cannot "
@@ -156,20 +198,29 @@ def main() -> int:
                         help="both programs start from one initial checkpoint that RETURNN writes")
     args = parser.parse_args()
     folder = args.folder or tempfile.mkdtemp(prefix="bench-ctc-demo-")
-    prototypes = np.random.RandomState(0).standard_normal((PHONES + 1, INPUT_DIM))
+    # corpus seed 1 keeps the corpus of the recorded runs: prototypes from 0, train from 1, dev from 2
+    base = 3 * (args.corpus_seed - 1)
+    prototypes = np.random.RandomState(base).standard_normal((PHONES + 1, INPUT_DIM))
     corpus = {"num_train": args.train, "train": os.path.join(folder, "train.hdf"),
               "dev": os.path.join(folder, "dev.hdf")}
     if not os.path.exists(corpus["train"]):
-        make_corpus(corpus["train"], args.train, 1, prototypes)
-        make_corpus(corpus["dev"], 60, 2, prototypes)
+        make_corpus(corpus["train"], args.train, base + 1, prototypes)
+        make_corpus(corpus["dev"], 60, base + 2, prototypes)
+    if args.ranks > 1:
+        batches = dev_batches(corpus["dev"])
+        scored = returnn_dev_batches_scored(batches, args.ranks)
+        if scored != batches:
+            print(f"note: the dev set makes {batches} batches; RETURNN + Horovod on {args.ranks} ranks "
+                  f"scores only the first {scored}, so its dev scores are not over the same utterances"
+                  " as the engine's.")
     returnn = returnn_python()
     if returnn is None:
         print("RETURNN: not found ($RETURNN_PYTHON or /tmp/returnn-venv/bin/python); its rows are left out.")
-    programs = [("engine", [sys.executable, os.path.join(ROOT, "rnn.py")])]
+    programs = [("engine", program_command("engine", sys.executable, args.ranks))]
     if returnn:
-        programs.append(("returnn", [returnn, "-m", "returnn"]))
+        programs.append(("returnn", program_command("returnn", returnn, args.ranks)))
     programs = [(name, command) for name, command in programs if name in args.programs.split(",")]
-    start = ""
+    start = "\nuse_horovod = True\n" if args.ranks > 1 else ""
     if args.same_start:
         if returnn is None:
             print("--same-start needs RETURNN, which was not found.")
@@ -183,7 +234,7 @@ def main() -> int:
         if done.returncode != 0:
             print(f"RETURNN could not initialise the network (exit {done.returncode}): {config}")
             return 1
-        start = f"\nimport_model_train_epoch1 = {init!r}\n"
+        start += f"\nimport_model_train_epoch1 = {init!r}\n"
         print(f"both programs start from {init} (RETURNN's initial values, random_seed {seed})")
     results = {}
     for seed in [int(s) for s in args.seeds.split(",")]:
@@ -191,6 +242,8 @@ def main() -> int:
             name = f"{program}-seed{seed}"
             config = write_config(folder, name, corpus, args.epochs, seed, program == "returnn", args, start)
             env = child_env(extra={"DISABLE_CUDA": "1"} if program == "returnn" else None)
+            if program == "returnn":  # its mpirun's daemons and Open MPI first
+                env["PATH"] = os.path.dirname(command[0]) + os.pathsep + env["PATH"]
             with open(os.path.join(folder, f"{name}.log"), "w") as log:
                 done = subprocess.run(command + [config], env=env, stdout=log, stderr=subprocess.STDOUT)
             if done.returncode != 0:

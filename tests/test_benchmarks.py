@@ -285,3 +285,31 @@ def test_each_returnn_thread_count_gets_its_own_config(tmp_path):
 def test_the_returnn_benchmark_times_from_the_end_of_epoch_1(capsys):
     output = training_output(capsys)
     assert bench_returnn.rate(output, 1000, 3) == pytest.approx(2000 / 200.0)
+
+
+# ----- bench_returnn_ctc_demo -----
+def test_each_program_runs_on_n_ranks_under_the_mpirun_beside_its_own_python():
+    import bench_returnn_ctc_demo as demo
+
+    assert demo.program_command("returnn", "/r/bin/python", 1) == ["/r/bin/python", "-m", "returnn"]
+    two = demo.program_command("returnn", "/r/bin/python", 2)
+    assert two[0] == "/r/bin/mpirun" and two[two.index("-np") + 1] == "2"
+    assert two[-3:] == ["/r/bin/python", "-m", "returnn"]
+    engine = demo.program_command("engine", "/e/bin/python", 3)
+    assert engine[0] == "/e/bin/mpirun" and engine[engine.index("-np") + 1] == "3"
+    assert engine[-1].endswith("rnn.py")
+
+
+def test_returnn_with_horovod_scores_only_the_dev_batches_every_rank_has(tmp_path):
+    """Measured with RETURNN 1.20261022 + Horovod 0.28.1 on 2 ranks: 20 dev utterances of corpus 1 (seed 2)
+    make 3 batches, and RETURNN scored 2 of them (365 of the 545 labels)."""
+    import numpy as np
+
+    import bench_returnn_ctc_demo as demo
+
+    dev = str(tmp_path / "dev.hdf")
+    demo.make_corpus(dev, 20, 2, np.random.RandomState(0).standard_normal((demo.PHONES + 1, demo.INPUT_DIM)))
+    assert demo.dev_batches(dev) == 3
+    assert demo.returnn_dev_batches_scored(3, 2) == 2
+    assert demo.returnn_dev_batches_scored(8, 2) == 8
+    assert demo.returnn_dev_batches_scored(8, 3) == 6
