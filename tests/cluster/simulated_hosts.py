@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,9 +176,22 @@ class SimulatedHosts:
         host = self.hosts[index]
         _ip("-n", host.netns, "link", "set", host.interface, "down")
 
-    def reconnect(self, index: int) -> None:
+    def reconnect(self, index: int, timeout: float = 20.0) -> None:
+        """Host ``index``'s end of the link up again; returns once both ends have their carrier. The other
+        host's kernel remembers the cut host's address as unreachable (a failed neighbour entry, which
+        answers "No route to host" until it expires): both hosts forget their neighbours, as a switch
+        port that comes back is learned anew."""
         host = self.hosts[index]
         _ip("-n", host.netns, "link", "set", host.interface, "up")
+        deadline = time.monotonic() + timeout
+        while not all("LOWER_UP" in _ip("-n", h.netns, "-o", "link", "show", h.interface).stdout
+                      for h in self.hosts):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the link of {host.hostname} has no carrier {timeout:.0f} s after it "
+                                   "came up")
+            time.sleep(0.1)
+        for other in self.hosts:
+            _ip("-n", other.netns, "neigh", "flush", "all", check=False)
 
     def pids(self, index: int) -> list[int]:
         """The processes running on host ``index`` (in its network namespace)."""
