@@ -33,8 +33,9 @@ def pytest_runtest_makereport(item, call):
 
 
 # The suite's cost is the number of TensorFlow processes it starts, most of them in mpirun jobs: every mpirun
-# that a test starts (through helpers.mpirun_cmd or a job script's `mpirun` on PATH) goes through a counting
-# shim, and the summary prints the count beside the suite's time.
+# that a test starts through helpers.mpirun_cmd, or as `mpirun` on the PATH of helpers.child_env, goes
+# through a counting shim, and the summary prints the count beside the suite's time (the job scripts on
+# simulated hosts run the venv's mpirun by its path and are not counted).
 MPIRUN_LOG = "ENGINE_TESTS_MPIRUN_LOG"
 
 
