@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 import tensorflow as tf
 
 from engine.model.losses.data_checks import data_error_from
-from engine.runtime.errors import DataError, EngineError
+from engine.runtime.errors import DataError
 
 _NUMERICS_FOUND = re.compile(r"!!! (Detected Infinity or NaN in output \d+ of graph op \"[^\"]*\")")
 
@@ -16,11 +16,10 @@ _NUMERICS_FOUND = re.compile(r"!!! (Detected Infinity or NaN in output \d+ of gr
 class CompiledStep:
     """``tf.function(step)`` whose errors reach the user as one paragraph.
 
-    While tracing, autograph replaces an exception from the traced code by a copy whose message is the
-    trace's stack ("in user code: File ..."), so a config error found while the graph is built would
-    reach the user as a traceback in the message at any log_verbosity; the error as raised is the
-    copy's ``__context__``. An Inf or NaN found by ``check_numerics`` comes as TensorFlow's error with
-    the op's creation stack; its first line names the op."""
+    Traced without autograph, an engine error raised while the graph is built (a config error) reaches
+    the caller as raised. An Inf or NaN found by ``check_numerics`` comes as TensorFlow's error with the
+    op's creation stack; its first line names the op, and a failed check of the batch inside the graph
+    becomes the engine's DataError."""
 
     def __init__(self, step: Callable, signature: list) -> None:
         # No autograph: the steps' control flow is plain Python on Python values, and converting their source
@@ -41,11 +40,6 @@ class CompiledStep:
     def _user_errors(self) -> Iterator[None]:
         try:
             yield
-        except EngineError as exc:
-            raised = exc.__context__
-            if type(raised) is type(exc) and hasattr(exc, "ag_error_metadata"):
-                raise raised from None
-            raise
         except tf.errors.InvalidArgumentError as exc:
             data_error = data_error_from(exc.message)  # a check of the batch inside the graph failed
             if data_error is not None:
