@@ -13,6 +13,8 @@ import termios
 import time
 from pathlib import Path
 
+import warm_start
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # Every mpirun a test starts goes through this shim, which counts it for the suite's summary (conftest.py).
@@ -36,8 +38,9 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
-def mpirun_cmd(num_ranks: int, args: list[str]) -> list[str]:
-    """An ``mpirun`` command line with the flags environment.md says these machines need.
+def mpirun_cmd(num_ranks: int, args: list[str], warm: bool = True) -> list[str]:
+    """An ``mpirun`` command line with the flags environment.md says these machines need; ``python
+    SCRIPT ...`` ranks start warm (tests/warm_start.py) unless ``warm`` is False.
 
     ``make test-quick`` runs no ``mpirun`` (ENGINE_TESTS_NO_MPIRUN=1): a test that starts one there lacks
     its ``mpi`` mark, which is what keeps it out of the quick run."""
@@ -45,15 +48,17 @@ def mpirun_cmd(num_ranks: int, args: list[str]) -> list[str]:
         raise AssertionError("this test starts mpirun but is not marked @pytest.mark.mpi")
     return [
         str(MPIRUN_SHIM / "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
-        "-np", str(num_ranks), *args,
+        "-np", str(num_ranks), *(warm_start.command(args) if warm else args),
     ]
 
 
 def run(cmd: list[str], timeout: float = 120, env: dict | None = None,
         cwd=None) -> subprocess.CompletedProcess:
-    """Run a command, capture text output, never hang past ``timeout``.
+    """Run a command, capture text output, never hang past ``timeout``. ``python SCRIPT ...`` starts warm
+    (tests/warm_start.py).
 
     An ``mpirun`` whose launcher could not start (``LAUNCHER_FLAKE``: no rank ran) is run once more."""
+    cmd = warm_start.command(cmd)
     launcher = "mpirun" in os.path.basename(cmd[0])
     for _ in range(2):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(env), cwd=cwd)

@@ -155,7 +155,7 @@ def _signal_while_tensorflow_loads(folder) -> tuple[list[str], bool, subprocess.
         "network = {'output': {'class': 'softmax', 'loss': 'ce'}}\n"
         f"num_epochs = 2\nbatch_size = 10\nmodel = {str(folder / 'net')!r}\n"
         "use_horovod = True\ndistributed_backend = 'mpi'\n")
-    command = mpirun_cmd(2, [sys.executable, str(ROOT / "rnn.py"), str(config)])
+    command = mpirun_cmd(2, [sys.executable, str(ROOT / "rnn.py"), str(config)], warm=False)
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=child_env())
     try:

@@ -1,0 +1,66 @@
+"""Stands in for ``python SCRIPT ARGS``: the warm-start server (server.py) forks the process that runs it.
+
+    python tests/warm/client.py SOCKET SCRIPT ARGS...
+
+Sends the command, the environment, the working directory and descriptors 0-2 to the server at SOCKET,
+forwards the signals it receives to the child the server made, and ends as that child ended (its exit
+status, or killed by the same signal). Where the server is not there (not started yet, or gone) or
+answers "cold", it runs ``python SCRIPT ARGS`` itself, by exec: the same command without the warm start.
+Imports nothing heavy: it costs a Python start-up, not TensorFlow's.
+"""
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def run_cold(command: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, *command])
+
+
+def receive_int(sock: socket.socket) -> int | None:
+    data = b""
+    while len(data) < 4:
+        try:
+            part = sock.recv(4 - len(data))
+        except InterruptedError:
+            continue
+        if not part:
+            return None
+        data += part
+    return struct.unpack("i", data)[0]
+
+
+def main() -> None:
+    path, *command = sys.argv[1:]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        run_cold(command)
+    request = json.dumps({"argv": command, "env": dict(os.environ), "cwd": os.getcwd()}).encode() + b"\n"
+    sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+    pid = receive_int(sock)
+    if pid is None or pid < 0:
+        sock.close()
+        run_cold(command)
+    for signum in FORWARDED:
+        signal.signal(signum, lambda number, _: sock.sendall(struct.pack("i", number)))
+    status = receive_int(sock)
+    if status is None:
+        print(f"warm start: the server that ran this rank (pid {pid}) went away", file=sys.stderr, flush=True)
+        os._exit(1)
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    main()
