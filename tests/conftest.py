@@ -37,6 +37,7 @@ def pytest_runtest_makereport(item, call):
 # through a counting shim, and the summary prints the count beside the suite's time (the job scripts on
 # simulated hosts run the venv's mpirun by its path and are not counted).
 MPIRUN_LOG = "ENGINE_TESTS_MPIRUN_LOG"
+WARM_LOG = "ENGINE_TESTS_WARM_LOG"  # a line per process started through tests/warm: "warm" or "cold"
 
 
 def pytest_configure(config):
@@ -46,6 +47,7 @@ def pytest_configure(config):
 
     folder = tempfile.mkdtemp(prefix="engine-tests-mpirun-")
     os.environ[MPIRUN_LOG] = os.path.join(folder, "launches.txt")
+    os.environ[WARM_LOG] = os.path.join(folder, "warm.txt")
     config._mpirun_log_folder = folder
 
 
@@ -59,6 +61,12 @@ def pytest_terminal_summary(terminalreporter, config):
             tests = Counter(line.split(" (")[0].strip() for line in log)
     except FileNotFoundError:
         tests = Counter()
-    terminalreporter.write_sep("=", f"{sum(tests.values())} mpirun jobs in {len(tests)} tests")
+    try:
+        with open(os.environ[WARM_LOG]) as log:
+            starts = Counter(line.strip() for line in log)
+    except FileNotFoundError:
+        starts = Counter()
+    warm = f"tests/warm started {starts['warm']} processes warm, {starts['cold']} cold"
+    terminalreporter.write_sep("=", f"{sum(tests.values())} mpirun jobs in {len(tests)} tests; {warm}")
     for name, count in tests.most_common(10):
         terminalreporter.write_line(f"{count:4d}  {name}")

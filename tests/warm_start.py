@@ -3,8 +3,8 @@
 ``command([sys.executable, SCRIPT, ARGS...])`` returns the command that runs the same through this pytest
 worker's warm-start server, which it starts on first use; mpirun then starts the small client in each
 rank's place. Until the server has imported TensorFlow (a few seconds), and for any command that is not
-``python SCRIPT ...`` of a script in ``WARM_SCRIPTS``, the command runs as given. ENGINE_TESTS_WARM_START=0 turns it off: every process
-starts cold, as a user's does (the suite then takes about twice as long).
+``python SCRIPT ...`` of a script in ``WARM_SCRIPTS``, the command runs as given.
+ENGINE_TESTS_WARM_START=0 turns it off: every process starts cold, as a user's does.
 """
 from __future__ import annotations
 

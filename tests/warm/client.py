@@ -2,10 +2,11 @@
 
     python tests/warm/client.py SOCKET SCRIPT ARGS...
 
-Sends the command, the environment, the working directory and descriptors 0-2 to the server at SOCKET,
-forwards the signals it receives to the child the server made, and ends as that child ended (its exit
-status, or killed by the same signal). Where the server is not there (not started yet, or gone) or
-answers "cold", it runs ``python SCRIPT ARGS`` itself, by exec: the same command without the warm start.
+Sends the command, the environment, the working directory, the umask, the CPU affinity (mpirun's binding)
+and descriptors 0-2 to the server at SOCKET, forwards the signals it receives to the child the server
+made, and ends as that child ended (its exit status, or killed by the same signal). Where the server is
+not there (not started yet, or gone) or answers "cold", it runs ``python SCRIPT ARGS`` itself, by exec:
+the same command without the warm start.
 Imports nothing heavy: it costs a Python start-up, not TensorFlow's.
 """
 import array
@@ -20,7 +21,15 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def run_cold(command: list[str]) -> None:
+    note("cold")
     os.execv(sys.executable, [sys.executable, *command])
+
+
+def note(start: str) -> None:
+    """One line for the suite's count of warm and cold starts (tests/conftest.py), where it keeps one."""
+    if os.environ.get("ENGINE_TESTS_WARM_LOG"):
+        with open(os.environ["ENGINE_TESTS_WARM_LOG"], "a") as log:
+            log.write(f"{start}\n")
 
 
 def receive_int(sock: socket.socket) -> int | None:
@@ -43,12 +52,16 @@ def main() -> None:
         sock.connect(path)
     except OSError:
         run_cold(command)
-    request = json.dumps({"argv": command, "env": dict(os.environ), "cwd": os.getcwd()}).encode() + b"\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    request = json.dumps({"argv": command, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
+                          "cpus": sorted(os.sched_getaffinity(0))}).encode() + b"\n"
     sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
     pid = receive_int(sock)
     if pid is None or pid < 0:
         sock.close()
         run_cold(command)
+    note("warm")
     for signum in FORWARDED:
         signal.signal(signum, lambda number, _: sock.sendall(struct.pack("i", number)))
     status = receive_int(sock)
@@ -57,7 +70,8 @@ def main() -> None:
         os._exit(1)
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        signal.signal(number, signal.SIG_DFL)
+        if number in FORWARDED:  # SIGKILL and SIGSTOP cannot be caught, nor their action changed
+            signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
     os._exit(os.waitstatus_to_exitcode(status))
 

@@ -6,13 +6,14 @@ Importing TensorFlow costs each process 5-6 s of CPU on these machines, and most
 the hundreds of processes its mpirun jobs and rnn.py runs start (docs/performance.md). This server pays
 that once: it imports TensorFlow (nothing else of the engine, and neither MPI nor Horovod, whose
 initialisation must belong to the rank), then listens on a Unix socket. ``client.py``, which mpirun (or
-a test) starts in the rank's place, sends its command line, environment, working directory and standard
-descriptors; the server forks, and the child becomes that rank: it takes the descriptors as 0, 1 and 2,
-the environment (MPI's own variables with it, so ``MPI_Init`` joins the job), the directory, sys.argv and
-sys.path of ``python SCRIPT ARGS``, fresh standard streams, and runs the script as ``__main__``; it ends
-as that process would (its exit status, or the signal that killed it). The server tells the client how the
-child ended, and forwards to the child the signals the client receives; a client that dies (mpirun kills
-its ranks with SIGKILL) takes the child with it.
+a test) starts in the rank's place, sends its command line, environment, working directory, umask, CPU
+affinity and standard descriptors; the server forks, and the child becomes that rank: it takes the
+descriptors as 0, 1 and 2, the environment (MPI's own variables with it, so ``MPI_Init`` joins the job),
+the directory, umask and affinity, the sys.argv and sys.path of ``python SCRIPT ARGS`` and fresh standard
+streams, and runs the script as ``__main__``; it ends as that process would (its exit status, or the
+signal that killed it). The server tells the client how the child ended, and forwards to the child the
+signals the client receives; a client that dies (mpirun kills its ranks with SIGKILL) takes the child
+with it.
 
 A request whose environment differs from the server's in what TensorFlow reads on import (see
 ``IMPORT_TIME``) is answered "cold": the client then runs the plain command itself.
@@ -83,7 +84,8 @@ def fresh_stream(fd: int, unbuffered: bool) -> io.TextIOWrapper:
     if fd == 0:
         return io.TextIOWrapper(open(0, "rb", closefd=False), encoding=sys.stdin.encoding)
     binary = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
-    return io.TextIOWrapper(binary, encoding=sys.stdout.encoding, errors="backslashreplace" if fd == 2 else None,
+    return io.TextIOWrapper(binary, encoding=sys.stdout.encoding,
+                            errors="backslashreplace" if fd == 2 else None,
                             line_buffering=fd == 2 or os.isatty(fd), write_through=unbuffered)
 
 
@@ -98,6 +100,8 @@ def become(request: dict, fds: list[int], inherited: list[socket.socket]) -> Non
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    os.sched_setaffinity(0, request["cpus"])  # mpirun binds the process it starts: the client
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it up
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     sys.stdin, sys.stdout, sys.stderr = (fresh_stream(fd, unbuffered) for fd in range(STANDARD_FDS))
@@ -112,21 +116,30 @@ def become(request: dict, fds: list[int], inherited: list[socket.socket]) -> Non
 def watch(conn: socket.socket, pid: int, open_connections: set[socket.socket]) -> None:
     """Forward the client's signals to child ``pid``, kill it if the client goes, and tell the client how
     the child ended."""
+    ended = threading.Event()
+
     def forward() -> None:
         while True:
             try:
                 data = conn.recv(4)
             except OSError:
                 data = b""
+            if ended.is_set():
+                return
             if len(data) < 4:  # the client is gone: so is its rank
                 with_signal(pid, signal.SIGKILL)
                 return
             with_signal(pid, struct.unpack("i", data)[0])
 
     threading.Thread(target=forward, daemon=True).start()
+    # Wait without reaping first: until the child is reaped, its pid cannot be another process's, so a
+    # signal that forward() sends meanwhile reaches the child or nobody.
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    ended.set()
     _, status = os.waitpid(pid, 0)
     try:
         conn.sendall(struct.pack("i", status))
+        conn.shutdown(socket.SHUT_RDWR)  # wakes forward(), which then returns
     except OSError:
         pass
     open_connections.discard(conn)
