@@ -40,7 +40,8 @@ import tensorflow  # noqa: E402, F401  (the point of this process)
 # than the server had cannot be made from it. TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS are read
 # when TensorFlow creates its thread pools (at the first op), PYTHONUNBUFFERED when the child makes its
 # streams, so they may differ.
-IMPORT_TIME = ("PYTHON", "TF_", "CUDA", "LD_", "KERAS", "XLA", "OMP_", "MKL", "TPU", "NVIDIA")
+IMPORT_TIME = ("PYTHON", "TF", "CUDA", "LD_", "KERAS", "XLA", "OMP_", "KMP_", "MKL", "OPENBLAS", "TPU",
+               "NVIDIA", "GRPC")
 LATER = {"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"}
 # mpirun puts its library folder (the venv's lib) on the ranks' LD_LIBRARY_PATH; the MPI libraries that a rank
 # loads resolve to the same files without it (their RUNPATH), so a path of only that folder is no difference.
