@@ -167,6 +167,25 @@ def test_a_wait_on_a_link_that_moves_bytes_is_no_stall_and_one_that_moves_none_i
             in ended[0][0]
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_guard_whose_collective_moved_bytes_until_it_ended_is_no_stall(rank):
+    """The initial broadcast over a slow link: the guard's Bcast moves bytes for far longer than the
+    timeout, then the guard goes on a little (assigning the values). Its wait is the guard's again, which
+    began as long ago as the Bcast: it counts from the last bytes moved, not from the guard's start."""
+    dog, clock, channel, ended = watchdog(rank=rank, size=2, timeout=10)
+    dog._bytes_moved = Link(clock, 625e3)
+    with dog.guard("initial parameter broadcast"):
+        with dog.collective("broadcast_variables"):
+            for _ in range(30):
+                clock.now += 1
+                channel.inbox = [(1, 1, 1.0, "initial parameter broadcast (broadcast_variables)")]
+                dog.check()
+        for _ in range(3):
+            clock.now += 1
+            dog.check()
+    assert ended == []
+
+
 def test_without_a_byte_count_a_wait_counts_from_its_start():
     dog, clock, channel, ended = watchdog(size=2, timeout=10, bytes_moved=None)
     dog._bytes_moved = Link(clock, None)  # a transport the count does not see (InfiniBand)

@@ -111,7 +111,8 @@ class Watchdog:
         # each waiting rank, with MPI's headers), so a slow link that carries a large reduction is no hang.
         self._bytes_moved = bytes_moved
         self.progress_bytes = 16384 + 256 * size
-        self._moved: tuple[_Wait | None, int | None, float] = (None, None, 0.0)  # wait, bytes, when moved
+        # the wait last sampled, its byte count, when bytes last moved, and when it was sampled
+        self._moved: tuple[_Wait | None, int | None, float, float] = (None, None, 0.0, float("-inf"))
         self.rank, self.size = rank, size
         self._abort = abort
         self._channel = channel
@@ -187,13 +188,18 @@ class Watchdog:
         waited = now - current.entered
         if self._bytes_moved is None or waited < self.poll:
             return waited
-        wait, before, moved_at = self._moved
-        if wait is not current:  # the first look of this wait: the count is its baseline
-            before, moved_at = None, current.entered
+        wait, before, moved_at, sampled_at = self._moved
+        if wait is not current:
+            if now - sampled_at <= 1.5 * self.poll:
+                # The look before sampled another wait, such as the collective inside the guard that is
+                # the wait now: the link was watched without a gap, and its history holds.
+                moved_at = max(moved_at, current.entered)
+            else:  # the first look of this wait: the count is its baseline
+                before, moved_at = None, current.entered
         count = self._bytes_moved()
         if count is not None and before is not None and count - before > self.progress_bytes:
             moved_at = now
-        self._moved = (current, count if count is not None else before, moved_at)
+        self._moved = (current, count if count is not None else before, moved_at, now)
         return now - moved_at
 
     def check(self) -> None:
