@@ -172,23 +172,29 @@ def serve(path: str) -> None:
             continue
         different = import_time_difference(request["env"])
         if different or len(fds) != STANDARD_FDS:
-            print(f"warm start: {request['argv'][0]} starts cold: its {', '.join(different)} differ",
-                  file=sys.stderr, flush=True)
+            why = f"its {', '.join(different)} differ" if different else f"{len(fds)} descriptors came"
+            print(f"warm start: {request['argv'][0]} starts cold: {why}", file=sys.stderr, flush=True)
             for fd in fds:
                 os.close(fd)
-            conn.sendall(struct.pack("i", -1))  # cold: the client runs the command itself
+            try:
+                conn.sendall(struct.pack("i", -1))  # cold: the client runs the command itself
+            except OSError:
+                pass
             conn.close()
             continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            become(request, fds, [listener, *open_connections])
+            become(request, fds, [listener, conn, *open_connections])
             runpy.run_path(sys.argv[0], run_name="__main__")
             sys.exit(0)  # the interpreter ends as after the script: threads joined, atexit, flushed
         for fd in fds:
             os.close(fd)
-        conn.sendall(struct.pack("i", pid))
+        try:
+            conn.sendall(struct.pack("i", pid))
+        except OSError:
+            pass  # the client is gone already: watch() sees it and kills the child
         open_connections.add(conn)
         threading.Thread(target=watch, args=(conn, pid, open_connections), daemon=True).start()
 
