@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import warm_start
 from helpers import child_env
 
 pytestmark = pytest.mark.tf_latest
@@ -20,16 +21,14 @@ WARM = Path(__file__).resolve().parent / "warm"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A warm-start server of its own (the suite's are per worker); its socket path once it accepts."""
-    path = str(tmp_path_factory.mktemp("warm") / "socket")
-    process = subprocess.Popen([sys.executable, str(WARM / "server.py"), path], env=child_env(),
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    folder = str(tmp_path_factory.mktemp("warm"))
+    process, path = warm_start.start_server(folder)
     deadline = time.monotonic() + 120
     while not os.path.exists(path):
-        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()
+        assert process.poll() is None and time.monotonic() < deadline, open(f"{folder}/server.log").read()
         time.sleep(0.1)
     yield path
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    warm_start.stop_server(process, folder)
 
 
 def client(server: str, tmp_path: Path, body: str, *args: str, env: dict | None = None, **popen):

@@ -42,23 +42,31 @@ def command(cmd: list[str]) -> list[str]:
 def _socket() -> str:
     global _server
     if _server is None or _server[0].poll() is not None:
-        from helpers import child_env
-
         folder = tempfile.mkdtemp(prefix="engine-warm-")
-        path = os.path.join(folder, "socket")
-        log = open(os.path.join(folder, "server.log"), "w")
-        process = subprocess.Popen([sys.executable, str(FOLDER / "server.py"), path], env=child_env(),
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        process, path = start_server(folder)
         _server = process, path
-        atexit.register(_stop, process, folder)
+        atexit.register(stop_server, process, folder)
     return _server[1]
 
 
-def _stop(process: subprocess.Popen, folder: str) -> None:
-    """The server and every rank it still runs (its process group), and its folder."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def start_server(folder: str) -> tuple[subprocess.Popen, str]:
+    """A warm-start server whose socket (``FOLDER/socket``) appears once it accepts; its log beside it."""
+    from helpers import child_env
+
+    path = os.path.join(folder, "socket")
+    with open(os.path.join(folder, "server.log"), "w") as log:
+        process = subprocess.Popen([sys.executable, str(FOLDER / "server.py"), path], env=child_env(),
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    return process, path
+
+
+def stop_server(process: subprocess.Popen, folder: str) -> None:
+    """The server and every rank it still runs (its process group, which exists only once the server has
+    imported TensorFlow: the server itself too, by its pid), and its folder."""
+    for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
     process.wait()
     shutil.rmtree(folder, ignore_errors=True)

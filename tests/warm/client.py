@@ -62,8 +62,15 @@ def main() -> None:
         sock.close()
         run_cold(command)
     note("warm")
+
+    def forward(number: int, _frame) -> None:
+        try:
+            sock.sendall(struct.pack("i", number))
+        except OSError:
+            pass  # the rank has ended already: its status follows
+
     for signum in FORWARDED:
-        signal.signal(signum, lambda number, _: sock.sendall(struct.pack("i", number)))
+        signal.signal(signum, forward)
     status = receive_int(sock)
     if status is None:
         print(f"warm start: the server that ran this rank (pid {pid}) went away", file=sys.stderr, flush=True)
