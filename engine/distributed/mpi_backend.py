@@ -12,6 +12,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 import numpy as np
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 # How the stall watchdog names a reduction inside a tf.function: the train step's gradients, or an average.
 IN_GRAPH = "allreduce in a tf.function"
+BARRIER_POLL_SECONDS = 0.002  # what a barrier adds at most to its slowest rank's arrival
 
 
 def thread_level_name(mpi: Any, level: int) -> str:
@@ -382,8 +384,12 @@ class MPICommunicator(Communicator):
             return self._comm.scatter(list(objects) if self.rank == root else None, root=root)
 
     def barrier(self) -> None:
+        # Polled with sleeps: a barrier waits for the slowest rank (rank 0 writing a checkpoint, for one),
+        # and inside MPI_Barrier Open MPI would spin a core for all that time.
         with self._collective("barrier"):
-            self._comm.Barrier()
+            request = self._comm.Ibarrier()
+            while not request.Test():
+                time.sleep(BARRIER_POLL_SECONDS)
 
     def abort(self, message: str, exit_code: int = 1) -> NoReturn:
         if not self.thread_multiple and threading.current_thread() is not threading.main_thread():

@@ -188,6 +188,7 @@ class Checkpointer:
                     self._write(path, kind, global_step, parts)
                 except Exception as exc:  # agreed below: every rank ends, rank 0 reports
                     error = exc
+            self.comm.barrier()  # the others wait for the write here, without spinning a core as MPI would
             agree_on_failure(self.comm, error)
         self.schedule.saved()
 
