@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import sys
 
 import pytest
 
+import warm_start
 from helpers import ROOT, run, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.tf_latest]
@@ -16,7 +18,13 @@ DEMO = str(ROOT / "demos" / "demo-horovod-mpi.py")
 def test_demo_script_passes_with_two_ranks(tmp_path):
     hostfile = tmp_path / "pe_hostfile"  # what SGE hands a parallel job
     hostfile.write_text("node17 2 all.q@node17 UNDEFINED\n")
-    env = {"PYTHON": sys.executable, "MPIRUN_ARGS": "--oversubscribe", "PE_HOSTFILE": str(hostfile)}
+    # the .sh's $PYTHON: the interpreter, through the warm start where it applies (tests/warm_start.py),
+    # which starts cold what has a PYTHON* variable Python would not have had on import
+    python = tmp_path / "python"
+    interpreter = warm_start.command([sys.executable, DEMO])[:-1]
+    python.write_text(f"#!/bin/sh\nunset PYTHON\nexec {shlex.join(interpreter)} \"$@\"\n")
+    python.chmod(0o755)
+    env = {"PYTHON": str(python), "MPIRUN_ARGS": "--oversubscribe", "PE_HOSTFILE": str(hostfile)}
     result = run(["bash", str(ROOT / "demos" / "demo-horovod-mpi.sh"), "2"], timeout=240, env=env)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output

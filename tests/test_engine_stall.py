@@ -65,43 +65,36 @@ def test_a_rank_that_never_joins_ends_the_job_instead_of_a_hang(tmp_path):
 CHECKPOINT_TIMEOUT = 45  # distributed_checkpoint_timeout of the slow-save runs
 
 
-def slow_save_run(tmp_path, save_seconds: float):
-    """A 2-rank training whose checkpoint writes take ``save_seconds`` more on rank 0, with a stall timeout
-    of 20 s (a busy machine may keep one rank several seconds behind at start-up) and a checkpoint timeout
-    of 45 s."""
-    config = base_config(use_horovod=True, distributed_backend="mpi", num_epochs=1, checkpoint_interval=0,
-                         model=str(tmp_path / "net"), distributed_stall_warning=1,
+def test_a_checkpoint_write_within_its_limit_completes_and_one_beyond_it_ends_the_job_naming_rank_0(tmp_path):
+    """Two trainings in one 2-rank job, their checkpoint writes on rank 0 made slower by ``slow_save``, a
+    stall timeout of 20 s (a busy machine may keep one rank several seconds behind at start-up) and a
+    checkpoint timeout of 45 s: run 0's write outlasts the stall timeout by 5 s and stays within the
+    checkpoint timeout by 20 s (the write itself and a busy machine's delays), so it completes; run 1's
+    write would take 400 s, and the job ends at the checkpoint timeout."""
+    runs = [[base_config(use_horovod=True, distributed_backend="mpi", num_epochs=1, checkpoint_interval=0,
+                         model=str(tmp_path / f"run{k}" / "net"), distributed_stall_warning=1,
                          distributed_stall_timeout=STALL_TIMEOUT,
-                         distributed_checkpoint_timeout=CHECKPOINT_TIMEOUT)
+                         distributed_checkpoint_timeout=CHECKPOINT_TIMEOUT), [f"slow_save={seconds}"]]
+            for k, seconds in enumerate([STALL_TIMEOUT + 5, 400])]
     start = time.monotonic()
-    result = run_mpi(2, [SCRIPT, str(tmp_path), repr(config), f"slow_save={save_seconds}"], timeout=500)
-    return result, result.stdout + result.stderr, time.monotonic() - start
-
-
-def test_a_checkpoint_write_longer_than_the_stall_timeout_but_within_its_own_limit_completes(tmp_path):
-    # longer than the stall timeout by 5 s, within the checkpoint timeout by 20 s (the write itself and a
-    # busy machine's delays)
-    result, output, _ = slow_save_run(tmp_path, STALL_TIMEOUT + 5)
-    assert result.returncode == 0, output
-    assert (tmp_path / "net.001").exists() and (tmp_path / "rank1.npz").exists(), output
-    # the engine's own error lines (TensorFlow's banners may say "errors" on some machines)
-    assert not re.search(r"^(\[rank \d+\] )?(rnn\.py: )?error:", output, re.M), output
-    # the warning still comes, saying why the job waits longer
-    assert "stall: rank 0 has not reached collective" in output, output
-    assert f"The job ends after distributed_checkpoint_timeout = {CHECKPOINT_TIMEOUT} s (a checkpoint is " \
-        "being saved)." in output, output
-
-
-def test_a_checkpoint_write_beyond_its_limit_ends_the_job_naming_rank_0_and_the_key(tmp_path):
-    result, output, seconds = slow_save_run(tmp_path, 400)
+    result = run_mpi(2, [SCRIPT, str(tmp_path), repr(runs)], timeout=500)
+    seconds = time.monotonic() - start
+    output = result.stdout + result.stderr
+    # run 0 completed (its checkpoint, its record), then run 1 started in the same processes
+    assert (tmp_path / "run0" / "net.001").exists() and (tmp_path / "run0" / "rank1.npz").exists(), output
+    assert "=== run 1" in result.stdout, output
+    # the warning comes in each run, saying why the job waits longer
+    assert output.count("stall: rank 0 has not reached collective") >= 2, output
+    assert output.count(f"The job ends after distributed_checkpoint_timeout = {CHECKPOINT_TIMEOUT} s (a "
+                        "checkpoint is being saved).") >= 2, output
     assert result.returncode == 1, output
-    assert seconds < 300, output  # start-up, one epoch, 45 s: not the 400 s write
-    assert engine_errors(output) == 1, output
+    assert seconds < 360, output  # start-up, two short trainings, 25 s and 45 s: not the 400 s write
+    assert engine_errors(output) == 1, output  # run 1's, the only one
     assert re.search(r"\[rank 0\] error: rank 0 did not reach collective #\d+ '[^']+' within "
                      rf"{CHECKPOINT_TIMEOUT} s \(distributed_checkpoint_timeout\), where rank 1 waits: a "
                      r"checkpoint is being saved",
                      output), output
-    assert not (tmp_path / "net.001").exists()
+    assert not (tmp_path / "run1" / "net.001").exists()
 
 
 def run_at_thread_level(tmp_path, level: str, backend: str = "mpi", *options: str):

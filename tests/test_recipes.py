@@ -3,9 +3,12 @@
 The fixtures in tests/recipes/ name their origin (repository, path, commit) at the top: the same keys
 with the same values, sizes trimmed, the Sprint datasets of the hybrid recipes replaced by HDF corpora
 written here. Each recipe: ``--check`` gives every key a verdict and none stops the run, and one epoch
-trains on 1 and on 2 ranks (real mpirun) with no key ignored. What the runs computed is checked too:
-1 and 2 ranks (grad mode) agree on the loss of the first step over the same sequences, and a recipe's
-chunking gives the steps and frames that RETURNN's chunk arithmetic says.
+trains with no key ignored: on 1 rank on the newest TensorFlow, on 2 ranks (real mpirun) on TensorFlow
+2.15 with Horovod. The epoch is short, to keep the suite's time: the 12AX demos' 1000 training sequences
+are split into 5 epochs on the command line (the dataset's own ``partition_epoch``), and the HDF corpora
+of the hybrid recipes are small. What the runs computed is checked too: 1 and 2 ranks (grad mode) agree
+on the loss of the first step over the same sequences, and a recipe's chunking gives the steps and frames
+that RETURNN's chunk arithmetic says.
 """
 import math
 import re
@@ -32,8 +35,8 @@ QUAERO = "quaero.dropout01.l2_1e_2.6l.n500.max_seqs40.adam.lr1e_3.config"
 # recipe file -> (its config-code variables, which are no keys; the HDF corpus it reads: dim, train seqs)
 CASES = {**{f"demo-tf-{demo}.12ax.config": ({"demo_name"}, None) for demo in DEMOS},
          TUNED: ({"demo_name"}, None),
-         SWB: ({"EpochSplit"}, (40, 600)),  # partitionEpoch 6: 100 sequences an epoch
-         QUAERO: (set(), (50, 150))}
+         SWB: ({"EpochSplit"}, (40, 240)),  # partitionEpoch 6: 40 sequences an epoch
+         QUAERO: (set(), (50, 60))}
 NUM_CLASSES = 12
 
 
@@ -71,8 +74,16 @@ def workdir(tmp_path: Path, corpora: Path, recipe: str) -> Path:
 # A recipe asks for a GPU (device = "gpu"); the test machines may have none. TensorBoard gets every
 # step's score (float32), which the checks below compare.
 TRAIN_ARGS = ["++num_epochs", "1", "++device", "cpu", "++tensorboard_step_interval", "1"]
+# epoch 1 of a 12AX demo: 200 of its 1000 sequences (20 batches of max_seqs 10)
+SHORT_12AX_EPOCH = ["++train", repr({"class": "Task12AXDataset", "num_seqs": 1000, "partition_epoch": 5})]
+
+
 STEPS_LINE = re.compile(r"^train epoch 1, finished after (\d+) steps", re.M)
 FRAMES_LINE = re.compile(r"^train epoch 1: [\d.]+ frames/sec \((\d+) frames", re.M)
+
+
+def train_args(recipe: str) -> list[str]:
+    return TRAIN_ARGS + (SHORT_12AX_EPOCH if recipe.startswith("demo-tf-") else [])
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +97,8 @@ def trained(tmp_path_factory, corpora):
         key = (recipe, ranks, overrides)
         if key not in runs:
             folder = workdir(tmp_path_factory.mktemp("run"), corpora, recipe)
-            args = [str(RECIPES / recipe), *TRAIN_ARGS, "++tensorboard_dir", str(folder / "tensorboard"),
-                    *overrides]
+            args = [str(RECIPES / recipe), *train_args(recipe), "++tensorboard_dir",
+                    str(folder / "tensorboard"), *overrides]
             if ranks == 1:
                 r = run_rnn(args, cwd=folder, timeout=300)
             else:
@@ -144,6 +155,7 @@ def test_check_gives_every_key_a_verdict_and_none_stops_training(recipe, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.tf_latest
+@pytest.mark.newest_tf_only  # on TensorFlow 2.15: the 2-rank run below (and 1 rank in the tests after it)
 @pytest.mark.parametrize("recipe", CASES)
 def test_one_epoch_on_one_rank(recipe, trained):
     assert_trained(trained(recipe, 1)[0], recipe)
@@ -160,19 +172,19 @@ def test_one_epoch_on_two_ranks(recipe, trained):
 @pytest.mark.mpi
 def test_one_and_two_ranks_agree_on_the_first_steps_loss(trained):
     """The 12AX LSTM demo (no dropout, whose masks differ per rank). 2 ranks in grad mode train batches 0
-    and 1 of the epoch's plan in their first step (max_seqs 10: 1000 sequences of at most 200 frames
-    after chunking, so batch_size 5000 never binds: 100 batches of 10); 1 rank with max_seqs 20 trains
+    and 1 of the epoch's plan in their first step (max_seqs 10: 200 sequences of at most 200 frames
+    after chunking, so batch_size 5000 never binds: 20 batches of 10); 1 rank with max_seqs 20 trains
     the same 20 sequences as its batch 0, from the same initial parameters. The first step's score (the
     ranks' loss sums added over their frames) must be the one process's to float32 rounding."""
     two, two_dir = trained(VANILLA, 2)
     one, one_dir = trained(VANILLA, 1, "++max_seqs", "20")
     np.testing.assert_allclose(first_step_score(two_dir), first_step_score(one_dir), rtol=1e-5)
-    # every sequence once, in as many steps: 50 batches of 20, or 100 of 10 taken two at a time
+    # every sequence once, in as many steps: 10 batches of 20, or 20 of 10 taken two at a time
     steps, frames = epoch_steps_and_frames(two)
-    assert (steps, frames) == epoch_steps_and_frames(one) and steps == 50
+    assert (steps, frames) == epoch_steps_and_frames(one) and steps == 10
     # the comparison can tell batches apart: batch 0 alone (the recipe on 1 rank) scores otherwise
     alone, alone_dir = trained(VANILLA, 1)
-    assert epoch_steps_and_frames(alone)[0] == 100
+    assert epoch_steps_and_frames(alone)[0] == 20
     assert abs(first_step_score(alone_dir) - first_step_score(one_dir)) > 1e-3
 
 
@@ -182,11 +194,11 @@ def test_chunking_gives_the_steps_and_frames_of_the_chunk_arithmetic(trained, co
     """The Quaero recipe's ``chunking = "50:25"``: a sequence of L frames gives the chunks [25 j,
     min(25 j + 50, L)) for 25 j < L; ``max_seqs`` 40 counts chunks (40 x 50 frames: batch_size 5000
     never binds), so the epoch has ceil(chunks / 40) batches; 2 ranks take them two at a time and drop
-    an odd last one. Without chunking, 150 sequences would train in 4 steps on their plain frames."""
+    an odd last one. Without chunking, 60 sequences would train in 2 steps on their plain frames."""
     config = Config.from_sources([str(RECIPES / QUAERO)], [])
     size, step = (int(n) for n in config.value("chunking").split(":"))
     max_seqs = config.int("max_seqs")
-    with h5py.File(corpora / "50x150" / "data" / "train.hdf", "r") as f:
+    with h5py.File(corpora / "50x60" / "data" / "train.hdf", "r") as f:
         lengths = [int(n) for n in f["seqLengths"][:, 0]]
     chunks = [min(size, length - start) for length in lengths for start in range(0, length, step)]
     batches = math.ceil(len(chunks) / max_seqs)

@@ -1,11 +1,11 @@
 """Run under ``mpirun -np 2``: the overlapped reductions (gradient buckets, ``start_allreduce``) against
-numpy, on one backend. Any failed check raises, and the failure handler aborts the job; at the end every
-rank prints ``rank R: overlap checks passed (BACKEND backend)``.
+numpy, on one backend. Any failed check raises, and the failure handler aborts the job; once all passed,
+every rank prints ``rank R: overlap checks passed (N checks, BACKEND backend)``.
 
     python overlap_checks.py --backend mpi|horovod [--fail-mid-step]
 
-``--fail-mid-step``: rank 1 raises inside a bucketed reduction's tf.function after its first bucket was
-started; the job must end with that error, not hang.
+``--fail-mid-step``: after the checks, rank 1 raises inside a bucketed reduction's tf.function after its
+first bucket was started; the job must end with that error, not hang.
 """
 from __future__ import annotations
 
@@ -96,10 +96,10 @@ def main() -> None:
     handles = [comm.start_allreduce(arrays[:3], "sum"), comm.start_allreduce(arrays[3:], "sum")]
     check_equal([r for h in handles for r in h.wait()], reference("sum", comm.size), "two handles")
     checks += 2
-    if args.fail_mid_step:
-        fail_mid_step(comm, arrays, tf)
     comm.barrier()
     print(f"rank {comm.rank}: overlap checks passed ({checks} checks, {args.backend} backend)", flush=True)
+    if args.fail_mid_step:
+        fail_mid_step(comm, arrays, tf)
 
 
 def fail_mid_step(comm, arrays, tf) -> None:
