@@ -66,9 +66,11 @@ lint: install
 	$(VENV)/bin/flake8 rnn.py engine tools benchmarks demos tests
 
 # All tests on TensorFlow 2.15 + Horovod (but the few marked newest_tf_only), then those marked tf_latest
-# (what can differ between TensorFlow versions) on the newest TensorFlow. Two pytest workers: the tests spend much of their time waiting for
-# subprocesses, mpirun jobs and timeouts. Each suite prints its 15 slowest tests and its time.
-PYTEST := pytest -n 2 --dist worksteal --durations=15
+# (what can differ between TensorFlow versions) on the newest TensorFlow. Three pytest workers on 2 cores:
+# tests that wait out a timeout or a cut link leave the CPU idle, which a third fills (test-stable on a
+# fresh clone: 17:22 against 19:04 with two; docs/performance.md). Each suite prints its 15 slowest tests
+# and its time.
+PYTEST := pytest -n 3 --dist worksteal --durations=15
 test:  # both suites, the second also when the first fails (-k); fails when either does
 	@$(MAKE) --no-print-directory -k test-stable test-latest
 
