@@ -12,7 +12,9 @@ shapes (80 input dims, 61 phone classes) and about TIMIT's utterance length (2-3
 prototype of its own) before, between some and after. ``--corpus-seed`` draws another corpus (other
 prototypes and utterances; 1, the default, is the corpus of the runs recorded in docs/config-and-cli.md).
 ``--ranks N`` runs both programs data-parallel under ``mpirun -np N`` with ``use_horovod = True`` and
-RETURNN's defaults (grad mode, summed gradients, ``shard``: rank r takes batches r, r+N, ...); RETURNN
+RETURNN's defaults (grad mode, summed gradients, ``shard``: rank r takes batches r, r+N, ...;
+``--reduce-type param`` with ``--sync-step K``: each rank updates alone and the parameters are averaged
+every K steps); RETURNN
 then needs Horovod in its Python and runs under the ``mpirun`` beside that Python. RETURNN + Horovod ends
 every epoch, dev scoring included, when its first rank runs out of batches, so when the dev batches do not
 split evenly over the ranks it scores only the first ones (sorted by length: not the longest); a line
@@ -193,6 +195,10 @@ def main() -> int:
                         help="leave out the output layer's darc1 (RETURNN 1.20261022 on TF 2.15 cannot "
                         "build it)")
     parser.add_argument("--gradient-noise", type=float, default=0.1, help="the demo's is 0.1")
+    parser.add_argument("--reduce-type", choices=("grad", "param"), default="grad",
+                        help="horovod_reduce_type of both programs with --ranks above 1")
+    parser.add_argument("--sync-step", type=int, default=1,
+                        help="horovod_param_sync_step of both programs with --reduce-type param")
     parser.add_argument("--programs", default="engine,returnn")
     parser.add_argument("--same-start", action="store_true",
                         help="both programs start from one initial checkpoint that RETURNN writes")
@@ -221,6 +227,8 @@ def main() -> int:
         programs.append(("returnn", program_command("returnn", returnn, args.ranks)))
     programs = [(name, command) for name, command in programs if name in args.programs.split(",")]
     start = "\nuse_horovod = True\n" if args.ranks > 1 else ""
+    if args.ranks > 1 and args.reduce_type == "param":
+        start += f'horovod_reduce_type = "param"\nhorovod_param_sync_step = {args.sync_step}\n'
     if args.same_start:
         if returnn is None:
             print("--same-start needs RETURNN, which was not found.")

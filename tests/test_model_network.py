@@ -215,11 +215,60 @@ def test_get_network_hook_and_missing_model():
         build_model(Config({}), input_dim=3, input_sparse=False, target_dims={"classes": 2})
 
 
+def test_an_info_entry_is_skipped_as_in_returnn():
+    network = {"#info": {"author": "x"}, "output": {"class": "softmax", "loss": "ce"}}
+    model = build_model(network, input_dim=3, input_sparse=False, target_dims={"classes": 2})
+    assert list(model.layers) == ["output"]
+
+
+def test_target_config_key_is_the_default_target_of_loss_layers():
+    network = {"hidden": {"class": "linear", "n_out": 4, "activation": "tanh"},
+               "output": {"class": "softmax", "loss": "ce", "from": "hidden"},
+               "aux": {"class": "softmax", "loss": "ce", "target": "classes", "from": "hidden"}}
+    dims = dict(input_dim=3, input_sparse=False, target_dims={"bpe": 5, "classes": 2})
+    for config in (Config({"network": network, "target": "bpe"}),
+                   Config({"get_network": lambda epoch, **_: network, "target": "bpe"})):
+        model = build_model(config, **dims)
+        assert (model.layers["output"].target, model.layers["aux"].target) == ("bpe", "classes")
+        assert model.layers["output"].n_out == 5 and "target" not in network["output"]
+    x = np.random.RandomState(0).standard_normal((2, 6, 3)).astype("float32")
+    outputs = model(x, np.array([6, 4]))
+    labels = {"bpe": np.array([[1, 4, 0, 2, 3, 1], [0, 0, 1, 1, 0, 0]]), "classes": np.zeros((2, 6), int)}
+    lengths = {"bpe": np.array([6, 4]), "classes": np.array([6, 4])}
+    result = model.compute_losses(outputs, labels, lengths)
+    logits = outputs["output:logits"].numpy()
+    expected = -sum(tf.nn.log_softmax(logits[b, t]).numpy()[labels["bpe"][b, t]]
+                    for b in range(2) for t in range(lengths["bpe"][b]))
+    assert model.loss_targets == {"bpe", "classes"} and np.isclose(float(result.loss), expected, rtol=1e-5)
+
+    def get_model(**_):
+        return tf.keras.Sequential([tf.keras.layers.Dense(5)])
+
+    with pytest.raises(ConfigError, match="'target' is 'bpe', but the model comes from get_model"):
+        build_model(Config({"get_model": get_model, "target": "bpe"}), **dims)
+
+
 @pytest.mark.parametrize(
     "network, message",
     [
         ({"output": {"class": "softmax", "loss": "ce", "from": "hidden"}}, r"'output'.*names 'hidden'"),
         ({"out": {"class": "softmax"}}, r"no layer called 'output'"),
+        ({"output": {"class": "gating", "from": "data"}},
+         r"'output': 'activation' is required for class 'gating'"),
+        ({"h": {"class": "linear", "n_out": 5},
+          "output": {"class": "gating", "activation": "tanh", "from": "h"}},
+         r"'output': gating splits .* dim 5, an odd number"),
+        ({"output": {"class": "reduce_out", "mode": "max", "num_pieces": 3}},
+         r"'output': its input's dim 4 is not a multiple of num_pieces 3"),
+        ({"output": {"class": "reduce_out", "mode": "min", "num_pieces": 2}},
+         r"reduce_out mode 'min' is not"),
+        ({"output": {"class": "slice", "axis": "T", "slice_start": 1}},
+         r"'output': slice along axis 'T' is not implemented; .* feature axis only"),
+        ({"output": {"class": "slice", "axis": "F", "slice_start": 4}},
+         r"the slice \[4, None, None\] .* is empty"),
+        ({"output": {"class": "slice", "axis": "F", "slice_start": 1, "n_out": 2}}, r"n_out 2 must be 3"),
+        ({"#config": {"batch_size": 3}, "output": {"class": "softmax", "n_out": 3}},
+         r"Network entry '#config' \(config keys that hold while this network trains.*not implemented"),
         ({"output": {"class": "reduce", "n_out": 3}},
          r"'output': class 'reduce' is a RETURNN layer class this engine does not implement"),
         ({"output": {"class": "sofmax", "n_out": 3}}, r"'output': unknown class 'sofmax' \(did you mean"),

@@ -145,3 +145,24 @@ def test_get_model_errors():
         build_model(
             Config({"network": wrong_dim}), input_dim=3, input_sparse=False, target_dims={"classes": 2}
         )
+
+
+def test_a_layer_with_trainable_false_keeps_its_values_while_the_others_learn():
+    rng = np.random.RandomState(1)
+    net = {"frozen": {"class": "linear", "activation": "tanh", "n_out": 8, "trainable": False},
+           "glu": {"class": "gating", "activation": "identity", "from": "frozen"},
+           "output": {"class": "softmax", "loss": "ce", "from": "glu"}}
+    model = build_model(net, input_dim=4, input_sparse=True, target_dims={"classes": 16})
+    assert list(model.named_trainable_variables()) == ["output/W", "output/b"]
+    assert list(model.named_variables()) == ["frozen/W", "frozen/b", "output/W", "output/b"]
+    before = {name: var.numpy() for name, var in model.named_variables().items()}
+    updater = Updater(model.named_trainable_variables(), optimizer_from_config("adam"), learning_rate=0.02)
+    step = make_train_step(model, updater)
+    for _ in range(3):
+        step(*neighbour_task(rng, 8))
+    after = {name: var.numpy() for name, var in model.named_variables().items()}
+    assert all(np.array_equal(before[n], after[n]) for n in ("frozen/W", "frozen/b"))
+    assert not np.array_equal(before["output/W"], after["output/W"])
+    with pytest.raises(ConfigError, match="'trainable' must be True or False"):
+        build_model({"output": {"class": "softmax", "loss": "ce", "trainable": "no"}}, input_dim=4,
+                    input_sparse=False, target_dims={"classes": 2})

@@ -30,7 +30,9 @@ pytestmark = pytest.mark.tf_latest
 FIXTURES = ROOT / "tests" / "fixtures" / "returnn_ckpt"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from returnn_checkpoints import TOLERANCE  # noqa: E402  (the script that makes the fixtures judges by it)
+# the script that makes the fixtures judges by these
+from returnn_checkpoints import (RETURNN_GRADIENT_WRONG, TOLERANCE, engine_gradients,  # noqa: E402
+                                 gradient_differences)
 
 
 def model_of(case: dict | str, network: dict | None = None, seed: int = 42):
@@ -82,6 +84,17 @@ def test_load_gives_returnns_outputs(name):
     model = model_of(name)
     load_for_inference(Config({"load": fixture(name)}), model, fixture(name))
     assert_outputs_equal_returnns(model, name)
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(RETURNN_GRADIENT_WRONG)))
+def test_gradients_from_returnns_checkpoint_are_returnns(name):
+    model = model_of(name)
+    load_for_inference(Config({"load": fixture(name)}), model, fixture(name))
+    expected = np.load(FIXTURES / f"{name}.npz")
+    differences = gradient_differences(expected, engine_gradients(model, name, expected["data"],
+                                                                  expected["lengths"]))
+    assert any(n.startswith("grad:") and n != "grad:data" for n in differences), "no parameter gradient"
+    assert max(differences.values()) <= TOLERANCE, differences
 
 
 def test_every_lstm_unit_has_a_fixture():

@@ -52,6 +52,7 @@ _section(
      "from train data"),
     ("num_inputs", "any", None, "legacy: input dim (with num_outputs)"),
     ("num_outputs", "any", None, "legacy: target dims, an int or {key: dim or (dim, ndim)}"),
+    ("target", "str", "classes", "the target of loss layers that name none (RETURNN's default target)"),
     ("batch_size", "int", None, "max padded frames per batch (max_len * num_seqs), per rank",
      "required for train; 5000 for eval/forward"),
     ("max_seqs", "int", -1, "max sequences per batch (-1: no limit)"),

@@ -73,7 +73,6 @@ LAYER_OPTIONS: dict[str, NoEffect] = {
     "param_device": NoEffect("where RETURNN places the layer's parameters; a placement, not a computation"),
     "optimize_move_layers_out": NoEffect("RETURNN's graph optimisation of rec subnetworks; a rec layer here "
                                          "is a unit, not a subnetwork"),
-    "trainable": NoEffect("True is the default", _is(True), "True"),
 }
 
 DATASET_OPTIONS: dict[str, NoEffect] = {

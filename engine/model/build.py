@@ -23,6 +23,16 @@ def _logged(model: SeqModel) -> SeqModel:
     return model
 
 
+def with_default_target(network: Any, target: str) -> Any:
+    """The network with ``target`` set on each loss layer that names none, as RETURNN fills in its
+    ``target`` config key (``ExternData.default_target``) before it builds a layer."""
+    if not isinstance(network, dict) or target == "classes":
+        return network
+    return {name: {**layer, "target": target}
+            if isinstance(layer, dict) and layer.get("loss") and "target" not in layer else layer
+            for name, layer in network.items()}
+
+
 def build_model(
     config_or_network: Any,
     *,
@@ -61,11 +71,17 @@ def build_model(
     twice = (config.float("maximize_grad_norm") or 0.0) > 0.0
     lstm = config.str("lstm_implementation")
     dtype = compute_dtype(config.value("tf_amp"))
+    default_target = config.str("target")
     if network is not None:
+        network = with_default_target(network, default_target)
         return _logged(NetworkModel(network, ignored=ignored, twice_differentiable=twice,
                                     lstm_implementation=lstm, compute_dtype=dtype, **dims))
     get_model = config.value("get_model")
     if callable(get_model):
+        if default_target != "classes":
+            raise ConfigError(f"Config key 'target' is {default_target!r}, but the model comes from "
+                              "get_model, which trains against 'classes'; 'target' applies to the loss "
+                              "layers of a 'network' dict. Remove 'target' or name the stream 'classes'.")
         if dtype != "float32":
             raise ConfigError(f"Config key 'tf_amp' is {config.value('tf_amp')!r}, but the model comes from "
                               "get_model, whose layers choose their own dtypes (a Keras mixed-precision "
@@ -79,8 +95,9 @@ def build_model(
             raise ConfigError(
                 f"get_network(epoch={epoch}) must return a network dict, got {type(network).__name__}."
             )
-        return _logged(NetworkModel(network, ignored=ignored, twice_differentiable=twice,
-                                    lstm_implementation=lstm, compute_dtype=dtype, **dims))
+        return _logged(NetworkModel(with_default_target(network, default_target), ignored=ignored,
+                                    twice_differentiable=twice, lstm_implementation=lstm, compute_dtype=dtype,
+                                    **dims))
     raise ConfigError(
         "The config defines no model: set 'network' to a layer dict, or define a config function "
         "'get_model' (returning a Keras model or tf.Module) or 'get_network' (returning a dict)."

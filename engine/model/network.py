@@ -21,6 +21,7 @@ from engine.model.layers.base import Layer
 from engine.model.layers.conv import Conv, Pool, window_options
 from engine.model.layers.dense import Copy, Linear, Softmax
 from engine.model.layers.elementwise import Activation, Combine
+from engine.model.layers.features import FeatureSlice, Gating, ReduceOut
 from engine.model.layers.norm import LayerNorm
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
@@ -29,7 +30,15 @@ from engine.model.spec import RECURRENT_CLASSES, LayerSpec, build_order, layer_f
 from engine.runtime.errors import ConfigError, DataError
 
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
-_DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine")
+_DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice")
+
+
+def _freeze(layer: Layer) -> None:
+    """RETURNN's ``"trainable": False``: the layer's parameters keep their values (initial or loaded); no
+    update, no accumulated gradient and no L2 decay touches them. A layer reads its parameters from
+    ``params`` on every call, so swapping in non-trainable copies is all it takes."""
+    layer.params = {key: tf.Variable(var, trainable=False, name=var.name.split(":")[0])
+                    for key, var in layer.params.items()}
 
 
 class NetworkModel(SeqModel):
@@ -79,6 +88,8 @@ class NetworkModel(SeqModel):
                 in_dim = sum(dims[s] for s in spec.sources)
                 layer = self._make_layer(name, spec, in_dim, self._takes_ids(spec), random_seed)
             layer.compute_dtype = tf.as_dtype(compute_dtype)
+            if spec.opts.get("trainable", True) is False:
+                _freeze(layer)
             self.layers[name] = layer
             dims[name] = layer.n_out
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
@@ -114,6 +125,12 @@ class NetworkModel(SeqModel):
             return LayerNorm(name, spec.opts, in_dim)
         if spec.cls == "activation":
             return Activation(name, spec.opts, in_dim)
+        if spec.cls == "gating":
+            return Gating(name, spec.opts, in_dim)
+        if spec.cls == "reduce_out":
+            return ReduceOut(name, spec.opts, in_dim)
+        if spec.cls == "slice":
+            return FeatureSlice(name, spec.opts, in_dim)
         if spec.cls == "positional_encoding":
             return PositionalEncoding(name, spec.opts, in_dim, spec.sources)
         if spec.cls == "self_attention":

@@ -28,11 +28,15 @@ _CLASS_OPTIONS = {
     "pool": {"mode", "pool_size", "padding", "strides", "dilation_rate"},
     "layer_norm": {"epsilon"},
     "activation": {"activation"},
+    "gating": {"activation", "gate_activation", "n_out"},
+    "reduce_out": {"mode", "num_pieces", "n_out"},
+    "slice": {"axis", "slice_start", "slice_end", "slice_step", "n_out"},
     "combine": {"kind", "activation", "with_bias", "n_out"},
     "positional_encoding": {"add_to_input", "n_out"},
     "self_attention": {"n_out", "num_heads", "total_key_dim", "attention_dropout", "attention_left_only"},
 }
-_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2"}
+IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
+_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable"}
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
 RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",
                      "positional_encoding"}
@@ -58,6 +62,9 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         )
     specs: dict[str, LayerSpec] = {}
     for name, opts in network.items():
+        if isinstance(name, str) and name.startswith("#"):
+            _check_network_entry(name)
+            continue
         if not isinstance(name, str) or name == "data" or name.startswith("data:"):
             raise ConfigError(f"Network layer name {name!r} is not allowed ('data' is the input stream).")
         if not isinstance(opts, dict):
@@ -72,6 +79,9 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS):
             raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported (all a "
                               f"plain LSTM): {_UNIT_NAMES}.")
+        if not isinstance(opts.get("trainable", True), bool):
+            raise ConfigError(f"Network layer '{name}': 'trainable' must be True or False, got "
+                              f"{opts['trainable']!r}.")
         rate = opts.get("dropout", 0.0)
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
             raise ConfigError(f"Network layer '{name}': dropout must be a float in [0, 1), got {rate!r}.")
@@ -87,6 +97,28 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
     _check_cycles(specs)
     return specs
+
+
+# RETURNN's network entries whose name starts with '#' are not layers; other parts of RETURNN read them
+_NETWORK_ENTRIES = {
+    "#config": "config keys that hold while this network trains (RETURNN's pretraining sets them)",
+    "#copy_param_mode": "how RETURNN's pretraining copies parameters into a grown network",
+    "#repetition": "how many epochs RETURNN's pretraining keeps this network",
+    "#finish_all_data": "RETURNN's flag to finish every dataset of a step",
+    "#trainable": "RETURNN's switch that freezes the whole network",
+}
+
+
+def _check_network_entry(name: str) -> None:
+    """RETURNN builds no layer of a '#' entry. Those that other parts of RETURNN read are refused until this
+    engine does what they do; the rest (``#info``, a note to the reader) are skipped, as in RETURNN."""
+    what = _NETWORK_ENTRIES.get(name)
+    if what is None:
+        log.info(f"Network entry {name!r} is skipped: RETURNN builds no layer of a name that starts with "
+                 "'#'.")
+        return
+    raise ConfigError(f"Network entry {name!r} ({what}) is not implemented in this engine; remove it from "
+                      "the network dict.")
 
 
 def _class_problem(cls: Any) -> str:

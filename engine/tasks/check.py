@@ -52,7 +52,7 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
 def check_at_start(config: Config) -> None:
     findings, problems = collect(config)
     log_notes(findings)
-    reason = _stop_reason(findings, problems)
+    reason = stop_reason(findings, problems)
     if reason:
         raise ConfigError(reason)
 
@@ -72,7 +72,7 @@ def run_check(config: Config) -> int:
                 note = UNKNOWN_KEY_NOTE if f.verdict == UNKNOWN and not f.fatal and not f.note else f.note
                 where = f"[{f.owners_text}]" if f.owners else ""
                 print("  " + "  ".join((f"{_label(f):<{width}}", f"{verdict:<15}", note, where)).rstrip())
-    reason = _stop_reason(findings, problems)
+    reason = stop_reason(findings, problems)
     if reason:
         print(f"Training would not start. {reason}")
         return ConfigError.exit_code
@@ -81,7 +81,7 @@ def run_check(config: Config) -> int:
     return 0
 
 
-def _stop_reason(findings: list[Finding], problems: list[str]) -> str:
+def stop_reason(findings: list[Finding], problems: list[str]) -> str:
     fatal = [f for f in merged(findings) if f.fatal]
     return " ".join(([error_text(fatal)] if fatal else []) + problems)
 

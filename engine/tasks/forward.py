@@ -159,7 +159,7 @@ def run_forward(config: Config) -> None:
             if greedy_parts is not None:
                 merged = {idx: seq for part in greedy_parts for idx, seq in part.items()}
                 add_target(tmp, "greedy", [merged[int(i)] for i in layout.corpus_idx], out_dim - 1,
-                           dataset.labels.get("classes", []))
+                           dataset.labels.get(config.str("target"), []))
             commit(tmp, output_file)
         except (OSError, EngineError) as exc:
             error = exc if isinstance(exc, EngineError) else DataError(

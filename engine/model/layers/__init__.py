@@ -11,6 +11,8 @@
 - ``conv.py``: ``conv`` and ``pool`` over time (1-D), which may change the number of frames;
 - ``attention.py``: ``self_attention`` and ``positional_encoding``;
 - ``norm.py``: ``layer_norm``; ``elementwise.py``: ``activation`` and ``combine``;
+- ``features.py``: layers that change each frame's features: ``gating``, ``reduce_out``, ``slice`` (feature
+  axis);
 - ``time_chunking.py``: ``time_chunking`` / ``time_unchunking``, the structure family (layers that
   reshape time and batch), and the check that every layer reads sources on one time axis.
 A sequence's valid output frames never depend on what stands in the padding of a batch.

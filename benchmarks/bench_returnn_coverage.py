@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""How much of RETURNN's published setups this engine builds: ``rnn.py --check`` over their networks, and
+one training step for every network it accepts.
+
+    .venv/bin/python benchmarks/bench_returnn_coverage.py CHECKOUT [--years 2018,...,2022] [--no-train]
+        [--top 30] [--folder DIR] [--show-accepted]
+
+CHECKOUT is a checkout of ``rwth-i6/returnn-experiments`` (the project holds none of its files). Each
+``*.config`` of the folders of ``--years`` is read as ``returnn_setups.py`` says (its top-level code run
+with RETURNN's modules and ``config`` stood in for). A config whose code leaves a dict ``network`` counts;
+its check config is that network, the config's ``extern_data`` / ``num_inputs`` / ``num_outputs`` and
+``target`` as written, and a small HDF corpus of those dims as ``train`` and ``dev`` (its own datasets
+read the authors' corpora). The check is ``engine.tasks.check.collect``, what ``rnn.py CONFIG --check``
+prints. Each network it accepts then trains one epoch of 4 sequences (2 steps) with ``rnn.py`` on its
+corpus, unless ``--no-train``.
+
+Prints: the counts (configs, networks read, accepted by the check, trained a step), the refusals by the
+number of networks they stop (each network's every refusal counted once; a layer class that the check
+refuses hides the refusals of the layers after it), the layer classes this engine does not implement by
+the number of networks that use them anywhere (subnetworks included), and the networks that the check
+accepted but that did not train, with the last line of their error.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any, Iterator
+
+import numpy as np
+
+from returnn_setups import SETUP_YEARS, Setup, read_setup, setup_paths
+from timing import ROOT, child_env
+from engine.config.loader import Config
+from engine.datasets import DataKeyInfo, HDFWriter
+from engine.model.spec import IMPLEMENTED_CLASSES
+from engine.runtime import log
+from engine.runtime.errors import EngineError
+from engine.tasks.check import collect, stop_reason
+
+DIM_KEYS = ("extern_data", "num_inputs", "num_outputs", "target")
+TRAIN_SECONDS = 600
+
+
+def streams(namespace: dict[str, Any]) -> dict[str, tuple[int, bool]] | None:
+    """(dim, sparse) per stream as the config declares them, or None where it does not say."""
+    declared: dict[str, Any] = {}
+    if isinstance(namespace.get("extern_data"), dict):
+        declared = dict(namespace["extern_data"])
+    elif "num_outputs" in namespace:
+        outputs = namespace["num_outputs"]
+        declared = dict(outputs) if isinstance(outputs, dict) else {"classes": (outputs, 1)}
+        if "data" not in declared and "num_inputs" in namespace:
+            declared["data"] = (namespace["num_inputs"], 2)
+    result = {}
+    for key, value in declared.items():
+        if isinstance(value, dict) and isinstance(value.get("dim"), int):
+            result[key] = (value["dim"], bool(value.get("sparse", False)))
+        elif isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+            result[key] = (value[0], value[1] == 1)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            result[key] = (value, key != "data")
+        else:
+            return None
+    if any(dim < 1 for dim, _ in result.values()):
+        return None
+    return result if "data" in result else None
+
+
+def layer_dicts(network: dict) -> Iterator[dict]:
+    """Every layer dict, those of ``subnetwork`` and ``rec`` units included."""
+    for name, layer in network.items():
+        if isinstance(layer, dict) and not str(name).startswith("#"):  # RETURNN skips '#' entries
+            yield layer
+            for key in ("subnetwork", "unit"):
+                if isinstance(layer.get(key), dict):
+                    yield from layer_dicts(layer[key])
+
+
+def uses_ctc(network: dict) -> bool:
+    return any(layer.get("loss") == "ctc" for layer in layer_dicts(network))
+
+
+def make_corpus(path: str, dims: dict[str, tuple[int, bool]], ctc: bool) -> None:
+    rng = np.random.RandomState(0)
+    with HDFWriter(path, {k: DataKeyInfo(dim=d, sparse=s) for k, (d, s) in dims.items()}) as writer:
+        for i in range(4):
+            frames = rng.randint(40, 61)
+            values = {}
+            for key, (dim, sparse) in dims.items():
+                length = max(1, frames // 8) if sparse and ctc else frames
+                values[key] = (rng.randint(0, dim, length).astype(np.int32) if sparse
+                               else rng.standard_normal((length, dim)).astype(np.float32))
+            writer.insert(f"seq-{i}", values)
+
+
+def refusals(findings: list, problems: list[str]) -> list[str]:
+    """One short label per refusal: ``config key 'target'``, ``layer class 'decide'``, ..."""
+    labels = []
+    for f in findings:
+        if f.fatal:
+            labels.append(f"config key {f.name!r}" if f.kind == "config"
+                          else f"{f.kind} option {f.cls}:{f.name}")
+    for problem in problems:
+        match = re.search(r"class '(\w+)' is a RETURNN layer class", problem)
+        unit = re.search(r"unit (.+?) is not supported", problem)
+        if unit and unit.group(1).startswith("{"):
+            labels.append("rec unit: a subnetwork (a layer dict)")
+        else:
+            labels.append(f"layer class {match.group(1)!r}" if match else
+                          f"rec unit {unit.group(1)}" if unit else problem.split(";")[0][:90])
+    return labels
+
+
+def check(setup: Setup, corpus: str) -> list[str]:
+    values = {key: setup.namespace[key] for key in DIM_KEYS if key in setup.namespace}
+    values.update(network=setup.network, train={"class": "HDFDataset", "files": [corpus]},
+                  dev={"class": "HDFDataset", "files": [corpus]})
+    try:
+        findings, problems = collect(Config(values))
+    except EngineError as exc:
+        return refusals([], [str(exc)])
+    return refusals(findings, problems) if stop_reason(findings, problems) else []
+
+
+def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]]) -> str:
+    """'' when ``rnn.py`` trained the network one epoch; else the last line of its error."""
+    text = repr(setup.network)
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return "the network holds values that are not literals (functions, objects): not written to a file"
+    name = re.sub(r"[^\w.-]", "_", setup.path)
+    config = os.path.join(folder, f"{name}.py")
+    extern = {k: {"dim": d, "sparse": s} for k, (d, s) in dims.items()}
+    lines = [f"network = {text}", f"extern_data = {extern!r}",
+             f"train = {{'class': 'HDFDataset', 'files': [{corpus!r}]}}", "dev = train",
+             "num_epochs = 1", "batch_size = 100000", "max_seqs = 2",
+             f"model = {os.path.join(folder, name)!r}"]
+    if "target" in setup.namespace:
+        lines.append(f"target = {setup.namespace['target']!r}")
+    with open(config, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "rnn.py"), config], env=child_env(),
+                              capture_output=True, text=True, timeout=TRAIN_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"no epoch within {TRAIN_SECONDS} s"
+    if done.returncode == 0 and "finished after" in done.stdout + done.stderr:
+        return ""
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return f"exit {done.returncode}: {lines[-1][:200] if lines else ''}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkout", help="a checkout of rwth-i6/returnn-experiments")
+    parser.add_argument("--years", default=",".join(SETUP_YEARS))
+    parser.add_argument("--no-train", action="store_true", help="only the check, no training step")
+    parser.add_argument("--top", type=int, default=30, help="rows of each table")
+    parser.add_argument("--folder", help="corpora and training runs here (default: a temporary folder)")
+    parser.add_argument("--show-accepted", action="store_true", help="list the accepted networks")
+    args = parser.parse_args()
+    log.init(verbosity=log.WARNING)  # the tables, not the check's notes on each network
+    folder = args.folder or tempfile.mkdtemp(prefix="bench-returnn-coverage-")
+    os.makedirs(folder, exist_ok=True)
+    paths = setup_paths(args.checkout, tuple(args.years.split(",")))
+    refused_by: collections.Counter = collections.Counter()
+    missing_classes: collections.Counter = collections.Counter()
+    networks, accepted, trained, failed_steps = 0, [], 0, []
+    corpora: dict[tuple, str] = {}
+    for path in paths:
+        setup = read_setup(args.checkout, path)
+        if setup.network is None:
+            continue
+        networks += 1
+        classes = {layer.get("class") for layer in layer_dicts(setup.network)}
+        missing_classes.update(str(c) for c in classes if c not in IMPLEMENTED_CLASSES)
+        dims = streams(setup.namespace)
+        if dims is None:
+            refused_by["dims: extern_data / num_outputs missing or not literal"] += 1
+            continue
+        signature = (tuple(sorted(dims.items())), uses_ctc(setup.network))
+        if signature not in corpora:
+            corpora[signature] = os.path.join(folder, f"corpus-{len(corpora)}.hdf")
+            make_corpus(corpora[signature], dims, signature[1])
+        labels = check(setup, corpora[signature])
+        refused_by.update(set(labels))
+        if labels:
+            continue
+        accepted.append(path)
+        if not args.no_train:
+            problem = train_step(setup, corpora[signature], folder, dims)
+            trained += not problem
+            if problem:
+                failed_steps.append((path, problem))
+    print(f"{len(paths)} configs under {args.checkout} ({args.years}); {networks} leave a network dict")
+    print(f"  --check accepts {len(accepted)} of {networks} ({100 * len(accepted) / max(networks, 1):.0f} %)")
+    if not args.no_train:
+        print(f"  trained one epoch (2 steps): {trained} of the {len(accepted)} accepted")
+    print(f"\nrefusals, by the number of networks they stop (of {networks}):")
+    for label, count in refused_by.most_common(args.top):
+        print(f"  {count:5d}  {label}")
+    print(f"\nlayer classes this engine lacks, by the number of networks that use them (of {networks}):")
+    for cls, count in missing_classes.most_common(args.top):
+        print(f"  {count:5d}  {cls}")
+    if failed_steps:
+        print("\naccepted by the check, but did not train:")
+        for path, problem in failed_steps:
+            print(f"  {path}: {problem}")
+    if args.show_accepted:
+        print("\naccepted:\n" + "\n".join(f"  {p}" for p in accepted))
+    print(f"\nfolder: {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The coverage benchmark over RETURNN's published setups reads a config as RETURNN would run it and labels
+what the check refuses (``benchmarks/returnn_setups.py``, ``benchmarks/bench_returnn_coverage.py``), on
+configs written here in the style of those setups."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other as scripts do
+
+import bench_returnn_coverage as coverage  # noqa: E402
+from returnn_setups import read_setup, setup_paths  # noqa: E402
+
+SETUP = """
+from Pretrain import WrapEpochValue
+import TFUtil
+import os, sys
+sys.path.insert(0, "/nonexistent/crnn")
+assert os.path.exists("/nonexistent/corpus.hdf"), "the authors' corpus"
+task = config.value("task", "train")
+beam_size = config.int("beam_size", 12)
+extern_data = {"data": {"dim": 40, "shape": (None, 40)}, "bpe": {"dim": 1030, "sparse": True}}
+target = "bpe"
+LstmDim = 32
+network = {
+    "#info": {"note": "a note"},
+    "lstm0_fw": {"class": "rec", "unit": "nativelstm2", "n_out": LstmDim, "direction": 1, "from": ["data"]},
+    "output": {"class": "softmax", "loss": "ce", "from": ["lstm0_fw"]},
+}
+if task == "search":
+    network["output"]["beam"] = beam_size
+"""
+
+
+def write(folder, path: str, text: str) -> None:
+    file = folder / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(textwrap.dedent(text))
+
+
+def test_a_setup_is_read_as_returnn_runs_it_and_what_fails_is_skipped(tmp_path):
+    write(tmp_path, "2019-asr-x/base.config", SETUP)
+    write(tmp_path, "2016-old/base.config", SETUP)
+    write(tmp_path, "2020-rasr/recog.config", "[*.corpus]\nfile = corpus.xml\n")
+    assert setup_paths(str(tmp_path)) == ["2019-asr-x/base.config", "2020-rasr/recog.config"]
+    path_before = list(sys.path)
+    setup = read_setup(str(tmp_path), "2019-asr-x/base.config")
+    assert setup.failed_statements == 1 and setup.namespace["beam_size"] == 12
+    assert set(setup.network) == {"#info", "lstm0_fw", "output"} and "beam" not in setup.network["output"]
+    assert sys.path == path_before and "Pretrain" not in sys.modules and "TFUtil" not in sys.modules
+    assert coverage.streams(setup.namespace) == {"data": (40, False), "bpe": (1030, True)}
+    assert read_setup(str(tmp_path), "2020-rasr/recog.config").problem.startswith("not Python")
+
+
+def test_the_check_accepts_the_setup_and_names_each_refusal(tmp_path):
+    write(tmp_path, "2019-asr-x/base.config", SETUP)
+    setup = read_setup(str(tmp_path), "2019-asr-x/base.config")
+    corpus = str(tmp_path / "corpus.hdf")
+    coverage.make_corpus(corpus, coverage.streams(setup.namespace), ctc=False)
+    assert coverage.check(setup, corpus) == []
+    setup.namespace["network"]["output"]["from"] = ["decision"]
+    setup.namespace["network"]["decision"] = {"class": "decide", "from": ["lstm0_fw"]}
+    assert coverage.check(setup, corpus) == ["layer class 'decide'"]
+    setup.namespace["network"]["decision"] = {"class": "rec", "unit": {"x": {"class": "copy"}}}
+    assert coverage.check(setup, corpus) == ["rec unit: a subnetwork (a layer dict)"]
+    setup.namespace["network"]["decision"] = {"class": "linear", "n_out": 3, "forward_weights_init": "glorot"}
+    assert coverage.check(setup, corpus) == ["layer option linear:forward_weights_init"]
