@@ -180,7 +180,8 @@ def main() -> int:
             continue
         networks += 1
         classes = {layer.get("class") for layer in layer_dicts(setup.network)}
-        missing_classes.update(str(c) for c in classes if c not in IMPLEMENTED_CLASSES)
+        # a dict without 'class' (a network nested in an option) is no layer class to count
+        missing_classes.update(str(c) for c in classes if c is not None and c not in IMPLEMENTED_CLASSES)
         dims = streams(setup.namespace)
         if dims is None:
             refused_by["dims: extern_data / num_outputs missing or not literal"] += 1
