@@ -32,6 +32,11 @@ from engine.runtime.errors import ConfigError, DataError
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
 _DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice")
 
+# classes built from their name, options and input dim alone
+_BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
+                       "activation": Activation, "gating": Gating, "reduce_out": ReduceOut,
+                       "slice": FeatureSlice}
+
 
 def _freeze(layer: Layer) -> None:
     """RETURNN's ``"trainable": False``: the layer's parameters keep their values (initial or loaded); no
@@ -113,24 +118,12 @@ class NetworkModel(SeqModel):
             return Rec(name, spec.opts, in_dim, random_seed=seed,
                        twice_differentiable=self.twice_differentiable,
                        implementation=self.lstm_implementation)
-        if spec.cls == "time_chunking":
-            return TimeChunking(name, spec.opts, in_dim)
+        if spec.cls in _BUILT_FROM_OPTIONS:
+            return _BUILT_FROM_OPTIONS[spec.cls](name, spec.opts, in_dim)
         if spec.cls == "time_unchunking":
             return TimeUnchunking(name, spec.opts, in_dim, self.layers.get(spec.opts.get("chunking_layer")))
         if spec.cls == "conv":
             return Conv(name, spec.opts, in_dim, random_seed=seed)
-        if spec.cls == "pool":
-            return Pool(name, spec.opts, in_dim)
-        if spec.cls == "layer_norm":
-            return LayerNorm(name, spec.opts, in_dim)
-        if spec.cls == "activation":
-            return Activation(name, spec.opts, in_dim)
-        if spec.cls == "gating":
-            return Gating(name, spec.opts, in_dim)
-        if spec.cls == "reduce_out":
-            return ReduceOut(name, spec.opts, in_dim)
-        if spec.cls == "slice":
-            return FeatureSlice(name, spec.opts, in_dim)
         if spec.cls == "positional_encoding":
             return PositionalEncoding(name, spec.opts, in_dim, spec.sources)
         if spec.cls == "self_attention":
