@@ -128,7 +128,19 @@ def check(setup: Setup, corpus: str) -> list[str]:
     return refusals(findings, problems) if stop_reason(findings, problems) else []
 
 
-def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]]) -> str:
+def config_functions(root: str, path: str) -> list[str]:
+    """The source of the config's top-level functions and imports, which its ``eval`` layers may call (as
+    ``self.network.get_config().typed_value('transform')``); whether they import is the engine's to say."""
+    full = os.path.join(root, path)
+    with open(full, encoding="utf8", errors="replace") as f:
+        source = f.read()
+    kinds = (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    return [ast.get_source_segment(source, node) for node in ast.parse(source).body
+            if isinstance(node, kinds)]
+
+
+def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]],
+               root: str) -> str:
     """'' when ``rnn.py`` trained the network one epoch; else the last line of its error."""
     text = repr(setup.network)
     try:
@@ -138,10 +150,10 @@ def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int
     name = re.sub(r"[^\w.-]", "_", setup.path)
     config = os.path.join(folder, f"{name}.py")
     extern = {k: {"dim": d, "sparse": s} for k, (d, s) in dims.items()}
-    lines = [f"network = {text}", f"extern_data = {extern!r}",
-             f"train = {{'class': 'HDFDataset', 'files': [{corpus!r}]}}", "dev = train",
-             "num_epochs = 1", "batch_size = 100000", "max_seqs = 2",
-             f"model = {os.path.join(folder, name)!r}"]
+    lines = config_functions(root, setup.path) + [
+        f"network = {text}", f"extern_data = {extern!r}",
+        f"train = {{'class': 'HDFDataset', 'files': [{corpus!r}]}}", "dev = train",
+        "num_epochs = 1", "batch_size = 100000", "max_seqs = 2", f"model = {os.path.join(folder, name)!r}"]
     if "target" in setup.namespace:
         lines.append(f"target = {setup.namespace['target']!r}")
     with open(config, "w") as f:
@@ -196,7 +208,7 @@ def main() -> int:
             continue
         accepted.append(path)
         if not args.no_train:
-            problem = train_step(setup, corpora[signature], folder, dims)
+            problem = train_step(setup, corpora[signature], folder, dims, args.checkout)
             trained += not problem
             if problem:
                 failed_steps.append((path, problem))

@@ -201,7 +201,10 @@ def returnn_side(jobs_path: str) -> None:
     from returnn.tf.updater import Updater
     from returnn.util.basic import BackendEngine
 
-    BackendEngine.select_engine(engine=BackendEngine.TensorFlow)
+    # as RETURNN's rnn.py selects it for a config with use_tensorflow: BackendEngine.TensorFlow would
+    # also select RETURNN's frontend on TF, which raises the minimum behavior_version to 16, where a config
+    # without behavior_version runs with RETURNN's defaults of version 0 (merge_dims, conv, batch_norm, ...)
+    BackendEngine.select_engine(engine=BackendEngine.TensorFlowNetDict)
     tf.compat.v1.disable_eager_execution()
     _patch_darc1()  # changes nothing for networks without darc1
     with open(jobs_path) as f:

@@ -51,6 +51,7 @@ from returnn_verdicts import summary, update_fixtures, within_tolerance
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures",
                         "returnn_ckpt")
+PROBE_FRAMES = 64  # at least the frames of any case's output
 TOLERANCE = 1e-5  # the largest difference of a layer's output (tests/test_returnn_checkpoints.py's)
 
 DENSE = {"data": {"dim": 5}, "classes": {"dim": 4, "sparse": True}}
@@ -97,7 +98,105 @@ CASES: dict[str, dict] = {
         "odd": {"class": "slice", "axis": "F", "slice_start": 1, "slice_step": 2, "from": "maxout"},
         "tail": {"class": "slice", "axis": "F", "slice_end": -1, "from": "mean3"},
         "output": {"class": "softmax", "loss": "ce", "from": ["head", "odd", "tail"]}}},
+    "rel_pos_attention": {"extern_data": DENSE, "network": {  # a Conformer's self-attention, tiny
+        "hidden": {"class": "linear", "activation": None, "n_out": 8, "from": "data"},
+        "rel3": {"class": "relative_positional_encoding", "n_out": 4, "clipping": 3, "from": "hidden"},
+        "rel": {"class": "relative_positional_encoding", "n_out": 4, "from": "hidden"},
+        "rel_fixed": {"class": "relative_positional_encoding", "n_out": 5, "clipping": 2, "fixed": True,
+                      "from": "hidden"},
+        "att": {"class": "self_attention", "num_heads": 2, "total_key_dim": 8, "n_out": 8,
+                "key_shift": "rel3", "from": "hidden"},
+        "att_left": {"class": "self_attention", "num_heads": 2, "total_key_dim": 8, "n_out": 6,
+                     "key_shift": "rel", "attention_left_only": True, "from": "hidden"},
+        "att_fixed": {"class": "self_attention", "num_heads": 1, "total_key_dim": 5, "n_out": 4,
+                      "key_shift": "rel_fixed", "from": "data"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["att", "att_left", "att_fixed"]}}},
+    # a VGG-like front end: time windows over padding read the data's zeros only (RETURNN reads whatever
+    # padding a layer's output has; the engine zeros), and a time stride whose "same" padding is TF's at T=7
+    "conv2d": {"extern_data": DENSE, "network": {
+        "split": {"class": "split_dims", "axis": "F", "dims": (-1, 1), "from": "data"},
+        "c1": {"class": "conv", "filter_size": (2, 3), "padding": "same", "strides": (2, 1), "n_out": 3,
+               "from": "split"},
+        "act": {"class": "activation", "activation": "swish", "from": "c1"},
+        "p1": {"class": "pool", "mode": "max", "pool_size": (1, 2), "padding": "same", "from": "act"},
+        "c2": {"class": "conv", "filter_size": (1, 2), "padding": "valid", "n_out": 4,
+               "from": "c1"},
+        "depthwise": {"class": "conv", "filter_size": (1, 3), "padding": "same", "groups": 3, "n_out": 6,
+                      "from": "p1"},
+        "avg": {"class": "pool", "mode": "avg", "pool_size": (1, 2), "strides": (1, 1), "from": "depthwise"},
+        "merged": {"class": "merge_dims", "axes": "static", "from": "p1"},
+        "merged2": {"class": "merge_dims", "axes": "except_time", "from": "c2"},
+        "merged3": {"class": "merge_dims", "axes": "static", "from": "avg"},
+        "output": {"class": "softmax", "loss": "ctc", "from": ["merged", "merged2", "merged3"]}}},
+    "conv2d_added_axis": {"extern_data": DENSE, "network": {
+        "added": {"class": "conv", "filter_size": (2, 2), "strides": (2, 1), "padding": "same",
+                  "input_add_feature_dim": True, "n_out": 2, "from": "data"},
+        "avg": {"class": "pool", "mode": "avg", "pool_size": (1, 2), "padding": "same", "from": "added"},
+        "merged": {"class": "merge_dims", "axes": "static", "from": "avg"},
+        "output": {"class": "softmax", "loss": "ctc", "from": "merged"}}},
+    "split_merge": {"extern_data": DENSE, "network": {
+        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
+        "heads": {"class": "split_dims", "axis": "F", "dims": (2, -1), "from": "hidden"},
+        "per_head": {"class": "linear", "activation": "tanh", "n_out": 4, "from": "heads"},
+        "swapped": {"class": "merge_dims", "axes": ["f", "s:1"], "keep_order": True, "from": "per_head"},
+        "sorted": {"class": "merge_dims", "axes": ["f", "s:1"], "from": "per_head"},
+        "depthwise": {"class": "conv", "filter_size": (3,), "padding": "same", "groups": 5, "n_out": 10,
+                      "from": "data"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["swapped", "sorted", "depthwise"]}}},
+    # eval: RETURNN's defaults (behavior_version 0) use the running statistics moved towards the batch's, by
+    # momentum 0.99; param_version 1 and 2 name and shape their parameters otherwise
+    "batch_norm": {"extern_data": DENSE, "network": {
+        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
+        "bn": {"class": "batch_norm", "from": "hidden"},
+        "bn_v2": {"class": "batch_norm", "param_version": 2, "momentum": 0.1, "epsilon": 1e-5,
+                  "update_sample_only_in_training": True, "delay_sample_update": True, "masked_time": True,
+                  "from": "data"},
+        "bn_mixed": {"class": "batch_norm", "param_version": 1, "force_sample": True, "use_sample": 0.25,
+                     "use_shift": False, "from": "hidden"},
+        "bn_delayed": {"class": "batch_norm", "delay_sample_update": True, "use_std": False, "from": "data"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["bn", "bn_v2", "bn_mixed", "bn_delayed"]}}},
+    # eval: source(i) comes in RETURNN's layout (data batch-major, an LSTM's output time-major), so fixed
+    # axes mean what they mean in RETURNN; as_data names the axes; safe_log of a softmax
+    "eval": {"extern_data": DENSE, "network": {
+        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
+        "half": {"class": "eval", "eval": "0.5 * source(0)", "from": "hidden"},
+        "gate": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
+        "mul": {"class": "eval", "eval": "tf.tanh(source(0)) * source(1)", "from": ["half", "gate"]},
+        "lstm": {"class": "rec", "unit": "nativelstm2", "n_out": 6, "from": "data"},
+        "cum_time": {"class": "eval", "eval": "tf.cumsum(source(0), axis=0)", "from": "lstm"},
+        "cum_data": {"class": "eval", "eval": "tf.cumsum(source(0, enforce_batch_major=True), axis=1)",
+                     "from": "data"},
+        "by_length": {"class": "eval", "from": "lstm", "eval": (
+            "source(0) * tf.expand_dims(tf.expand_dims(tf.cast(source(0, as_data=True)"
+            ".get_sequence_lengths(), tf.float32), source(0, as_data=True).time_dim_axis),"
+            " source(0, as_data=True).feature_dim_axis)")},
+        "centered": {"class": "eval", "from": "mul", "eval": (
+            "source(0) - tf.reduce_mean(source(0), axis=source(0, as_data=True).feature_dim_axis,"
+            " keepdims=True)")},
+        "probs": {"class": "softmax", "n_out": 5, "from": "hidden"},
+        "log_probs": {"class": "eval", "eval": "safe_log(source(0))", "from": "probs"},
+        "output": {"class": "softmax", "loss": "ce",
+                   "from": ["mul", "cum_time", "cum_data", "by_length", "centered", "log_probs"]}}},
+    # a Conformer hybrid's output: down by a strided conv (whose "same" padding is TF's at T=7), up by a
+    # transposed conv, cut to the targets' frames; two layers share the transposed conv's parameters
+    "transposed_conv": {"extern_data": DENSE, "network": {
+        "down": {"class": "conv", "filter_size": (2,), "strides": 2, "padding": "same", "n_out": 6,
+                 "with_bias": True, "from": "data"},
+        "up": {"class": "transposed_conv", "filter_size": [3], "strides": [3], "n_out": 5,
+               "activation": "tanh", "from": "down"},
+        "up_shared": {"class": "transposed_conv", "filter_size": [3], "strides": [3], "n_out": 5,
+                      "reuse_params": "up", "from": "down"},
+        "aligned": {"class": "reinterpret_data", "size_base": "data:classes", "from": "up"},
+        "aligned_shared": {"class": "reinterpret_data", "size_base": "data:classes", "from": "up_shared"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["aligned", "aligned_shared"]}}},
+    "transposed_conv_valid": {"extern_data": DENSE, "network": {
+        "wide": {"class": "transposed_conv", "filter_size": [4], "strides": [2], "padding": "valid",
+                 "remove_padding": 1, "n_out": 3, "with_bias": False, "from": "data"},
+        "output": {"class": "softmax", "loss": "ctc", "from": "wide"}}},
 }
+# layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
+# padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
+WITHOUT_BATCH = ("relative_positional_encoding",)
 
 
 # cases whose gradients are compared on the outputs only, and why
@@ -131,15 +230,22 @@ def case_seed(name: str) -> int:
 
 def probe(name: str, shape: tuple[int, ...]) -> np.ndarray:
     """The weights of the scalar whose gradients a case compares: the sum over the valid frames of
-    ``output`` (batch-major) times these."""
-    return np.random.RandomState(case_seed(name) + 1).standard_normal(shape).astype(np.float32)
+    ``output`` (batch-major) times these. A frame's weights do not depend on how many frames the output
+    has: RETURNN's may keep padding frames the engine cuts (``reinterpret_data``)."""
+    batch, frames, dim = shape
+    drawn = np.random.RandomState(case_seed(name) + 1).standard_normal((batch, PROBE_FRAMES, dim))
+    return drawn[:, :frames].astype(np.float32)
 
 
 def random_values(shapes: dict, seed: int) -> dict[str, np.ndarray]:
     """Values for every parameter, biases included (RETURNN and the engine start those at 0)."""
     rng = np.random.RandomState(seed)
-    return {name: (0.5 * rng.standard_normal(shape)).astype(np.float32)
-            for name, shape in sorted(shapes.items())}
+    values = {name: (0.5 * rng.standard_normal(shape)).astype(np.float32)
+              for name, shape in sorted(shapes.items())}
+    # batch_norm divides by the square root of its running variance (RETURNN's "...variance", the engine's
+    # "variance"): a positive one, drawn like the rest so that no other value changes
+    return {name: np.abs(value) + np.float32(0.5) if name.endswith("variance") else value
+            for name, value in values.items()}
 
 
 # ----- the RETURNN side: runs under RETURNN's Python (``--returnn-side JOBS.json``) -----
@@ -149,7 +255,10 @@ def returnn_side(jobs_path: str) -> None:
     from returnn.tf.network import TFNetwork
     from returnn.util.basic import BackendEngine
 
-    BackendEngine.select_engine(engine=BackendEngine.TensorFlow)
+    # as RETURNN's rnn.py selects it for a config with use_tensorflow: BackendEngine.TensorFlow would
+    # also select RETURNN's frontend on TF, which raises the minimum behavior_version to 16, where a config
+    # without behavior_version runs with RETURNN's defaults of version 0 (merge_dims, conv, batch_norm, ...)
+    BackendEngine.select_engine(engine=BackendEngine.TensorFlowNetDict)
     tf.compat.v1.disable_eager_execution()
     with open(jobs_path) as f:
         jobs = json.load(f)
@@ -170,8 +279,12 @@ def returnn_side(jobs_path: str) -> None:
                 net.load_params_from_file(job["checkpoint"], session)
             extern = net.extern_data.data["data"]
             layers = [name for name in case["network"]]
-            fetches = [net.layers[name].output.copy_as_batch_major().placeholder for name in layers]
-            feed = {extern.placeholder: data, extern.get_sequence_lengths(): lengths}
+            # an output without batch axis (WITHOUT_BATCH) as it is: copy_as_batch_major asserts one
+            fetches = [(out.copy_as_batch_major() if out.have_batch_axis() else out).placeholder
+                       for out in (net.layers[name].output for name in layers)]
+            # the targets' lengths are the data's (a hybrid's alignment), for a size_base of "data:classes"
+            feed = {extern.placeholder: data, extern.get_sequence_lengths(): lengths,
+                    net.extern_data.data["classes"].get_sequence_lengths(): lengths}
             outs = session.run(fetches, feed)
             grads = {}
             if job["mode"] == "make":  # the gradients of sum(output * probe) over the valid frames
@@ -184,6 +297,8 @@ def returnn_side(jobs_path: str) -> None:
                 if not case["extern_data"]["data"].get("sparse"):
                     wrt["data"] = extern.placeholder
                 feed[weights] = probe(job["case"], outs[layers.index("output")].shape)
+                for name, var in params.items():  # batch_norm updated its running statistics in eval
+                    var.load(values[name], session)
                 # an embedding's gradient comes as IndexedSlices
                 dense = [tf.convert_to_tensor(g) for g in tf.gradients(scalar, list(wrt.values()))]
                 values = session.run(dense, feed)
@@ -210,8 +325,9 @@ def engine_model(case: dict, seed: int = 42):
 
 
 def engine_outputs(model, data: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
-    result = model(data, lengths)
-    return {name: result[name].numpy() for name in model.layers}
+    """Every layer's output and its lengths (``<layer>:lengths``: a conv with a stride changes them)."""
+    result = model(data, lengths, stream_lengths={"classes": lengths})  # as RETURNN's side feeds them
+    return {key: result[key].numpy() for name in model.layers for key in (name, f"{name}:lengths")}
 
 
 def engine_gradients(model, name: str, data: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
@@ -224,8 +340,10 @@ def engine_gradients(model, name: str, data: np.ndarray, lengths: np.ndarray) ->
     with tf.GradientTape() as tape:
         if x.dtype.is_floating:
             tape.watch(x)
-        output = model(x, lengths)["output"]
-        mask = tf.sequence_mask(lengths, tf.shape(output)[1], dtype=tf.float32)
+        tape.watch([v for v in model.named_variables().values() if not v.trainable])  # batch_norm's stats
+        result = model(x, lengths, stream_lengths={"classes": lengths})
+        output = result["output"]  # over its own valid frames (a stride changes them), as RETURNN's side
+        mask = tf.sequence_mask(result["output:lengths"], tf.shape(output)[1], dtype=tf.float32)
         scalar = tf.reduce_sum(output * probe(name, tuple(output.shape)) * mask[:, :, None])
     variables = model.named_variables()
     found = tape.gradient(scalar, {"data": x, **variables} if x.dtype.is_floating else variables)
@@ -252,11 +370,28 @@ def gradient_differences(expected: dict, got: dict) -> dict[str, float]:
     return result
 
 
-def max_differences(expected: dict, got: dict, lengths: np.ndarray) -> dict[str, float]:
-    """Per layer: the largest |difference| over the valid frames (padding differs by design)."""
-    return {name: max(float(np.abs(expected[f"out:{name}"][b, :n] - got[name][b, :n]).max(initial=0.0))
-                      for b, n in enumerate(lengths))
-            for name in got}
+def compared_parts(case: dict, layer: str, value: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """What of a layer's output (batch-major) is compared: each sequence's valid frames (the padding
+    differs by design), or all of an output without batch axis (``WITHOUT_BATCH``)."""
+    if case["network"][layer]["class"] in WITHOUT_BATCH:
+        return [value]
+    return [value[b, :n] for b, n in enumerate(lengths)]
+
+
+def layer_lengths(got: dict, layer: str, lengths: np.ndarray) -> np.ndarray:
+    """A layer's own lengths as the engine computed them, else the input's."""
+    return got.get(f"{layer}:lengths", lengths)
+
+
+def max_differences(case: dict, expected: dict, got: dict, lengths: np.ndarray) -> dict[str, float]:
+    """Per layer: the largest |difference| over the compared parts (``compared_parts``)."""
+    result = {}
+    for name in (n for n in got if not n.endswith(":lengths")):
+        own = layer_lengths(got, name, lengths)
+        result[name] = max(float(np.abs(want - have).max(initial=0.0)) for want, have in
+                           zip(compared_parts(case, name, expected[f"out:{name}"], own),
+                               compared_parts(case, name, got[name], own)))
+    return result
 
 
 def import_side(name: str, case: dict, checkpoint: str) -> tuple[dict, dict]:
@@ -308,12 +443,13 @@ def compare(python: str, names: list[str], tmp: str) -> int:
         lengths = inputs(case)[1]
         expected = np.load(os.path.join(tmp, f"{name}.npz"))
         outputs, grads = import_side(name, case, os.path.join(tmp, name))
-        got_in = max_differences(expected, outputs, lengths)
+        got_in = max_differences(case, expected, outputs, lengths)
         if name in RETURNN_GRADIENT_WRONG:
             print(f"{name}: gradients not compared: {RETURNN_GRADIENT_WRONG[name]}")
         else:
             got_in.update(gradient_differences(expected, grads))
-        got_out = max_differences(np.load(os.path.join(tmp, f"{name}.out.npz")), exported[name][1], lengths)
+        got_out = max_differences(case, np.load(os.path.join(tmp, f"{name}.out.npz")), exported[name][1],
+                                  lengths)
         layer = max({**got_in, **got_out}, key=lambda k: max(got_in.get(k, 0.0), got_out.get(k, 0.0)))
         ok, largest = within_tolerance([*got_in.values(), *got_out.values()], TOLERANCE)
         worst = float(np.max([worst, largest]))  # a NaN stays

@@ -16,8 +16,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "returnn_ckpt"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 # the script that makes the fixtures judges by these
-from returnn_checkpoints import (RETURNN_GRADIENT_WRONG, TOLERANCE, engine_gradients,  # noqa: E402,F401
-                                 gradient_differences)
+from returnn_checkpoints import (RETURNN_GRADIENT_WRONG, TOLERANCE, compared_parts,  # noqa: E402,F401
+                                 engine_gradients, engine_outputs, gradient_differences, layer_lengths)
 
 
 def model_of(case: dict | str, network: dict | None = None, seed: int = 42):
@@ -38,17 +38,20 @@ def stored(prefix: str) -> dict[str, np.ndarray]:
 
 
 def outputs(model, name: str) -> dict[str, np.ndarray]:
+    """Every layer's output and ``<layer>:lengths`` on the fixture's inputs."""
     expected = np.load(FIXTURES / f"{name}.npz")
-    result = model(expected["data"], expected["lengths"])
-    return {layer: result[layer].numpy() for layer in model.layers}
+    return engine_outputs(model, expected["data"], expected["lengths"])
 
 
 def assert_outputs_equal_returnns(model, name: str) -> None:
     expected = np.load(FIXTURES / f"{name}.npz")
     got = outputs(model, name)
-    for layer, value in got.items():
-        for b, n in enumerate(expected["lengths"]):  # padded frames differ by design
-            np.testing.assert_allclose(value[b, :n], expected[f"out:{layer}"][b, :n], rtol=0, atol=TOLERANCE,
+    for layer in model.layers:  # padded frames differ by design
+        lengths = layer_lengths(got, layer, expected["lengths"])
+        for b, (have, want) in enumerate(zip(compared_parts(CASES[name], layer, got[layer], lengths),
+                                             compared_parts(CASES[name], layer, expected[f"out:{layer}"],
+                                                            lengths))):
+            np.testing.assert_allclose(have, want, rtol=0, atol=TOLERANCE,
                                        err_msg=f"{name}: layer {layer}, sequence {b}")
 
 

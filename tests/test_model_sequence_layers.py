@@ -109,7 +109,8 @@ def test_conv_values_against_numpy_and_padding_invariance(size, stride, dilation
     lengths = [9, 4, 1, 7]
     x, alone = padded(rng, lengths, 3)
     conv = Conv("c", {"filter_size": (size,), "strides": stride, "dilation_rate": dilation,
-                      "padding": padding, "n_out": 4, "activation": "tanh"}, 3, random_seed=7)
+                      "padding": padding, "n_out": 4, "activation": "tanh", "with_bias": True}, 3,
+                random_seed=7)
     conv.params["bias"].assign(rng.randn(4).astype("float32"))
     w, b = conv.params["W"].numpy(), conv.params["bias"].numpy()
     y = run(conv, x, lengths)
@@ -326,7 +327,7 @@ def blstm_pool():
         "fw1": {"class": "rec", "unit": "nativelstm2", "n_out": 4},
         "bw1": {"class": "rec", "unit": "nativelstm2", "n_out": 4, "direction": -1},
         "conv": {"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 5, "activation": "relu",
-                 "from": ["fw1", "bw1"]},
+                 "with_bias": True, "from": ["fw1", "bw1"]},
         "pool": {"class": "pool", "mode": "max", "pool_size": (2,), "from": "conv"},
         "fw2": {"class": "rec", "n_out": 4, "from": "pool"},
         "bw2": {"class": "rec", "n_out": 4, "direction": -1, "from": "pool"},
@@ -395,17 +396,21 @@ def base(layer, **extra):
 
 @pytest.mark.parametrize("network,message", [
     (base({"class": "conv", "filter_size": (3, 3), "padding": "same", "n_out": 2}),
-     r"'l': 'filter_size' must be a tuple of one positive int like \(3,\).*1-D"),
+     r"'l': a window over two axes needs an input \(T, B, S, C\) with one static axis S; its input is "
+     r"\(T, B, F=3\)"),
+    (base({"class": "conv", "filter_size": (3, 3, 3), "padding": "same", "n_out": 2}),
+     r"'l': 'filter_size' must be a tuple of one positive int like \(3,\).*3-D windows are not implemented"),
     (base({"class": "conv", "filter_size": 3, "padding": "same", "n_out": 2}), r"'l': 'filter_size' must be"),
     (base({"class": "conv", "filter_size": (3,), "n_out": 2}), r"'l': 'padding' is required"),
     (base({"class": "conv", "filter_size": (3,), "padding": "causal", "n_out": 2}),
      r"'l': 'padding' must be one of 'same', 'valid', got 'causal'"),
     (base({"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 2, "strides": (1, 2)}),
-     r"'l': 'strides' must be an int or a tuple of one"),
+     r"'l': 'strides' must be an int or a tuple of 1 positive int like \(3,\)"),
     (base({"class": "conv", "filter_size": (0,), "padding": "same", "n_out": 2}),
      r"'l': 'filter_size' must be a positive int"),
     (base({"class": "conv", "filter_size": (3,), "padding": "same"}), r"'l': 'n_out' must be a positive int"),
-    (base({"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 2, "groups": 2}), r"groups"),
+    (base({"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 2, "groups": 2}),
+     r"'l': 'groups' must be 1 or the input dim 3 \(depthwise"),
     (base({"class": "pool", "pool_size": (2,)}), r"'l': 'mode' is required"),
     (base({"class": "pool", "mode": "min", "pool_size": (2,)}), r"'l': 'mode' must be one of 'max', 'avg'"),
     (base({"class": "self_attention", "num_heads": 3, "total_key_dim": 8, "n_out": 6}),

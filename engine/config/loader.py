@@ -16,6 +16,7 @@ import traceback
 from typing import Any, Iterable
 
 from engine.config import keys
+from engine.config.returnn_imports import config_builtins
 from engine.runtime.errors import ConfigError
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -147,8 +148,9 @@ class Config:
                 + (f" The line reads: {exc.text.strip()!r}." if exc.text else "")
             ) from None
         namespace: dict[str, Any] = dict(self._values)
+        # config code imports RETURNN's module names (TFUtil, returnn.tf.compat, ...): returnn_imports.py
         namespace.update(config=self, __file__=os.path.abspath(path), __name__="__config__",
-                         __builtins__=builtins)
+                         __builtins__=config_builtins())
         try:
             exec(code, namespace)
         except Exception as exc:  # config code is user code: report file and line, not our stack

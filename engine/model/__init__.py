@@ -9,7 +9,8 @@ Use::
 All variables exist when ``build_model`` returns, with values that depend only on ``random_seed``.
 ``engine.model.spec`` (the layer dict as data, checked) needs no TensorFlow, so importing this package
 does not load it either: the names below load TensorFlow on first use. The layer classes are in
-``layers/``, the losses in ``losses/``; ``precision.py`` reads ``tf_amp`` (the layers' compute dtype),
+``layers/``, the losses in ``losses/``; ``initializers.py`` reads RETURNN's initialisers of their
+parameters (``forward_weights_init`` & co.), ``precision.py`` reads ``tf_amp`` (the layers' compute dtype),
 ``placement.py`` makes the line at start that names the device and each layer's kernel.
 
 Stage 4 (model): may import runtime, config, report and datasets; imported by distributed, training,

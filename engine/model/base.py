@@ -127,6 +127,12 @@ class SeqModel(tf.Module):
         """All variables by a stable name (same names and order on every rank), for checkpoints."""
         raise NotImplementedError
 
+    def running_state(self) -> dict[str, tf.Variable]:
+        """The non-trainable variables that the model's training call updates itself (batch_norm's running
+        statistics), by their names in ``named_variables``: each data-parallel rank updates its own, and
+        ``engine/training/running_state.py`` averages them over the ranks. None in most models."""
+        return {}
+
     def named_trainable_variables(self) -> dict[str, tf.Variable]:
         """The trainable ones, in the order of ``trainable_variables`` (build an ``Updater`` from this)."""
         return {name: v for name, v in self.named_variables().items() if v.trainable}
@@ -158,8 +164,13 @@ class SeqModel(tf.Module):
         return tuple(self.named_trainable_variables().values())
 
     def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
-                 seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
-        """``seed``: int64 (2,), the key of the random numbers (dropout) of this call in training."""
+                 seed: tf.Tensor | None = None, train_step: tf.Tensor | None = None,
+                 stream_lengths: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
+        """``seed``: int64 (2,), the key of the random numbers (dropout) of this call in training;
+        ``train_step``: int64 scalar, RETURNN's ``global_train_step`` (the batches trained before this one),
+        which config code in ``eval`` layers may read; None where no training counts (it reads 0 then);
+        ``stream_lengths``: the (B,) lengths of the other data streams of the batch (its targets), where
+        the step has them."""
         raise NotImplementedError
 
     def compute_losses(

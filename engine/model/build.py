@@ -46,7 +46,8 @@ def build_model(
 
     From a config, in this order: ``network`` (a dict), ``get_model`` (see ``engine/model/custom.py``
     for its calling convention), ``get_network(epoch=epoch, **kwargs)`` returning a network dict.
-    ``random_seed`` defaults to the config's ``random_seed`` (42 when unset).
+    ``random_seed`` defaults to the config's ``random_seed`` (42 when unset). The network's ``eval`` layers
+    read the config (``get_config()``); a network dict given directly comes with an empty one.
     """
     if not isinstance(config_or_network, Config):
         seed = DEFAULT_RANDOM_SEED if random_seed is None else random_seed
@@ -75,7 +76,7 @@ def build_model(
     if network is not None:
         network = with_default_target(network, default_target)
         return _logged(NetworkModel(network, ignored=ignored, twice_differentiable=twice,
-                                    lstm_implementation=lstm, compute_dtype=dtype, **dims))
+                                    lstm_implementation=lstm, compute_dtype=dtype, config=config, **dims))
     get_model = config.value("get_model")
     if callable(get_model):
         if default_target != "classes":
@@ -97,7 +98,7 @@ def build_model(
             )
         return _logged(NetworkModel(with_default_target(network, default_target), ignored=ignored,
                                     twice_differentiable=twice, lstm_implementation=lstm, compute_dtype=dtype,
-                                    **dims))
+                                    config=config, **dims))
     raise ConfigError(
         "The config defines no model: set 'network' to a layer dict, or define a config function "
         "'get_model' (returning a Keras model or tf.Module) or 'get_network' (returning a dict)."

@@ -142,8 +142,10 @@ class CustomModel(SeqModel):
         return dict(self._named)  # tf.Module tracking wraps the attribute; callers want a plain dict
 
     def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
-                 seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
-        kwargs: dict[str, Any] = {}  # the user's model draws its own random numbers: no seed to pass
+                 seed: tf.Tensor | None = None, train_step: tf.Tensor | None = None,
+                 stream_lengths: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
+        # the user's model draws its own random numbers, keeps its own counts and reads only its input
+        kwargs: dict[str, Any] = {}
         if self._pass_training:
             kwargs["training"] = training
         if self._pass_lengths:

@@ -15,35 +15,18 @@ from typing import Collection
 import tensorflow as tf
 
 from engine.config.key_check import enforce
+from engine.config.loader import Config
+from engine.model.assembly import BuildOptions, build_layers
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
-from engine.model.layers.attention import PositionalEncoding, SelfAttention
 from engine.model.layers.base import Layer
-from engine.model.layers.conv import Conv, Pool, window_options
-from engine.model.layers.dense import Copy, Linear, Softmax
-from engine.model.layers.elementwise import Activation, Combine
-from engine.model.layers.features import FeatureSlice, Gating, ReduceOut
-from engine.model.layers.norm import LayerNorm
-from engine.model.layers.recurrent import Rec
+from engine.model.layers.conv import window_options
+from engine.model.layers.dense import Copy, Softmax
+from engine.model.layers.eval import Eval
+from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
 from engine.model.losses.regularization import darc1_factor, darc1_term, l2_factor, l2_term
-from engine.model.spec import RECURRENT_CLASSES, LayerSpec, build_order, layer_findings, parse_network
+from engine.model.spec import RECURRENT_CLASSES, build_order, layer_findings, parse_network
 from engine.runtime.errors import ConfigError, DataError
-
-# classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
-_DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice")
-
-# classes built from their name, options and input dim alone
-_BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
-                       "activation": Activation, "gating": Gating, "reduce_out": ReduceOut,
-                       "slice": FeatureSlice}
-
-
-def _freeze(layer: Layer) -> None:
-    """RETURNN's ``"trainable": False``: the layer's parameters keep their values (initial or loaded); no
-    update, no accumulated gradient and no L2 decay touches them. A layer reads its parameters from
-    ``params`` on every call, so swapping in non-trainable copies is all it takes."""
-    layer.params = {key: tf.Variable(var, trainable=False, name=var.name.split(":")[0])
-                    for key, var in layer.params.items()}
 
 
 class NetworkModel(SeqModel):
@@ -61,11 +44,13 @@ class NetworkModel(SeqModel):
         ignored: Collection[str] = (),
         lstm_implementation: str | None = None,
         compute_dtype: str = "float32",
+        config: Config | None = None,
     ) -> None:
         """``twice_differentiable``: use ops whose gradients can be differentiated again (slower LSTM);
         ``ignored``: the config's ignore_keys (``"layer:option"`` entries apply here);
         ``lstm_implementation``: the config key of that name (``layers/lstm_choice.py``); ``compute_dtype``:
-        what the layers compute in (``tf_amp``, ``precision.py``; the parameters stay float32)."""
+        what the layers compute in (``tf_amp``, ``precision.py``; the parameters stay float32); ``config``:
+        what ``eval`` layers read with ``get_config()`` (default: no keys)."""
         super().__init__(
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="network"
         )
@@ -74,29 +59,18 @@ class NetworkModel(SeqModel):
         self.order = build_order(self.specs)
         losses = [n for n in self.order
                   if self.specs[n].cls in ("softmax", "copy") and self.specs[n].opts.get("loss")]
-        resampling = [n for n in self.order if self.specs[n].cls in ("conv", "pool")
-                      and not window_options(n, self.specs[n].opts, self.specs[n].cls).keeps_time]
+        resampling = [n for n in self.order if self.specs[n].cls == "transposed_conv" or (
+            self.specs[n].cls in ("conv", "pool")
+            and not window_options(n, self.specs[n].opts, self.specs[n].cls)[0].keeps_time)]
         check_time_axes(self.specs, self.order, losses, resampling=resampling,
                         frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
         self.twice_differentiable = twice_differentiable
         self.lstm_implementation = lstm_implementation
         self.compute_dtype = compute_dtype
-        dims = {"data": input_dim}
-        self.layers: dict[str, Layer] = {}
-        for name in self.order:
-            spec = self.specs[name]
-            self._check_dense_input(name, spec)
-            if spec.cls == "combine":
-                layer = Combine(name, spec.opts, {s: dims[s] for s in spec.sources})
-            else:
-                in_dim = sum(dims[s] for s in spec.sources)
-                layer = self._make_layer(name, spec, in_dim, self._takes_ids(spec), random_seed)
-            layer.compute_dtype = tf.as_dtype(compute_dtype)
-            if spec.opts.get("trainable", True) is False:
-                _freeze(layer)
-            self.layers[name] = layer
-            dims[name] = layer.n_out
+        self.layers: dict[str, Layer] = build_layers(self.specs, self.order, BuildOptions(
+            input_dim, input_sparse, target_dims, random_seed, twice_differentiable, lstm_implementation,
+            compute_dtype, config))
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
         self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}
         self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, (Softmax, Copy)) and l.loss]
@@ -106,45 +80,6 @@ class NetworkModel(SeqModel):
         if self.loss_layers and all(self.layers[n].only_on_eval for n in self.loss_layers):
             raise ConfigError(f"Network layers {self.loss_layers}: every loss has only_on_eval, so training "
                               "has nothing to optimise.")
-
-    def _make_layer(self, name: str, spec: LayerSpec, in_dim: int, ids: bool, seed: int) -> Layer:
-        if spec.cls == "linear":
-            return Linear(name, spec.opts, in_dim, sparse_input=ids, random_seed=seed)
-        if spec.cls == "softmax":
-            return Softmax(
-                name, spec.opts, in_dim, sparse_input=ids, random_seed=seed, target_dims=self.target_dims
-            )
-        if spec.cls == "rec":
-            return Rec(name, spec.opts, in_dim, random_seed=seed,
-                       twice_differentiable=self.twice_differentiable,
-                       implementation=self.lstm_implementation)
-        if spec.cls in _BUILT_FROM_OPTIONS:
-            return _BUILT_FROM_OPTIONS[spec.cls](name, spec.opts, in_dim)
-        if spec.cls == "time_unchunking":
-            return TimeUnchunking(name, spec.opts, in_dim, self.layers.get(spec.opts.get("chunking_layer")))
-        if spec.cls == "conv":
-            return Conv(name, spec.opts, in_dim, random_seed=seed)
-        if spec.cls == "positional_encoding":
-            return PositionalEncoding(name, spec.opts, in_dim, spec.sources)
-        if spec.cls == "self_attention":
-            return SelfAttention(name, spec.opts, in_dim, random_seed=seed)
-        return Copy(name, spec.opts, in_dim, self.target_dims)
-
-    def _check_dense_input(self, name: str, spec: LayerSpec) -> None:
-        dense = spec.cls in _DENSE_INPUT or (spec.cls == "positional_encoding"
-                                             and spec.opts.get("add_to_input"))
-        if self.input_sparse and "data" in spec.sources and dense:
-            raise ConfigError(f"Network layer '{name}': RETURNN's {spec.cls} layer takes dense input, but "
-                              "'data' is sparse (class ids); put a linear layer (an embedding) in between.")
-
-    def _takes_ids(self, spec: LayerSpec) -> bool:
-        """Sparse ``data`` straight into a weight matrix: a row lookup (embedding), not a one-hot matmul."""
-        return (
-            self.input_sparse
-            and spec.sources == ("data",)
-            and spec.cls in ("linear", "softmax")
-            and not spec.opts.get("dropout")
-        )
 
     @property
     def loss_targets(self) -> set[str]:
@@ -172,30 +107,59 @@ class NetworkModel(SeqModel):
                 seq_lengths[name] = None  # "output" off their time axis
             elif isinstance(layer, TimeUnchunking):
                 seq_lengths[name] = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
+            elif isinstance(layer, ReinterpretData):
+                seq_lengths[name] = self._size_base_lengths(layer, seq_lengths, {})
             elif seq_lengths[source] is not None:
                 seq_lengths[name] = layer.out_lengths(seq_lengths[source])
             else:
                 seq_lengths[name] = None
         return seq_lengths["output"]
 
+    def _owners(self) -> dict[str, Layer]:
+        """The layers whose parameters are their own (not another's, by reuse_params)."""
+        return {name: layer for name, layer in self.layers.items() if not layer.shares_params_of}
+
     def named_variables(self) -> dict[str, tf.Variable]:
-        return {
-            f"{name}/{key}": var for name, layer in self.layers.items() for key, var in layer.params.items()
-        }
+        return {f"{name}/{key}": var for name, layer in self._owners().items()
+                for key, var in layer.params.items()}
+
+    def running_state(self) -> dict[str, tf.Variable]:
+        return {f"{name}/{key}": layer.params[key] for name, layer in self._owners().items()
+                for key in layer.running_keys}
 
     def l2_factors(self) -> dict[str, float]:
-        return {f"{name}/{key}": self.l2[name] for name, layer in self.layers.items() if self.l2[name]
+        """With decouple_constraints, per variable (RETURNN marks a shared one with the owner's L2)."""
+        return {f"{name}/{key}": self.l2[name] for name, layer in self._owners().items() if self.l2[name]
                 for key, var in layer.params.items() if var.trainable}
 
     def score_layers(self) -> list[str]:
         return list(self.loss_layers)
 
     def returnn_parts(self) -> dict[str, tuple[int, ...]]:
-        return {f"{name}/{key}": rows for name, layer in self.layers.items()
+        return {f"{name}/{key}": rows for name, layer in self._owners().items()
                 for key, rows in layer.returnn_parts.items() if layer.params[key].trainable}
 
+    def _size_base_lengths(self, layer: ReinterpretData, seq_lengths: dict[str, tf.Tensor],
+                           stream_lengths: dict[str, tf.Tensor]) -> tf.Tensor:
+        if not layer.base.startswith("data:"):
+            return seq_lengths[layer.base]
+        stream = layer.base[len("data:"):]
+        if stream == "data":
+            return seq_lengths["data"]
+        if stream not in stream_lengths:
+            raise ConfigError(f"Network layer '{layer.layer_name}': size_base {layer.base!r} needs the "
+                              f"lengths of data stream {stream!r}, which this run does not read (forward and "
+                              "search read no targets).")
+        return tf.cast(stream_lengths[stream], tf.int32)
+
     def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
-                 seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+                 seed: tf.Tensor | None = None, train_step: tf.Tensor | None = None,
+                 update_running: bool = False,
+                 stream_lengths: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
+        """``update_running``: an eval call (``training`` False) stores the running statistics its
+        ``batch_norm`` layers move, as RETURNN's eval and forward steps do (``Steps``); a training call always
+        does. ``stream_lengths``: the lengths of the other data streams (the targets), which
+        ``reinterpret_data`` layers with a ``size_base`` of a stream read."""
         lengths = tf.cast(lengths, tf.int32)
         mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(data)[1]))  # (T, B)
         if self.input_sparse:
@@ -214,25 +178,34 @@ class NetworkModel(SeqModel):
             layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
             x = self._layer_input(name, outs, training, layer_seed)
             layer_lengths = seq_lengths[self.specs[name].sources[0]]
+            refs = {key: outs[ref] for key, ref in self.specs[name].references.items()}  # e.g. key_shift
+            if layer.running_keys:
+                refs["update_running"] = update_running
             if isinstance(layer, TimeChunking):
                 time_steps[name] = tf.shape(x)[0]
                 y, layer_lengths = layer.chunk(x, layer_lengths)
             elif isinstance(layer, TimeUnchunking):
                 y = layer.unchunk(x, layer_lengths, time_steps[layer.chunking_layer])
                 layer_lengths = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
+            elif isinstance(layer, ReinterpretData):
+                new_lengths = self._size_base_lengths(layer, seq_lengths, stream_lengths or {})
+                y, layer_lengths = layer.resize(x, layer_lengths, new_lengths), new_lengths
+            elif isinstance(layer, Eval):  # RETURNN's global_train_step for config code
+                y = layer(x, layer_lengths, training, train_step=train_step)
             elif layer.needs_seed:
                 y = layer(x, layer_lengths, training,
-                          seed=tf.random.experimental.stateless_fold_in(layer_seed, 1))
+                          seed=tf.random.experimental.stateless_fold_in(layer_seed, 1), **refs)
                 layer_lengths = layer.out_lengths(layer_lengths)
             else:
-                y = layer(x, layer_lengths, training)
+                y = layer(x, layer_lengths, training, **refs)
                 layer_lengths = layer.out_lengths(layer_lengths)
             if isinstance(layer, Softmax):  # later layers see the probabilities, as in RETURNN
                 y = tf.cast(y, tf.float32)  # tf_amp: softmax and losses in float32
                 result[f"{name}:logits"] = _batch_major(y)
                 y = tf.nn.softmax(y)
             outs[name], seq_lengths[name] = y, layer_lengths
-            result[name] = _batch_major(tf.cast(y, tf.float32))
+            y = tf.cast(y, tf.float32)
+            result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major
             result[f"{name}:lengths"] = layer_lengths
         return result
 
@@ -320,4 +293,4 @@ class NetworkModel(SeqModel):
 
 
 def _batch_major(x: tf.Tensor) -> tf.Tensor:
-    return tf.transpose(x, [1, 0, 2])
+    return tf.transpose(x, [1, 0, *range(2, x.shape.rank)])

@@ -17,29 +17,50 @@ from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
 _CLASS_OPTIONS = {
-    "linear": {"n_out", "activation", "with_bias"},
-    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval"},
-    "rec": {"n_out", "unit", "direction"},
+    "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init"},
+    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval",
+                "forward_weights_init", "bias_init"},
+    "rec": {"n_out", "unit", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init"},
     "copy": {"loss", "target", "loss_scale", "loss_opts", "only_on_eval"},
     "dropout": set(),
     "time_chunking": {"chunk_size", "chunk_step"},
     "time_unchunking": {"chunking_layer"},
-    "conv": {"n_out", "filter_size", "padding", "strides", "dilation_rate", "activation", "with_bias"},
-    "pool": {"mode", "pool_size", "padding", "strides", "dilation_rate"},
+    "conv": {"n_out", "filter_size", "padding", "strides", "dilation_rate", "activation", "with_bias",
+             "groups", "input_add_feature_dim", "forward_weights_init", "bias_init"},
+    "pool": {"mode", "pool_size", "padding", "strides", "dilation_rate", "input_add_feature_dim"},
+    "split_dims": {"axis", "dims", "pad_to_multiples", "pad_value"},
+    "transposed_conv": {"filter_size", "strides", "padding", "remove_padding", "output_padding", "n_out",
+                        "activation", "with_bias", "forward_weights_init", "bias_init"},
+    "reinterpret_data": {"size_base"},
+    "merge_dims": {"axes", "keep_order", "n_out"},
     "layer_norm": {"epsilon"},
+    "batch_norm": {"use_shift", "use_std", "use_sample", "force_sample", "momentum", "epsilon",
+                   "update_sample_only_in_training", "delay_sample_update", "param_version", "gamma_init",
+                   "beta_init", "masked_time"},
     "activation": {"activation"},
     "gating": {"activation", "gate_activation", "n_out"},
     "reduce_out": {"mode", "num_pieces", "n_out"},
     "slice": {"axis", "slice_start", "slice_end", "slice_step", "n_out"},
     "combine": {"kind", "activation", "with_bias", "n_out"},
     "positional_encoding": {"add_to_input", "n_out"},
-    "self_attention": {"n_out", "num_heads", "total_key_dim", "attention_dropout", "attention_left_only"},
+    "self_attention": {"n_out", "num_heads", "total_key_dim", "attention_dropout", "attention_left_only",
+                       "key_shift", "forward_weights_init"},
+    "relative_positional_encoding": {"n_out", "clipping", "fixed", "forward_weights_init"},
+    "eval": {"eval", "eval_locals", "out_type", "n_out", "activation", "with_bias", "eval_for_output_loss",
+             "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }
 IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
-_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable"}
+_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params",
+                   "batch_norm"}
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
 RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",
-                     "positional_encoding"}
+                     "positional_encoding", "relative_positional_encoding",
+                     "eval"}  # RETURNN cannot tell what an expression does with the frames: recurrent
+# options that name a layer whose output the layer reads besides its 'from' sources (on their time axis):
+# that layer is built first, counts for cycles, and the network hands its output over by the option's name
+REFERENCE_OPTIONS: dict[str, tuple[str, ...]] = {"self_attention": ("key_shift",)}
+# classes whose output has no batch axis (T, T, n_out): read only through a reference option, never 'from'
+UNBATCHED_CLASSES = {"relative_positional_encoding": "a self_attention's key_shift"}
 # RETURNN's unit names of a plain LSTM (no peepholes, no projection), lower case. In RETURNN (TF) "lstm"
 # and "lstmp" both mean its default NativeLSTM2, and "CudnnLSTM" without a GPU means LSTMBlockFused.
 LSTM_UNITS = ("lstm", "lstmp", "basiclstm", "standardlstm", "lstmblock", "lstmblockfused", "nativelstm",
@@ -52,6 +73,29 @@ class LayerSpec(NamedTuple):
     cls: str
     sources: tuple[str, ...]
     opts: dict[str, Any]
+
+    @property
+    def references(self) -> dict[str, str]:
+        """Option -> the layer it names (REFERENCE_OPTIONS; RETURNN reads an empty value as none)."""
+        return {key: self.opts[key] for key in REFERENCE_OPTIONS.get(self.cls, ()) if self.opts.get(key)}
+
+    @property
+    def shares_params_of(self) -> str | None:
+        """The layer named by ``reuse_params`` (its parameters are this layer's too)."""
+        return self.opts.get("reuse_params") or None
+
+    @property
+    def size_base(self) -> str | None:
+        """The layer named by a reinterpret_data's ``size_base`` (None: a data stream or no such option)."""
+        base = self.opts.get("size_base") if self.cls == "reinterpret_data" else None
+        return base if isinstance(base, str) and base != "data" and not base.startswith("data:") else None
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every layer this one depends on: its sources, the layers its options name, the layer whose
+        parameters it shares and the one whose lengths it takes."""
+        extra = tuple(n for n in (self.shares_params_of, self.size_base) if n)
+        return self.sources + tuple(self.references.values()) + extra
 
 
 def parse_network(network: Any) -> dict[str, LayerSpec]:
@@ -79,6 +123,10 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS):
             raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported (all a "
                               f"plain LSTM): {_UNIT_NAMES}.")
+        if opts.get("batch_norm", False) is not False:
+            raise ConfigError(f"Network layer '{name}': the 'batch_norm' option (a batch norm of the "
+                              f"layer's output) is not implemented, got {opts['batch_norm']!r}; put a "
+                              "'batch_norm' layer after it.")
         if not isinstance(opts.get("trainable", True), bool):
             raise ConfigError(f"Network layer '{name}': 'trainable' must be True or False, got "
                               f"{opts['trainable']!r}.")
@@ -93,10 +141,43 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
                     f"Network layer '{name}': 'from' names {src!r}, which is not a layer of the "
                     f"network; layers: {', '.join(specs)} (and 'data')."
                 )
+            if src in specs and specs[src].cls in UNBATCHED_CLASSES:
+                raise ConfigError(f"Network layer '{name}': 'from' names {src!r}, a {specs[src].cls} layer, "
+                                  f"whose output has no batch axis; it is read only as "
+                                  f"{UNBATCHED_CLASSES[specs[src].cls]}.")
+        for key, ref in spec.references.items():
+            if not isinstance(ref, str):
+                raise ConfigError(f"Network layer '{name}': {key!r} must be a layer name, got {ref!r}.")
+            if ref != "data" and ref not in specs:
+                raise ConfigError(f"Network layer '{name}': {key!r} names {ref!r}, which is not a layer of "
+                                  f"the network; layers: {', '.join(specs)}.")
+        _check_named_layers(name, spec, specs)
     if "output" not in specs:
         raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
+    if specs["output"].cls in UNBATCHED_CLASSES:
+        raise ConfigError(f"Network layer 'output': a {specs['output'].cls} layer's output has no batch "
+                          f"axis; it is read only as {UNBATCHED_CLASSES[specs['output'].cls]}.")
     _check_cycles(specs)
     return specs
+
+
+def _check_named_layers(name: str, spec: LayerSpec, specs: dict[str, LayerSpec]) -> None:
+    """``reuse_params`` names a layer of the same class (RETURNN's dict form, which maps single parameters,
+    is refused); a reinterpret_data's ``size_base`` names a layer or a data stream."""
+    shared = spec.opts.get("reuse_params")
+    if shared is not None:
+        if not isinstance(shared, str) or shared not in specs or shared == name:
+            raise ConfigError(f"Network layer '{name}': 'reuse_params' must name another layer of the "
+                              "network (RETURNN's dict form with a 'map' of parameters is not implemented), "
+                              f"got {shared!r}.")
+        if specs[shared].cls != spec.cls or specs[shared].shares_params_of:
+            raise ConfigError(f"Network layer '{name}': 'reuse_params' names '{shared}', which must be a "
+                              f"{spec.cls} layer with parameters of its own.")
+    if spec.cls == "reinterpret_data":
+        base = spec.opts.get("size_base")
+        if not isinstance(base, str) or (spec.size_base and base not in specs):
+            raise ConfigError(f"Network layer '{name}': 'size_base' must name a layer of the network or a "
+                              f"data stream as 'data:<stream>', got {base!r}.")
 
 
 # RETURNN's network entries whose name starts with '#' are not layers; other parts of RETURNN read them
@@ -159,10 +240,11 @@ def _check_cycles(specs: dict[str, LayerSpec]) -> None:
         if state.get(name) == 1:
             cycle = path[path.index(name) :] + [name]
             raise ConfigError(
-                f"The network has a cycle: {' -> '.join(cycle)} (each layer takes 'from' the next)."
+                f"The network has a cycle: {' -> '.join(cycle)} (each layer reads the next, by 'from' or "
+                f"an option such as key_shift)."
             )
         state[name] = 1
-        for src in specs[name].sources:
+        for src in specs[name].reads:
             visit(src, path + [name])
         state[name] = 2
 
@@ -183,7 +265,7 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     def visit(name: str) -> None:
         if name == "data" or name in order:
             return
-        for src in specs[name].sources:
+        for src in specs[name].reads:
             visit(src)
         order.append(name)
 

@@ -26,6 +26,7 @@ from engine.training.epoch_end import no_step_error
 from engine.training.monitor import RunMonitor
 from engine.training.nonfinite import NONFINITE_LOSS, newest_checkpoint_text, nonfinite_error
 from engine.training.report import EpochReport
+from engine.training.running_state import average_running_state
 from engine.training.step import Steps
 
 
@@ -73,6 +74,7 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
             if plan is None:
                 break  # some rank is out of data: every rank ends the epoch, the pending batch is dropped
             if plan.checkpoint or plan.stop_requests:  # the state after `step` steps; a stop raises here
+                average_running_state(strategy.comm, steps.model)  # the one model every rank resumes with
                 checkpoints.at_step_boundary(plan, step, local_scores)
             t0 = time.perf_counter()
             with report.computing(), phases.span("train step", STEP, step=step + 1, seqs=batch.num_seqs):
@@ -106,6 +108,7 @@ def train_epoch(steps: Steps, dataset: Dataset, epoch: int, batching: BatchOptio
             log.info(f"accum_grad_multiple_step: the epoch's last {dropped} batch(es) of this rank form an "
                      "incomplete group and make no update (as in RETURNN); their scores count")
         report.scores.add(strategy.end_epoch(steps.params, local_scores))
+        average_running_state(strategy.comm, steps.model)  # one model on every rank for dev and saving
     if strategy.comm.fp16_range is not None:
         strategy.comm.fp16_range.log_epoch(epoch)
     monitor.epoch_trained()
@@ -132,7 +135,8 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     try:
         planned = generate_batches(dataset, batching, shard_rank=comm.rank, shard_size=comm.size,
                                    shard_by="frames", keys=steps.batch_keys, recurrent=steps.model.recurrent)
-        with BatchPrefetcher(planned) as prefetcher:
+        # batch_norm's running statistics move with each batch, as in RETURNN, and are put back after the pass
+        with BatchPrefetcher(planned) as prefetcher, steps.kept_running_state():
             for batch in prefetcher:
                 t0 = time.perf_counter()
                 with report.computing():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -109,6 +110,8 @@ class Steps:
         self._train = CompiledStep(self._train_step, signature)
         self._eval = CompiledStep(self._eval_step, signature)
         self._forward = CompiledStep(self._forward_step, [data_spec, lengths_spec])
+        # batch_norm: eval and forward steps store the running statistics they move, as RETURNN's steps do
+        self._eval_options = {"update_running": True} if model.running_state() else {}
         self._input_dtype = data_spec.dtype.as_numpy_dtype
         self.accum_steps = self._checked_accum_steps(accum_steps)
         self._pending = 0  # batches in the accumulators
@@ -167,7 +170,8 @@ class Steps:
         maximize = self.updater.gradient_options.maximize_norm
         with tf.GradientTape() if maximize else contextlib.nullcontext() as outer:
             with tf.GradientTape() as tape:
-                outputs = self.model(data, lengths, training=True, seed=model_seed)
+                outputs = self.model(data, lengths, training=True, seed=model_seed,
+                                     train_step=self._train_step_count(), stream_lengths=target_lengths)
                 losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
                 differentiated = self._scaled(self._differentiated(losses))
             local = self._unscaled(tape.gradient(differentiated, self.params))
@@ -227,7 +231,8 @@ class Steps:
     def _accumulate_step(self, data, lengths, targets, target_lengths, index):
         seed = fold_in(fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank), index)
         with tf.GradientTape() as tape:
-            outputs = self.model(data, lengths, training=True, seed=seed)
+            outputs = self.model(data, lengths, training=True, seed=seed,
+                                 train_step=self._train_step_count(index), stream_lengths=target_lengths)
             losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
             differentiated = self._scaled(self._differentiated(losses))
         local = self._unscaled(tape.gradient(differentiated, self.params))
@@ -278,12 +283,23 @@ class Steps:
                                   output_gradients=[unit[i] for i in connected])
         return self.strategy.reduce_extra_gradients(_dense(products, self.params), scores)
 
+    def _train_step_count(self, index=None) -> tf.Tensor | None:
+        """RETURNN's ``global_train_step`` for this batch: the batches trained before it. RETURNN counts
+        every batch, the updater its updates: with accumulation, updates * accum_steps + the batch's
+        ``index`` in its group. None without an updater (forward, eval tasks)."""
+        if self.updater is None:
+            return None
+        done = tf.convert_to_tensor(self.updater.iterations) * self.accum_steps
+        return done if index is None else done + tf.cast(index, tf.int64)
+
     def _eval_step(self, data, lengths, targets, target_lengths):
-        outputs = self.model(data, lengths, training=False)
+        outputs = self.model(data, lengths, training=False, train_step=self._train_step_count(),
+                             stream_lengths=target_lengths, **self._eval_options)
         return self._scores(self.model.compute_losses(outputs, targets, target_lengths), lengths)
 
     def _forward_step(self, data, lengths):
-        outputs = self.model(data, lengths, training=False)
+        outputs = self.model(data, lengths, training=False, train_step=self._train_step_count(),
+                             **self._eval_options)
         return outputs["output"], outputs.get("output:lengths", lengths)
 
     # ----- calls from the loop, with numpy batches -----
@@ -359,4 +375,17 @@ class Steps:
         """The feature dim of the model's ``output`` layer (from a one-frame forward pass)."""
         data_spec, _ = self.model.input_signature
         data = np.zeros([1, 1] + [d for d in data_spec.shape[2:]], dtype=self._input_dtype)
-        return int(self._forward(data, np.ones([1], np.int32))[0].shape[-1])
+        with self.kept_running_state():  # a probe, not a batch of the data
+            return int(self._forward(data, np.ones([1], np.int32))[0].shape[-1])
+
+    @contextlib.contextmanager
+    def kept_running_state(self) -> Iterator[None]:
+        """The model's running state (batch_norm's statistics, ``SeqModel.running_state``) back as it was
+        before the block: a dev pass moves it as RETURNN's does, but RETURNN saves the epoch's checkpoint
+        before its dev pass (this engine after it) and does not probe the model as ``output_dim`` does."""
+        saved = [(var, var.numpy()) for var in self.model.running_state().values()]
+        try:
+            yield
+        finally:
+            for var, value in saved:
+                var.assign(value)

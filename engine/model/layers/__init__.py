@@ -9,8 +9,12 @@
   ``lstm_cudnn.py``: the cuDNN kernel and its CPU twin; ``lstm_choice.py``: which one runs
   (``lstm_implementation``) and the check that it has a kernel on the GPU;
 - ``conv.py``: ``conv`` and ``pool`` over time (1-D), which may change the number of frames;
-- ``attention.py``: ``self_attention`` and ``positional_encoding``;
-- ``norm.py``: ``layer_norm``; ``elementwise.py``: ``activation`` and ``combine``;
+- ``attention.py``: ``self_attention`` (with ``key_shift``), ``positional_encoding`` and
+  ``relative_positional_encoding`` (output (T, T, F) without batch axis);
+- ``norm.py``: ``layer_norm``; ``batch_norm.py``: ``batch_norm`` (with running statistics that the train
+  step updates); ``elementwise.py``: ``activation`` and ``combine``;
+- ``eval.py``: ``eval``, a config's Python expression over its sources, which it sees in RETURNN's layout
+  (whose padding is up to the expression);
 - ``features.py``: layers that change each frame's features: ``gating``, ``reduce_out``, ``slice`` (feature
   axis);
 - ``time_chunking.py``: ``time_chunking`` / ``time_unchunking``, the structure family (layers that

@@ -1,11 +1,13 @@
-"""Attention layers of the ``network`` dict: RETURNN's ``self_attention`` and ``positional_encoding``."""
+"""Attention layers of the ``network`` dict: RETURNN's ``self_attention``, ``positional_encoding`` and
+``relative_positional_encoding``."""
 from __future__ import annotations
 
 import math
 
 import tensorflow as tf
 
-from engine.model.layers.base import Layer, glorot_variable, positive_int, time_mask
+from engine.model.initializers import option_variable
+from engine.model.layers.base import Layer, dense_gather, positive_int, time_mask
 from engine.runtime.errors import ConfigError
 
 
@@ -52,6 +54,43 @@ class PositionalEncoding(Layer):
         return tf.tile(signal, [1, tf.shape(x)[1], 1])
 
 
+class RelativePositionalEncoding(Layer):
+    """``relative_positional_encoding`` (Shaw et al., 2018), read by a ``self_attention`` as ``key_shift``:
+    for query frame i and key frame j of its input's padded time axis, row clip(j - i, -clipping, clipping)
+    + clipping of ``encoding_matrix`` (2 * clipping + 1, n_out). The output (T, T, n_out) has no batch
+    axis (``has_batch_axis``); the input gives only T. ``fixed``: the matrix is ``positional_encoding``'s
+    sinusoid of 0 .. 2 * clipping instead of a parameter. ``clipping`` defaults to RETURNN's 16."""
+
+    has_batch_axis = False
+
+    def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int) -> None:
+        super().__init__(in_dim)
+        self.n_out = positive_int(name, opts, "n_out")
+        self.clipping = opts.get("clipping", 16)
+        if isinstance(self.clipping, bool) or not isinstance(self.clipping, int) or self.clipping < 0:
+            raise ConfigError(f"Network layer '{name}': 'clipping' must be an int >= 0, got "
+                              f"{self.clipping!r}.")
+        self.fixed = opts.get("fixed", False)
+        if not isinstance(self.fixed, bool):
+            raise ConfigError(f"Network layer '{name}': 'fixed' must be True or False, got {self.fixed!r}.")
+        if self.fixed and self.n_out < 4:
+            raise ConfigError(f"Network layer '{name}': with fixed, n_out must be >= 4 (RETURNN's sinusoid "
+                              f"divides by n_out // 2 - 1), got {self.n_out}.")
+        if not self.fixed:
+            self.params["encoding_matrix"] = option_variable(name, opts, "forward_weights_init",
+                                                             f"{name}/encoding_matrix",
+                                                             (2 * self.clipping + 1, self.n_out), random_seed)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        positions = tf.range(tf.shape(x)[0])
+        distance = positions[None, :] - positions[:, None]  # (queries, keys): key minus query
+        rows = tf.clip_by_value(distance, -self.clipping, self.clipping) + self.clipping
+        if self.fixed:
+            return tf.gather(tf.cast(sinusoid_signal(2 * self.clipping + 1, self.n_out), self.compute_dtype),
+                             rows)
+        return dense_gather(self.param("encoding_matrix"), rows)
+
+
 class SelfAttention(Layer):
     """``self_attention``: multi-head dot-product attention of every frame over the frames of its sequence.
 
@@ -61,12 +100,16 @@ class SelfAttention(Layer):
     [q_h | k_h | v_h], head after head. Queries are scaled by 1/sqrt(total_key_dim / num_heads). Keys past a
     sequence's length get no weight (its padded frames are also zeroed first, so large values there cannot
     overflow); ``attention_left_only`` also hides the keys after the query. ``attention_dropout`` drops
-    attention weights in training, with a stateless seed from the network's per-layer seed.
+    attention weights in training, with a stateless seed from the network's per-layer seed. ``key_shift``
+    names a ``relative_positional_encoding`` layer of n_out = key dims per head: its (query, key) vector
+    is added to every head's key for that query, i.e. the scaled query times it is added to the energy.
     """
 
     needs_seed = True
 
-    def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int) -> None:
+    def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int,
+                 key_shift: Layer | None = None) -> None:
+        """``key_shift``: the built layer the option names (None for 'data')."""
         super().__init__(in_dim)
         self.heads = positive_int(name, opts, "num_heads")
         key_dim = positive_int(name, opts, "total_key_dim")
@@ -85,10 +128,14 @@ class SelfAttention(Layer):
         if not isinstance(self.left_only, bool):
             raise ConfigError(f"Network layer '{name}': attention_left_only must be True or False, got "
                               f"{self.left_only!r}.")
-        self.params["QKV"] = glorot_variable(f"{name}/QKV", (in_dim, 2 * key_dim + self.n_out), random_seed)
+        if opts.get("key_shift"):  # RETURNN takes an empty value as none
+            _check_key_shift(name, opts["key_shift"], key_shift, self.key_dim)
+        self.params["QKV"] = option_variable(name, opts, "forward_weights_init", f"{name}/QKV",
+                                             (in_dim, 2 * key_dim + self.n_out), random_seed)
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool,
-                 seed: tf.Tensor | None = None) -> tf.Tensor:
+                 seed: tf.Tensor | None = None, key_shift: tf.Tensor | None = None) -> tf.Tensor:
+        """``key_shift``: the output (queries, keys, key dims per head) of the layer the option names."""
         n_time, n_batch = tf.shape(x)[0], tf.shape(x)[1]
         per_head = 2 * self.key_dim + self.value_dim
         qkv = tf.matmul(tf.reshape(time_mask(x, lengths), [-1, self.in_dim]), self.param("QKV"))
@@ -97,6 +144,9 @@ class SelfAttention(Layer):
         q = q * self.key_dim ** -0.5
         # float32 from here to the weights: -1e30 below is -inf in float16, and the softmax sums
         energy = tf.cast(tf.einsum("tbhd,sbhd->bhts", q, k), tf.float32)  # (B, H, queries, keys)
+        if key_shift is not None:  # q . (k + shift) without a (B, H, T, T, d) tensor of shifted keys
+            shift = tf.einsum("tbhd,tsd->bhts", q, tf.cast(key_shift, q.dtype))
+            energy = energy + tf.cast(shift, tf.float32)
         allowed = tf.sequence_mask(lengths, n_time)[:, None, None, :]  # (B, 1, 1, keys)
         if self.left_only:
             causal = tf.linalg.band_part(tf.ones([n_time, n_time], tf.bool), -1, 0)  # key <= query
@@ -108,3 +158,13 @@ class SelfAttention(Layer):
             weights = tf.nn.experimental.stateless_dropout(weights, rate=float(self.dropout), seed=seed)
         out = tf.einsum("bhts,sbhd->tbhd", tf.cast(weights, v.dtype), v)
         return tf.reshape(out, [n_time, n_batch, self.n_out])
+
+
+def _check_key_shift(name: str, ref: str, layer: Layer | None, key_dim: int) -> None:
+    if not isinstance(layer, RelativePositionalEncoding):
+        raise ConfigError(f"Network layer '{name}': key_shift {ref!r} must name a "
+                          "relative_positional_encoding layer (RETURNN adds a (queries, keys, key dims) "
+                          "tensor without batch axis, which only that class makes).")
+    if layer.n_out != key_dim:
+        raise ConfigError(f"Network layer '{name}': key_shift layer {ref!r} has n_out {layer.n_out}, but the "
+                          f"keys have total_key_dim // num_heads = {key_dim} dims per head.")

@@ -77,6 +77,11 @@ class Layer(tf.Module):
     sparse_input = False  # True: the layer takes int ids (T, B) instead of features
     separate_sources = False  # True: the layer gets a list of its sources' outputs, not their concatenation
     needs_seed = False  # True: the layer is called with ``seed=`` (a stateless seed (2,)) for its own dropout
+    running_keys: tuple[str, ...] = ()  # non-trainable params that its calls move (batch_norm's statistics)
+    takes_spatial = False  # True: the layer takes (T, B, *spatial, F) input with static axes S (``axes.py``)
+    spatial: tuple[int, ...] | None = None  # the output's static axes between B and F; None: the input's
+    shares_params_of: str | None = None  # reuse_params: the layer whose ``params`` these are
+    has_batch_axis = True  # False: the output has no batch axis (relative_positional_encoding's (T, T, F))
     compute_dtype = tf.float32  # tf_amp: the network sets bfloat16 or float16 (``engine/model/precision.py``)
 
     def __init__(self, in_dim: int) -> None:

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from engine.model.layers.base import Layer, dense_gather, glorot_variable, one_of, positive_int
+from engine.model.initializers import option_variable
+from engine.model.layers.base import Layer, dense_gather, one_of, positive_int
 from engine.model.layers.dense import ACTIVATIONS, activation_option
 from engine.runtime.errors import ConfigError
 
@@ -49,21 +50,47 @@ def frame_windows(x: tf.Tensor, lengths: tf.Tensor, size: int, stride: int, dila
     return tf.where(valid[..., None], frames, tf.zeros_like(frames)), valid
 
 
-def _time_ints(layer: str, opts: dict, key: str, default: int | None) -> int:
-    """A 1-D option: an int or a sequence of one int (RETURNN gives (3,)); more entries mean 2-D/3-D."""
+def _ints(layer: str, opts: dict, key: str, default: object, count: int) -> tuple[int, ...]:
+    """A window option of ``count`` axes: a sequence of that many ints, or (not for sizes) one int for all."""
     value = opts.get(key, default)
     allow_int = key not in ("filter_size", "pool_size")  # RETURNN takes these as sequences only
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    if (not allow_int and not isinstance(value, (list, tuple))) or len(items) != 1:
-        kinds = "an int or a tuple" if allow_int else "a tuple"
-        raise ConfigError(f"Network layer '{layer}': '{key}' must be {kinds} "
-                          f"of one positive int like (3,): this engine convolves and pools over time only "
-                          f"(1-D), got {value!r}.")
-    return positive_int(layer, {key: items[0]}, key)
+    items = list(value) if isinstance(value, (list, tuple)) else [value] * count
+    if (not allow_int and not isinstance(value, (list, tuple))) or len(items) != count:
+        example = "(3,)" if count == 1 else "(3, 3)"
+        raise ConfigError(f"Network layer '{layer}': '{key}' must be {'an int or ' if allow_int else ''}a "
+                          f"tuple of {count} positive int{'s' if count > 1 else ''} like {example}, one per "
+                          f"axis of the window, got {value!r}.")
+    return tuple(positive_int(layer, {key: item}, key) for item in items)
+
+
+def window_axes(name: str, opts: dict, cls: str) -> int:
+    """How many axes the window of a ``conv`` or ``pool`` layer spans: 1 (time) or 2 (time and a static
+    axis, e.g. one made by ``split_dims``)."""
+    key = "filter_size" if cls == "conv" else "pool_size"
+    value = opts.get(key)
+    if not isinstance(value, (list, tuple)) or len(value) not in (1, 2):
+        raise ConfigError(f"Network layer '{name}': '{key}' must be a tuple of one positive int like (3,) (a "
+                          "window over time) or of two like (3, 3) (over time and a static axis); 3-D "
+                          f"windows are not implemented, got {value!r}.")
+    return len(value)
+
+
+def conv_groups(name: str, opts: dict, in_dim: int, n_out: int) -> int:
+    """``groups``: 1, or the input dim (a depthwise convolution: each output channel reads one input
+    channel, as RETURNN runs it with ``tf.nn.depthwise_conv2d``). Other counts RETURNN hands to
+    ``tf.nn.convolution``, whose grouped form TensorFlow implements on GPU only."""
+    groups = opts.get("groups", 1)
+    if groups == 1:
+        return 1
+    if groups != in_dim or isinstance(groups, bool) or n_out % in_dim:
+        raise ConfigError(f"Network layer '{name}': 'groups' must be 1 or the input dim {in_dim} (depthwise, "
+                          f"with n_out a multiple of it), got groups {groups!r} and n_out {n_out}: other "
+                          "group counts run on GPU only in RETURNN's TensorFlow backend.")
+    return groups
 
 
 class Window(NamedTuple):
-    """The window geometry of a ``conv`` or ``pool`` layer."""
+    """The window geometry of a ``conv`` or ``pool`` layer along one axis."""
 
     size: int
     stride: int
@@ -76,14 +103,17 @@ class Window(NamedTuple):
         return self.stride == 1 and (self.padding == "same" or self.size == 1)
 
 
-def window_options(name: str, opts: dict, cls: str) -> Window:
-    """The geometry of a ``conv`` or ``pool`` layer's options, checked (ConfigError names the layer)."""
-    size = _time_ints(name, opts, "filter_size" if cls == "conv" else "pool_size", None)
-    stride = _time_ints(name, opts, "strides", 1 if cls == "conv" else size)  # pool: RETURNN's default
-    dilation = _time_ints(name, opts, "dilation_rate", 1)
+def window_options(name: str, opts: dict, cls: str) -> list[Window]:
+    """The geometry of a ``conv`` or ``pool`` layer's options per window axis, time first, checked
+    (ConfigError names the layer)."""
+    count = window_axes(name, opts, cls)
+    sizes = _ints(name, opts, "filter_size" if cls == "conv" else "pool_size", None, count)
+    strides = _ints(name, opts, "strides", 1 if cls == "conv" else sizes, count)  # pool: RETURNN's default
+    dilations = _ints(name, opts, "dilation_rate", 1, count)
     if cls == "conv" and "padding" not in opts:
         raise ConfigError(f"Network layer '{name}': 'padding' is required ('same' or 'valid').")
-    return Window(size, stride, dilation, one_of(name, opts, "padding", PADDINGS, "valid"))
+    padding = one_of(name, opts, "padding", PADDINGS, "valid")
+    return [Window(*geometry, padding) for geometry in zip(sizes, strides, dilations)]
 
 
 class _Windowed(Layer):
@@ -91,7 +121,11 @@ class _Windowed(Layer):
 
     def __init__(self, name: str, opts: dict, in_dim: int, cls: str) -> None:
         super().__init__(in_dim)
-        self.window = window_options(name, opts, cls)
+        windows = window_options(name, opts, cls)
+        if len(windows) != 1:
+            raise ConfigError(f"Network layer '{name}': a window over two axes needs an input with a static "
+                              "axis besides the features (made by 'split_dims', or 'input_add_feature_dim').")
+        self.window = windows[0]
         self.size, self.stride, self.dilation, self.padding = self.window
 
     def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
@@ -103,24 +137,35 @@ class _Windowed(Layer):
 
 class Conv(_Windowed):
     """``conv``: ``filter_size`` (width,), ``padding``, ``strides``, ``dilation_rate``, ``n_out``,
-    ``activation``, ``with_bias`` (default True, RETURNN's default since behavior version 10).
+    ``activation``, ``with_bias`` [False: RETURNN's default for a config without ``behavior_version``; True
+    only from version 10], ``groups`` (1 or the input dim).
     Parameters: ``W`` (width, in, n_out) and ``bias`` (n_out), RETURNN's names and layout."""
 
     def __init__(self, name: str, opts: dict, in_dim: int, *, random_seed: int) -> None:
         super().__init__(name, opts, in_dim, "conv")
         self.n_out = positive_int(name, opts, "n_out")
         self.activation = ACTIVATIONS[activation_option(name, opts)]
-        self.params["W"] = glorot_variable(f"{name}/W", (self.size, in_dim, self.n_out), random_seed)
-        if opts.get("with_bias", True):
-            self.params["bias"] = tf.Variable(tf.zeros([self.n_out]), name=f"{name}/bias")
+        self.depthwise = conv_groups(name, opts, in_dim, self.n_out) > 1
+        self.params["W"] = option_variable(name, opts, "forward_weights_init", f"{name}/W",
+                                           (self.size, 1 if self.depthwise else in_dim, self.n_out),
+                                           random_seed)
+        if opts.get("with_bias", False):
+            self.params["bias"] = option_variable(name, opts, "bias_init", f"{name}/bias", (self.n_out,),
+                                                  random_seed)
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         frames, _ = self._windows(x, lengths)  # (T_out, size, B, F)
         shape = tf.shape(frames)
+        if self.depthwise:  # output channel f * multiplier + m reads input channel f only
+            weights = tf.reshape(self.param("W"), [self.size, self.in_dim, self.n_out // self.in_dim])
+            y = tf.einsum("tsbf,sfm->tbfm", frames, weights)
+            return self._finish(tf.reshape(y, [shape[0], shape[2], self.n_out]))
         # one (T_out*B, size*F) x (size*F, n_out) matmul, the window flattened like the filter
         flat = tf.reshape(tf.transpose(frames, [0, 2, 1, 3]), [shape[0] * shape[2], self.size * self.in_dim])
         y = tf.matmul(flat, tf.reshape(self.param("W"), [self.size * self.in_dim, self.n_out]))
-        y = tf.reshape(y, [shape[0], shape[2], self.n_out])
+        return self._finish(tf.reshape(y, [shape[0], shape[2], self.n_out]))
+
+    def _finish(self, y: tf.Tensor) -> tf.Tensor:
         if "bias" in self.params:
             y = y + self.param("bias")
         return y if self.activation is None else self.activation(y)

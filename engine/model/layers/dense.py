@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from engine.model.layers.base import Layer, dense_gather, glorot_variable, positive_int
+from engine.model.initializers import option_variable
+from engine.model.layers.base import Layer, dense_gather, positive_int
 from engine.model.losses.cross_entropy import CrossEntropy
 from engine.model.losses.ctc import CtcLoss
 from engine.model.losses.edit_distance import EditDistance
@@ -62,6 +63,7 @@ class Copy(Layer):
     def __init__(self, name: str, opts: dict, in_dim: int, target_dims: dict[str, int]) -> None:
         super().__init__(in_dim)
         self.loss = opts.get("loss")
+        self.takes_spatial = not self.loss
         self.target = opts.get("target", "classes")
         self.only_on_eval = opts.get("only_on_eval", False)
         self.criterion = None
@@ -86,27 +88,31 @@ class Copy(Layer):
 
 
 class Linear(Layer):
-    """``linear``: x W + b and an activation. Sparse input (ids) selects rows of W (an embedding)."""
+    """``linear``: x W + b and an activation. Sparse input (ids) selects rows of W (an embedding). Static
+    axes besides the features are kept (the features of each position are mapped)."""
+
+    takes_spatial = True
 
     def __init__(self, name: str, opts: dict, in_dim: int, *, sparse_input: bool, random_seed: int) -> None:
         super().__init__(in_dim)
         self.n_out = positive_int(name, opts, "n_out")
         self.activation = ACTIVATIONS[activation_option(name, opts)]
         self.sparse_input = sparse_input
-        self.params["W"] = glorot_variable(f"{name}/W", (in_dim, self.n_out), random_seed)
+        # forward_weights_init [glorot_uniform], bias_init [0.0]: engine/model/initializers.py
+        self.params["W"] = option_variable(name, opts, "forward_weights_init", f"{name}/W",
+                                           (in_dim, self.n_out), random_seed)
         if opts.get("with_bias", True):
-            self.params["b"] = tf.Variable(tf.zeros([self.n_out]), name=f"{name}/b")
+            self.params["b"] = option_variable(name, opts, "bias_init", f"{name}/b", (self.n_out,),
+                                               random_seed)
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         weights = self.param("W")
         if self.sparse_input:
             y = dense_gather(tf.convert_to_tensor(weights), x)
         else:
-            # One (T*B, in) x (in, out) matmul: a broadcast batched matmul would run T small ones.
-            shape = tf.shape(x)
-            y = tf.reshape(
-                tf.matmul(tf.reshape(x, [-1, self.in_dim]), weights), [shape[0], shape[1], self.n_out]
-            )
+            # One (T*B*..., in) x (in, out) matmul: a broadcast batched matmul would run T small ones.
+            y = tf.reshape(tf.matmul(tf.reshape(x, [-1, self.in_dim]), weights),
+                           tf.concat([tf.shape(x)[:-1], [self.n_out]], axis=0))
         if "b" in self.params:
             y = y + self.param("b")
         return y if self.activation is None else self.activation(y)
@@ -120,6 +126,8 @@ class Softmax(Linear):
     (``losses.CtcLoss``), and then it has one class more than the target: the blank, the last.
     ``only_on_eval``: the loss is scored in eval only, not trained on.
     """
+
+    takes_spatial = False  # its losses and outputs are per frame
 
     def __init__(
         self,

@@ -24,6 +24,8 @@ COMBINE_KINDS: dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]] = {
 class Activation(Layer):
     """``activation``: the function named by ``activation`` (``dense.ACTIVATIONS``) on every frame."""
 
+    takes_spatial = True
+
     def __init__(self, name: str, opts: dict, in_dim: int) -> None:
         super().__init__(in_dim)
         if "activation" not in opts:
@@ -40,6 +42,7 @@ class Combine(Layer):
     dim and time axis (RETURNN broadcasts only over matching dims, and all sources here are (T, B, F))."""
 
     separate_sources = True
+    takes_spatial = True
 
     def __init__(self, name: str, opts: dict, source_dims: dict[str, int]) -> None:
         dims = set(source_dims.values())

@@ -12,6 +12,8 @@ class LayerNorm(Layer):
     times ``scale`` plus ``bias`` (per feature; initial 1 and 0). ``epsilon`` defaults to RETURNN's 1e-6.
     A frame depends on itself only, so padding cannot leak."""
 
+    takes_spatial = True
+
     def __init__(self, name: str, opts: dict, in_dim: int) -> None:
         super().__init__(in_dim)
         self.epsilon = opts.get("epsilon", 1e-6)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.model.layers.base import Layer, glorot_values, glorot_variable, positive_int
+from engine.model.initializers import GLOROT_UNIFORM, ZEROS, Initializer, parse_initializer
+from engine.model.layers.base import Layer, glorot_variable, positive_int
 from engine.model.layers.lstm_choice import LstmKernel, choose_lstm, on_gpu
 from engine.runtime.errors import ConfigError
 
@@ -18,6 +19,24 @@ TF_CELL_UNITS = ("basiclstm", "standardlstm")
 # the units whose RETURNN cell keeps input and recurrent weights in one variable, as this engine's W does
 # (the rest keep W and W_re: engine/training/checkpoints/returnn_format.py, LSTM_LAYOUTS)
 ONE_KERNEL_UNITS = TF_CELL_UNITS + ("nativelstmlowmem",)
+# the units whose RETURNN cell is a fused native op that gets its W, W_re and b from the rec layer's
+# forward_weights_init, recurrent_weights_init and bias_init (NativeLstm2, NativeLstmCell)
+INIT_OPTION_UNITS = ("lstm", "lstmp", "nativelstm2", "lstmblock", "lstmblockfused", "cudnnlstm", "nativelstm")
+INIT_OPTIONS = ("forward_weights_init", "recurrent_weights_init", "bias_init")
+
+
+def initializers(name: str, opts: dict, unit: str) -> tuple[Initializer, Initializer, Initializer]:
+    """The initializers of W, W_re and b, as RETURNN picks them: an absent weights option falls back on
+    the other one (the recurrent one first), then on glorot_uniform; the bias starts at 0."""
+    given = {key: parse_initializer(name, key, opts[key])
+             for key in INIT_OPTIONS if opts.get(key) is not None}
+    if given and unit not in INIT_OPTION_UNITS:
+        raise ConfigError(f"Network layer '{name}': {', '.join(given)} on unit {opts.get('unit')!r} is not "
+                          "supported: this engine takes them on the units that RETURNN runs as NativeLstm2 "
+                          f"or NativeLstmCell ({', '.join(INIT_OPTION_UNITS)}).")
+    forward, recurrent = given.get("forward_weights_init"), given.get("recurrent_weights_init")
+    fallback = recurrent or forward or GLOROT_UNIFORM  # RETURNN's variable scope default
+    return forward or fallback, recurrent or fallback, given.get("bias_init", ZEROS)
 
 
 class Rec(Layer):
@@ -41,15 +60,16 @@ class Rec(Layer):
                                               twice_differentiable=twice_differentiable)
         self.unit = opts.get("unit", "lstm").lower()
         n = self.n_out
+        inits = initializers(name, opts, self.unit)
         if self.unit in ONE_KERNEL_UNITS:  # RETURNN draws its one kernel at once
             self.params["W"] = glorot_variable(f"{name}/W", (in_dim + n, 4 * n), random_seed)
         else:
-            weights = tf.concat([glorot_values(f"{name}/W", (in_dim, 4 * n), random_seed),
-                                 glorot_values(f"{name}/W_re", (n, 4 * n), random_seed)], axis=0)
+            weights = tf.concat([inits[0].values(f"{name}/W", (in_dim, 4 * n), random_seed),
+                                 inits[1].values(f"{name}/W_re", (n, 4 * n), random_seed)], axis=0)
             self.params["W"] = tf.Variable(weights, name=f"{name}/W")
         self.forget_bias = 1.0 if self.unit in TF_CELL_UNITS else 0.0
-        # the variable holds RETURNN's bias (starting at 0); the forget bias is added where it is used
-        self.params["b"] = tf.Variable(tf.zeros([4 * n]), name=f"{name}/b")
+        # the variable holds RETURNN's bias (bias_init, default 0); the forget bias is added where it is used
+        self.params["b"] = inits[2].variable(f"{name}/b", (4 * n,), random_seed)
         # W's rows as RETURNN's variables: W (input) and W_re (recurrent), or one kernel (model.returnn_parts)
         self.returnn_parts = {} if self.unit in ONE_KERNEL_UNITS else {"W": (in_dim, n)}
 

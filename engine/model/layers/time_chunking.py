@@ -90,7 +90,9 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
     """Every layer reads sources on one time axis; ``time_unchunking`` undoes the innermost chunking; loss
     layers and ``output`` see the data's own time axis, or one made from it by ``resampling`` layers
     (conv/pool with a stride or "valid" padding), except ``frame_loss_layers`` (one target per input
-    frame). ``specs``: name -> (cls, sources, opts)."""
+    frame, or the frames of their target stream, which a ``reinterpret_data`` with ``size_base`` makes);
+    layers named by reference options (``key_shift``) share the sources' axis. ``specs``: name ->
+    ``spec.LayerSpec``."""
     axes: dict[str, tuple[str, ...]] = {"data": ()}  # the chunking/resampling layers a layer's frames passed
     for name in order:
         cls, sources, opts = specs[name]
@@ -100,7 +102,15 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
                               "axes (some went through a time_chunking layer, or a conv/pool layer that "
                               "changes the number of frames, that the others did not).")
         axis = source_axes.pop()
-        if cls == "time_chunking" or name in resampling:
+        for key, ref in specs[name].references.items():  # e.g. key_shift: read frame against frame
+            if axes[ref] != axis:
+                raise ConfigError(f"Network layer '{name}': {key} {ref!r} is on another time axis than its "
+                                  f"sources {list(sources)} (a time_chunking, or a conv/pool that changes "
+                                  "the number of frames, lies between them).")
+        if cls == "reinterpret_data":  # the frames of its size_base: a layer's, or a data stream's
+            base = opts["size_base"]
+            axis = axes[base] if base in axes else () if base in ("data", "data:data") else (base,)
+        elif cls == "time_chunking" or name in resampling:
             axis = axis + (name,)
         elif cls == "time_unchunking":
             chunking_layer = opts.get("chunking_layer")
@@ -116,12 +126,13 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
             axis = axis[:-1]
         axes[name] = axis
     for name in set(loss_layers) | {"output"}:
-        chunked = [layer for layer in axes.get(name, ()) if layer not in resampling]
+        chunked = [layer for layer in axes.get(name, ())
+                   if layer not in resampling and not layer.startswith("data:")]  # a stream's frames
         if chunked:
             raise ConfigError(f"Network layer '{name}' is on the time axis of time_chunking layer "
                               f"'{chunked[-1]}': add a time_unchunking layer before a loss or the output.")
     for name in frame_loss_layers:
-        if axes.get(name):
+        if axes.get(name) and axes[name] != (f"data:{specs[name].opts.get('target', 'classes')}",):
             raise ConfigError(f"Network layer '{name}' has a frame-wise loss (one target per input frame), "
                               f"but layer '{axes[name][-1]}' changes the number of frames (a stride or "
                               f"'valid' padding).")

@@ -1,8 +1,9 @@
 """RETURNN's names and layouts of a ``network`` dict's parameters, and how they map to this engine's.
 
 RETURNN (TensorFlow 2, commit b46ff5f0f, ``returnn/tf/layers``) names a parameter ``<layer>/<name>``. For
-``linear``, ``softmax``, ``conv``, ``layer_norm``, ``self_attention`` and ``combine`` the engine's
-parameters have RETURNN's names, shapes and layouts (``W``, ``b``, ``bias``, ``scale``, ``QKV``). A
+``linear``, ``softmax``, ``conv``, ``layer_norm``, ``self_attention``, ``combine`` and
+``relative_positional_encoding`` the engine's parameters have RETURNN's names, shapes and layouts (``W``,
+``b``, ``bias``, ``scale``, ``QKV``, ``encoding_matrix``). A
 ``rec`` layer's LSTM differs: this engine keeps one ``W`` (in + n, 4n), rows [input; recurrent], gate
 columns (input, cell input, forget, output) and one ``b`` (4n), while RETURNN's unit decides names,
 split and gate order (``LSTM_LAYOUTS``), and some of its units add a constant forget bias at run time:
@@ -29,9 +30,10 @@ fb: the forget bias RETURNN adds to the forget gate's input at every step (Nativ
 engine b_forget = RETURNN b_forget + RETURNN fb - engine fb, which is RETURNN's bias value unchanged
 when both add the same. The outputs are then RETURNN's for every unit.
 
-A mapping (``SameNames``, ``LstmParams``) converts one layer's values both ways; ``ReturnnView`` applies
-them to a whole model: RETURNN's names and shapes, the current values under those names, and assigning
-some or all of them (what a partial load such as ``preload_from_files`` with ``ignore_params`` needs).
+A mapping (``SameNames``, ``Renamed`` for batch_norm, ``LstmParams``) converts one layer's values both
+ways; ``ReturnnView`` applies them to a whole model: RETURNN's names and shapes, the current values under
+those names, and assigning some or all of them (what a partial load such as ``preload_from_files`` with
+``ignore_params`` needs).
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ from engine.runtime.errors import ConfigError
 
 ENGINE_GATES = ("input", "cell_in", "forget", "output")  # lstm.py's column blocks of W and b
 # layer classes whose parameters RETURNN names, shapes and lays out as the engine does
-SAME_NAMES_CLASSES = ("linear", "softmax", "conv", "layer_norm", "self_attention", "combine")
+SAME_NAMES_CLASSES = ("linear", "softmax", "conv", "layer_norm", "self_attention", "combine",
+                      "relative_positional_encoding", "transposed_conv")
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,28 @@ class SameNames:
 
 
 @dataclass
+class Renamed:
+    """Same shapes and layouts, other names: ``batch_norm``'s ``<layer>/batch_norm/<prefix>mean`` & co.
+    (the layer's ``returnn_names``; the prefix depends on its ``param_version``)."""
+
+    layer: str
+    params: dict[str, tuple[int, ...]]  # engine key -> shape
+    names: dict[str, str]  # engine key -> RETURNN's full name
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {self.names[key]: shape for key, shape in self.params.items()}
+
+    def to_returnn(self, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {self.names[key]: params[key] for key in self.params}
+
+    def from_returnn(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {key: values[self.names[key]] for key in self.params}
+
+    def sources(self) -> dict[str, tuple[str, ...]]:
+        return {key: (self.names[key],) for key in self.params}
+
+
+@dataclass
 class LstmParams:
     """A ``rec`` layer: the engine's ``W``/``b`` <-> RETURNN's variables of ``layout``."""
 
@@ -180,8 +205,9 @@ class LstmParams:
 
 def layer_mapping(name: str, cls: str, opts: Mapping, layer) -> ParamMapping | None:
     """The mapping of one built layer (None: it has no parameters). ``layer`` is the engine's layer
-    object: its ``params``, ``in_dim``, ``n_out`` and (``Rec``) ``forget_bias``."""
-    if not layer.params:
+    object: its ``params``, ``in_dim``, ``n_out`` and (``Rec``) ``forget_bias``. A layer that reads another's
+    parameters (``reuse_params``) has none of its own: RETURNN saves them once, under the owner's name."""
+    if not layer.params or layer.shares_params_of:
         return None
     if cls == "rec":
         unit = str(opts.get("unit", "lstm")).lower()
@@ -190,6 +216,9 @@ def layer_mapping(name: str, cls: str, opts: Mapping, layer) -> ParamMapping | N
                           float(getattr(layer, "forget_bias", 0.0)))
     if cls in SAME_NAMES_CLASSES:
         return SameNames(name, {key: tuple(var.shape) for key, var in layer.params.items()})
+    if cls == "batch_norm":
+        shapes = {key: tuple(var.shape) for key, var in layer.params.items()}
+        return Renamed(name, shapes, layer.returnn_names)
     raise ConfigError(f"Network layer '{name}' (class {cls}) has parameters, but no mapping to RETURNN's "
                       "checkpoint names is known for its class "
                       "(engine/training/checkpoints/returnn_format.py).")

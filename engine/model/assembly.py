@@ -1,0 +1,171 @@
+"""The layers of a parsed ``network`` dict, built in dependency order: each from its spec, its input's axes
+(``axes.Layout``: the sources concatenated along the features) and the layers built before it.
+
+What holds for every layer is checked here: dense input where RETURNN's layer needs it, static axes only
+into layers that take them, ``trainable`` and ``reuse_params`` (the layer reads the named layer's
+parameters, which stay that layer's: saved, updated and mapped to RETURNN's names once).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from engine.config.loader import Config
+from engine.model.axes import Layout
+from engine.model.initializers import check_bias_init
+from engine.model.layers.attention import PositionalEncoding, RelativePositionalEncoding, SelfAttention
+from engine.model.layers.base import Layer
+from engine.model.layers.batch_norm import BatchNorm
+from engine.model.layers.conv import Conv, Pool, window_axes
+from engine.model.layers.conv2d import Conv2D, Pool2D
+from engine.model.layers.dense import Copy, Linear, Softmax
+from engine.model.layers.elementwise import Activation, Combine
+from engine.model.layers.eval import Eval
+from engine.model.layers.features import FeatureSlice, Gating, ReduceOut
+from engine.model.layers.norm import LayerNorm
+from engine.model.layers.recurrent import Rec
+from engine.model.layers.reinterpret import ReinterpretData
+from engine.model.layers.reshape import MergeDims, SplitDims
+from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking
+from engine.model.layers.transposed_conv import TransposedConv
+from engine.model.spec import LayerSpec
+from engine.runtime.errors import ConfigError
+
+# classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
+_DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice",
+                "split_dims", "merge_dims", "batch_norm", "transposed_conv")
+
+# classes built from their name, options and input dim alone
+_BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
+                       "activation": Activation, "gating": Gating, "reduce_out": ReduceOut,
+                       "slice": FeatureSlice, "reinterpret_data": ReinterpretData}
+
+# classes built from their name, options and input axes
+_BUILT_FROM_LAYOUT = {"split_dims": SplitDims, "merge_dims": MergeDims}
+
+
+class BuildOptions(NamedTuple):
+    """What the network's options say about every layer (``NetworkModel``'s arguments of those names)."""
+
+    input_dim: int
+    input_sparse: bool
+    target_dims: dict[str, int]
+    random_seed: int
+    twice_differentiable: bool
+    lstm_implementation: str | None
+    compute_dtype: str
+    config: Config | None
+
+
+def input_layout(name: str, spec: LayerSpec, layouts: dict[str, Layout]) -> Layout:
+    """The axes of the layer's input: its sources concatenated along the features, which needs the same
+    static axes in each (a ``combine`` layer checks its own)."""
+    spatial = {layouts[s].spatial for s in spec.sources}
+    if len(spatial) > 1:
+        listed = ", ".join(f"'{s}' {layouts[s].describe()}" for s in spec.sources)
+        raise ConfigError(f"Network layer '{name}': its sources have different static axes besides the "
+                          f"features ({listed}); they can be concatenated only along the features.")
+    return Layout(spatial.pop(), sum(layouts[s].feature for s in spec.sources))
+
+
+def _freeze(layer: Layer) -> None:
+    """RETURNN's ``"trainable": False``: the layer's parameters keep their values (initial or loaded); no
+    update, no accumulated gradient and no L2 decay touches them. A layer reads its parameters from
+    ``params`` on every call, so swapping in non-trainable copies is all it takes."""
+    layer.params = {key: tf.Variable(var, trainable=False, name=var.name.split(":")[0])
+                    for key, var in layer.params.items()}
+
+
+def _share(name: str, spec: LayerSpec, layer: Layer, owner: Layer) -> None:
+    """``reuse_params``: the layer reads the owner's variables (RETURNN reuses the owner's variable scope)."""
+    shapes = {key: tuple(var.shape) for key, var in layer.params.items()}
+    owned = {key: tuple(var.shape) for key, var in owner.params.items()}
+    if shapes != owned:
+        raise ConfigError(f"Network layer '{name}': reuse_params '{spec.shares_params_of}' has the "
+                          f"parameters {owned}, this layer needs {shapes}.")
+    if "trainable" in spec.opts:
+        raise ConfigError(f"Network layer '{name}': 'trainable' on a layer with reuse_params; set it on "
+                          f"'{spec.shares_params_of}', whose parameters these are.")
+    layer.params = owner.params
+    layer.shares_params_of = spec.shares_params_of
+
+
+def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOptions) -> dict[str, Layer]:
+    """Every layer of ``order``, built after the layers it reads."""
+    layouts = {"data": Layout((), options.input_dim)}
+    layers: dict[str, Layer] = {}
+    for name in order:
+        spec = specs[name]
+        _check_dense_input(name, spec, options.input_sparse)
+        layout = input_layout(name, spec, layouts)
+        if spec.cls == "combine":
+            layer = Combine(name, spec.opts, {s: layouts[s].feature for s in spec.sources})
+        elif spec.cls == "eval":
+            layer = Eval.for_network(name, specs, layouts, options.input_sparse, options.config)
+        else:
+            layer = _make_layer(name, spec, layout, layers, options)
+            check_bias_init(name, spec.opts, layer.params)
+        if layout.spatial and not layer.takes_spatial:
+            raise ConfigError(f"Network layer '{name}': its input {layout.describe()} has static axes "
+                              f"besides the features, which a {spec.cls} layer here does not take; merge "
+                              "them into the features first ('merge_dims' with axes 'static').")
+        layer.compute_dtype = tf.as_dtype(options.compute_dtype)
+        if spec.shares_params_of:
+            _share(name, spec, layer, layers[spec.shares_params_of])
+        elif spec.opts.get("trainable", True) is False:
+            _freeze(layer)
+        layers[name] = layer
+        layouts[name] = Layout(layout.spatial if layer.spatial is None else layer.spatial, layer.n_out)
+    return layers
+
+
+def _make_layer(name: str, spec: LayerSpec, layout: Layout, built: dict[str, Layer],
+                options: BuildOptions) -> Layer:
+    in_dim, seed = layout.feature, options.random_seed
+    ids = _takes_ids(spec, options.input_sparse)
+    if spec.cls == "batch_norm":
+        return BatchNorm(name, spec.opts, in_dim, random_seed=seed)
+    if spec.cls in ("conv", "pool") and window_axes(name, spec.opts, spec.cls) == 2:
+        return Conv2D(name, spec.opts, layout, random_seed=seed) if spec.cls == "conv" else \
+            Pool2D(name, spec.opts, layout)
+    if spec.cls in _BUILT_FROM_LAYOUT:
+        return _BUILT_FROM_LAYOUT[spec.cls](name, spec.opts, layout)
+    if spec.cls == "linear":
+        return Linear(name, spec.opts, in_dim, sparse_input=ids, random_seed=seed)
+    if spec.cls == "softmax":
+        return Softmax(name, spec.opts, in_dim, sparse_input=ids, random_seed=seed,
+                       target_dims=options.target_dims)
+    if spec.cls == "rec":
+        return Rec(name, spec.opts, in_dim, random_seed=seed,
+                   twice_differentiable=options.twice_differentiable,
+                   implementation=options.lstm_implementation)
+    if spec.cls in _BUILT_FROM_OPTIONS:
+        return _BUILT_FROM_OPTIONS[spec.cls](name, spec.opts, in_dim)
+    if spec.cls == "time_unchunking":
+        return TimeUnchunking(name, spec.opts, in_dim, built.get(spec.opts.get("chunking_layer")))
+    if spec.cls == "conv":
+        return Conv(name, spec.opts, in_dim, random_seed=seed)
+    if spec.cls == "transposed_conv":
+        return TransposedConv(name, spec.opts, in_dim, random_seed=seed)
+    if spec.cls == "positional_encoding":
+        return PositionalEncoding(name, spec.opts, in_dim, spec.sources)
+    if spec.cls == "self_attention":
+        return SelfAttention(name, spec.opts, in_dim, random_seed=seed,
+                             key_shift=built.get(spec.references.get("key_shift", "")))
+    if spec.cls == "relative_positional_encoding":
+        return RelativePositionalEncoding(name, spec.opts, in_dim, random_seed=seed)
+    return Copy(name, spec.opts, in_dim, options.target_dims)
+
+
+def _check_dense_input(name: str, spec: LayerSpec, input_sparse: bool) -> None:
+    dense = spec.cls in _DENSE_INPUT or (spec.cls == "positional_encoding" and spec.opts.get("add_to_input"))
+    if input_sparse and "data" in spec.sources and dense:
+        raise ConfigError(f"Network layer '{name}': RETURNN's {spec.cls} layer takes dense input, but "
+                          "'data' is sparse (class ids); put a linear layer (an embedding) in between.")
+
+
+def _takes_ids(spec: LayerSpec, input_sparse: bool) -> bool:
+    """Sparse ``data`` straight into a weight matrix: a row lookup (embedding), not a one-hot matmul."""
+    return (input_sparse and spec.sources == ("data",) and spec.cls in ("linear", "softmax")
+            and not spec.opts.get("dropout"))

@@ -1,0 +1,144 @@
+"""RETURNN's ``conv`` and ``pool`` with a window over two axes: time and one static axis.
+
+The input is (T, B, S, C): a static axis S (made by ``split_dims``, or by ``input_add_feature_dim``, which
+makes the features that axis and adds a channel axis of 1) and the channels C. The output is
+(T', B, S', n_out) (conv) or (T', B, S', C) (pool). Along time the window is placed as the 1-D layers of
+``conv.py`` place it (frames outside a sequence read as zeros or are left out, the "same" left padding
+fixed, so a sequence gives the same output alone or in a batch); along S, which is static, exactly as
+TensorFlow's "same" and "valid" place it, as in RETURNN. Both run as one TensorFlow window op on the
+batch-major tensor, padded explicitly.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from engine.model.axes import Layout
+from engine.model.initializers import option_variable
+from engine.model.layers.base import Layer, one_of, positive_int
+from engine.model.layers.conv import Window, conv_groups, out_length, same_left_pad, window_options
+from engine.model.layers.dense import ACTIVATIONS, activation_option
+from engine.runtime.errors import ConfigError
+
+
+def static_out_size(size: int, window: Window) -> int:
+    reach = (window.size - 1) * window.dilation
+    return -(-size // window.stride) if window.padding == "same" else -(-(size - reach) // window.stride)
+
+
+def _static_pads(size: int, window: Window) -> tuple[int, int]:
+    """TensorFlow's "same" padding of a static axis (more on the right when odd)."""
+    if window.padding == "valid":
+        return 0, 0
+    total = max((static_out_size(size, window) - 1) * window.stride + (window.size - 1) * window.dilation + 1
+                - size, 0)
+    return total // 2, total - total // 2
+
+
+def padded_batch_major(x: tf.Tensor, lengths: tf.Tensor, time: Window, space: Window,
+                       fill: float) -> tf.Tensor:
+    """(T, B, S, C) -> (B, T_pad, S_pad, C), the frames past each sequence and the padding set to
+    ``fill``, so that a "VALID" window op gives the layer's output frames."""
+    n_time = tf.shape(x)[0]
+    valid = tf.transpose(tf.sequence_mask(lengths, n_time))[:, :, None, None]
+    x = tf.transpose(tf.where(valid, x, tf.cast(fill, x.dtype)), [1, 0, 2, 3])
+    left = same_left_pad(time.size, time.stride, time.dilation) if time.padding == "same" else 0
+    n_out = tf.maximum(out_length(n_time, time.size, time.stride, time.dilation, time.padding), 1)
+    right = tf.maximum((n_out - 1) * time.stride + (time.size - 1) * time.dilation + 1 - n_time - left, 0)
+    s_left, s_right = _static_pads(x.shape[2], space)
+    return tf.pad(x, [[0, 0], [left, right], [s_left, s_right], [0, 0]], constant_values=fill)
+
+
+class _Windowed2D(Layer):
+    """What 2-D ``conv`` and ``pool`` share: the window, the input's static axis and the output lengths."""
+
+    takes_spatial = True
+
+    def __init__(self, name: str, opts: dict, layout: Layout, cls: str) -> None:
+        self.add_feature_axis = opts.get("input_add_feature_dim", False)
+        if not isinstance(self.add_feature_axis, bool):
+            raise ConfigError(f"Network layer '{name}': 'input_add_feature_dim' must be True or False.")
+        if self.add_feature_axis and not layout.spatial:
+            layout = Layout((layout.feature,), 1)
+        if len(layout.spatial) != 1:
+            raise ConfigError(f"Network layer '{name}': a window over two axes needs an input (T, B, S, C) "
+                              f"with one static axis S; its input is {layout.describe()} (make S with "
+                              "'split_dims' or 'input_add_feature_dim': True).")
+        super().__init__(layout.feature)
+        self.time, self.space = window_options(name, opts, cls)
+        if self.time.dilation > 1 or self.space.dilation > 1:
+            raise ConfigError(f"Network layer '{name}': 'dilation_rate' must be 1 for a window over two "
+                              "axes: RETURNN (1.2026, TensorFlow 2.15) fails on its own shape check when it "
+                              "builds a dilated 2-D convolution, and its pooling over two axes runs "
+                              "TensorFlow's, which has no dilation.")
+        self.spatial = (static_out_size(layout.spatial[0], self.space),)
+        if self.spatial[0] < 1:
+            raise ConfigError(f"Network layer '{name}': the window {self.space.size} is wider than the "
+                              f"static axis {layout.spatial[0]} it slides over with padding 'valid'.")
+
+    def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        return out_length(lengths, self.time.size, self.time.stride, self.time.dilation, self.time.padding)
+
+    def _input(self, x: tf.Tensor) -> tf.Tensor:
+        return x[..., None] if self.add_feature_axis and x.shape.rank == 3 else x
+
+
+class Conv2D(_Windowed2D):
+    """``conv`` with ``filter_size`` (time, S): ``padding``, ``strides``, ``dilation_rate``, ``n_out``,
+    ``activation``, ``with_bias`` [False, as ``conv.Conv``], ``groups`` (1 or C), ``input_add_feature_dim``.
+    Parameters ``W`` (time, S, C / groups, n_out) and ``bias`` (n_out), RETURNN's names and layout."""
+
+    def __init__(self, name: str, opts: dict, layout: Layout, *, random_seed: int) -> None:
+        super().__init__(name, opts, layout, "conv")
+        self.n_out = positive_int(name, opts, "n_out")
+        self.activation = ACTIVATIONS[activation_option(name, opts)]
+        self.depthwise = conv_groups(name, opts, self.in_dim, self.n_out) > 1
+        shape = (self.time.size, self.space.size, 1 if self.depthwise else self.in_dim, self.n_out)
+        self.params["W"] = option_variable(name, opts, "forward_weights_init", f"{name}/W", shape,
+                                           random_seed)
+        if opts.get("with_bias", False):
+            self.params["bias"] = option_variable(name, opts, "bias_init", f"{name}/bias", (self.n_out,),
+                                                  random_seed)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        x = padded_batch_major(self._input(x), lengths, self.time, self.space, 0.0)
+        strides = [1, self.time.stride, self.space.stride, 1]
+        weights = self.param("W")
+        if self.depthwise:
+            multiplier = self.n_out // self.in_dim
+            weights = tf.reshape(weights, [self.time.size, self.space.size, self.in_dim, multiplier])
+            y = tf.nn.depthwise_conv2d(x, weights, strides, "VALID")
+        else:
+            y = tf.nn.conv2d(x, weights, strides, "VALID")
+        y = tf.transpose(y, [1, 0, 2, 3])
+        if "bias" in self.params:
+            y = y + self.param("bias")
+        return y if self.activation is None else self.activation(y)
+
+
+class Pool2D(_Windowed2D):
+    """``pool`` with ``pool_size`` (time, S): ``mode`` "max"/"avg", ``strides`` [``pool_size``], ``padding``
+    ["valid"], ``input_add_feature_dim``; ``dilation_rate`` only 1 (TensorFlow's 2-D pooling has none).
+    Frames outside a sequence and the padding are left out: max over the rest, their mean."""
+
+    def __init__(self, name: str, opts: dict, layout: Layout) -> None:
+        super().__init__(name, opts, layout, "pool")
+        if "mode" not in opts:
+            raise ConfigError(f"Network layer '{name}': 'mode' is required ('max' or 'avg').")
+        self.mode = one_of(name, opts, "mode", ("max", "avg"), None)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        x = self._input(x)
+        size, strides = [self.time.size, self.space.size], [self.time.stride, self.space.stride]
+        if self.mode == "max":
+            lowest = x.dtype.min
+            y = tf.nn.max_pool2d(padded_batch_major(x, lengths, self.time, self.space, lowest), size, strides,
+                                 "VALID")
+            y = tf.where(y > lowest, y, tf.zeros_like(y))  # a window without a frame of its sequence
+        else:
+            def window_sums(values: tf.Tensor) -> tf.Tensor:
+                padded = padded_batch_major(values, lengths, self.time, self.space, 0.0)
+                window = float(self.time.size * self.space.size)
+                return tf.nn.avg_pool2d(padded, size, strides, "VALID") * window
+
+            y = window_sums(x) / tf.maximum(window_sums(tf.ones_like(x[..., :1])), 1.0)
+        return tf.transpose(y, [1, 0, 2, 3])
