@@ -281,8 +281,9 @@ class NetworkModel(SeqModel):
             # count only with use_normalized_loss (LossHolder in returnn/tf/network.py)
             term = layer.criterion.scale * value
             terms.append(term / tf.maximum(n, 1.0) if layer.criterion.normalized else term)
-        regularized = [l2_term(factor, self.layers[name].params.values())
-                       for name, factor in self.l2.items() if factor and self.layers[name].params]
+        owners = self._owners()  # RETURNN adds no reused parameter to the reusing layer's (nor to its L2)
+        regularized = [l2_term(factor, owners[name].params.values()) for name, factor in self.l2.items()
+                       if factor and name in owners and owners[name].params]
         darc1 = [darc1_term(factor, model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"])
                  for name, factor in self.darc1.items() if factor]
         zero = tf.constant(0.0)
