@@ -65,5 +65,5 @@ def test_the_check_accepts_the_setup_and_names_each_refusal(tmp_path):
     assert coverage.check(setup, corpus) == ["layer class 'decide'"]
     setup.namespace["network"]["decision"] = {"class": "rec", "unit": {"x": {"class": "copy"}}}
     assert coverage.check(setup, corpus) == ["rec unit: a subnetwork (a layer dict)"]
-    setup.namespace["network"]["decision"] = {"class": "linear", "n_out": 3, "forward_weights_init": "glorot"}
-    assert coverage.check(setup, corpus) == ["layer option linear:forward_weights_init"]
+    setup.namespace["network"]["decision"] = {"class": "linear", "n_out": 3, "spatial_smoothing": 0.1}
+    assert coverage.check(setup, corpus) == ["layer option linear:spatial_smoothing"]

@@ -73,6 +73,8 @@ LAYER_OPTIONS: dict[str, NoEffect] = {
     "param_device": NoEffect("where RETURNN places the layer's parameters; a placement, not a computation"),
     "optimize_move_layers_out": NoEffect("RETURNN's graph optimisation of rec subnetworks; a rec layer here "
                                          "is a unit, not a subnetwork"),
+    "batch_norm": NoEffect("RETURNN's default: no batch norm of the layer's output (a batch norm is a "
+                           "'batch_norm' layer here)", _is(False), "False"),
 }
 
 DATASET_OPTIONS: dict[str, NoEffect] = {

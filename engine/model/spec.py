@@ -50,8 +50,7 @@ _CLASS_OPTIONS = {
              "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }
 IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
-_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params",
-                   "batch_norm"}
+_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params"}
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
 RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",
                      "positional_encoding", "relative_positional_encoding",
@@ -123,10 +122,6 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS):
             raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported (all a "
                               f"plain LSTM): {_UNIT_NAMES}.")
-        if opts.get("batch_norm", False) is not False:
-            raise ConfigError(f"Network layer '{name}': the 'batch_norm' option (a batch norm of the "
-                              f"layer's output) is not implemented, got {opts['batch_norm']!r}; put a "
-                              "'batch_norm' layer after it.")
         if not isinstance(opts.get("trainable", True), bool):
             raise ConfigError(f"Network layer '{name}': 'trainable' must be True or False, got "
                               f"{opts['trainable']!r}.")
