@@ -65,6 +65,7 @@ class NetworkModel(SeqModel):
         check_time_axes(self.specs, self.order, losses, resampling=resampling,
                         frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
+        self.compute_dtype = compute_dtype  # placement.py's summary line reads it
         self.layers: dict[str, Layer] = build_layers(self.specs, self.order, BuildOptions(
             input_dim, input_sparse, target_dims, random_seed, twice_differentiable, lstm_implementation,
             compute_dtype, config))
