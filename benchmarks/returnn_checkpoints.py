@@ -10,7 +10,8 @@ code 2 and one line saying so when there is none. RETURNN runs with ``DISABLE_CU
 on a machine without GPU makes it compile its native LSTM ops with CUDA headers that tensorflow-cpu
 lacks (``bench_returnn.py``).
 
-Each case (``CASES``) is a ``network`` dict run on fixed inputs (3 sequences of 7, 5 and 2 frames):
+Each case (``CASES``, in ``returnn_cases.py``) is a ``network`` dict run on fixed inputs (3 sequences of
+7, 5 and 2 frames):
 
 - in: RETURNN builds the network (``TFNetwork.construct_from_dict``), sets every parameter to random
   values (biases too, so that a forget bias counts), runs the inputs and saves the checkpoint with
@@ -46,6 +47,7 @@ import zlib
 
 import numpy as np
 
+from returnn_cases import CASES, DENSE, LENGTHS, RETURNN_GRADIENT_WRONG, WITHOUT_BATCH  # noqa: F401
 from returnn_side import no_returnn, returnn_python, returnn_versions, run_returnn_side
 from returnn_verdicts import summary, update_fixtures, within_tolerance
 
@@ -53,160 +55,6 @@ FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
                         "returnn_ckpt")
 PROBE_FRAMES = 64  # at least the frames of any case's output
 TOLERANCE = 1e-5  # the largest difference of a layer's output (tests/test_returnn_checkpoints.py's)
-
-DENSE = {"data": {"dim": 5}, "classes": {"dim": 4, "sparse": True}}
-SPARSE = {"data": {"dim": 7, "sparse": True}, "classes": {"dim": 4, "sparse": True}}
-LENGTHS = [7, 5, 2]
-UNITS = ("LSTM", "lstmp", "NativeLstm2", "NativeLstm", "NativeLstmLowMem", "VanillaLSTM", "StandardLSTM",
-         "BasicLSTM", "LSTMBlock", "LSTMBlockFused", "CudnnLSTM")
-
-
-def _rec_case(unit: str) -> dict:
-    return {"extern_data": DENSE, "network": {
-        "fw": {"class": "rec", "unit": unit, "n_out": 3, "from": "data"},
-        "bw": {"class": "rec", "unit": unit, "n_out": 3, "direction": -1, "from": "data"},
-        "output": {"class": "softmax", "loss": "ce", "from": ["fw", "bw"]}}}
-
-
-CASES: dict[str, dict] = {
-    "dense": {"extern_data": DENSE, "network": {
-        "hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "from": "data"},
-        "output": {"class": "softmax", "loss": "ce", "from": "hidden"}}},
-    "embedding": {"extern_data": SPARSE, "network": {
-        "embed": {"class": "linear", "n_out": 4, "from": "data"},
-        "output": {"class": "softmax", "loss": "ce", "from": "embed"}}},
-    **{f"rec_{unit}": _rec_case(unit) for unit in UNITS},
-    "conv_attention": {"extern_data": DENSE, "network": {
-        "conv": {"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 6, "activation": "relu",
-                 "with_bias": True, "from": "data"},
-        "norm": {"class": "layer_norm", "from": "conv"},
-        "att": {"class": "self_attention", "num_heads": 2, "total_key_dim": 4, "n_out": 6, "from": "norm"},
-        "sum": {"class": "combine", "kind": "add", "with_bias": True, "from": ["att", "norm"]},
-        "output": {"class": "softmax", "loss": "ce", "from": "sum"}}},
-    "gating": {"extern_data": DENSE, "network": {
-        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
-        "glu": {"class": "gating", "activation": "identity", "from": "hidden"},
-        "left": {"class": "linear", "activation": None, "n_out": 3, "from": "data"},
-        "tanh_gate": {"class": "gating", "activation": "tanh", "gate_activation": "relu",
-                      "from": ["left", "glu"]},
-        "output": {"class": "softmax", "loss": "ce", "from": "tanh_gate"}}},
-    "features": {"extern_data": DENSE, "network": {
-        "hidden": {"class": "linear", "activation": None, "n_out": 12, "from": "data"},
-        "maxout": {"class": "reduce_out", "mode": "max", "num_pieces": 2, "from": "hidden"},
-        "mean3": {"class": "reduce_out", "mode": "mean", "num_pieces": 3, "from": "hidden"},
-        "head": {"class": "slice", "axis": "F", "slice_start": 0, "slice_end": 4, "from": "data"},
-        "odd": {"class": "slice", "axis": "F", "slice_start": 1, "slice_step": 2, "from": "maxout"},
-        "tail": {"class": "slice", "axis": "F", "slice_end": -1, "from": "mean3"},
-        "output": {"class": "softmax", "loss": "ce", "from": ["head", "odd", "tail"]}}},
-    "rel_pos_attention": {"extern_data": DENSE, "network": {  # a Conformer's self-attention, tiny
-        "hidden": {"class": "linear", "activation": None, "n_out": 8, "from": "data"},
-        "rel3": {"class": "relative_positional_encoding", "n_out": 4, "clipping": 3, "from": "hidden"},
-        "rel": {"class": "relative_positional_encoding", "n_out": 4, "from": "hidden"},
-        "rel_fixed": {"class": "relative_positional_encoding", "n_out": 5, "clipping": 2, "fixed": True,
-                      "from": "hidden"},
-        "att": {"class": "self_attention", "num_heads": 2, "total_key_dim": 8, "n_out": 8,
-                "key_shift": "rel3", "from": "hidden"},
-        "att_left": {"class": "self_attention", "num_heads": 2, "total_key_dim": 8, "n_out": 6,
-                     "key_shift": "rel", "attention_left_only": True, "from": "hidden"},
-        "att_fixed": {"class": "self_attention", "num_heads": 1, "total_key_dim": 5, "n_out": 4,
-                      "key_shift": "rel_fixed", "from": "data"},
-        "output": {"class": "softmax", "loss": "ce", "from": ["att", "att_left", "att_fixed"]}}},
-    # a VGG-like front end: time windows over padding read the data's zeros only (RETURNN reads whatever
-    # padding a layer's output has; the engine zeros), and a time stride whose "same" padding is TF's at T=7
-    "conv2d": {"extern_data": DENSE, "network": {
-        "split": {"class": "split_dims", "axis": "F", "dims": (-1, 1), "from": "data"},
-        "c1": {"class": "conv", "filter_size": (2, 3), "padding": "same", "strides": (2, 1), "n_out": 3,
-               "from": "split"},
-        "act": {"class": "activation", "activation": "swish", "from": "c1"},
-        "p1": {"class": "pool", "mode": "max", "pool_size": (1, 2), "padding": "same", "from": "act"},
-        "c2": {"class": "conv", "filter_size": (1, 2), "padding": "valid", "n_out": 4,
-               "from": "c1"},
-        "depthwise": {"class": "conv", "filter_size": (1, 3), "padding": "same", "groups": 3, "n_out": 6,
-                      "from": "p1"},
-        "avg": {"class": "pool", "mode": "avg", "pool_size": (1, 2), "strides": (1, 1), "from": "depthwise"},
-        "merged": {"class": "merge_dims", "axes": "static", "from": "p1"},
-        "merged2": {"class": "merge_dims", "axes": "except_time", "from": "c2"},
-        "merged3": {"class": "merge_dims", "axes": "static", "from": "avg"},
-        "output": {"class": "softmax", "loss": "ctc", "from": ["merged", "merged2", "merged3"]}}},
-    "conv2d_added_axis": {"extern_data": DENSE, "network": {
-        "added": {"class": "conv", "filter_size": (2, 2), "strides": (2, 1), "padding": "same",
-                  "input_add_feature_dim": True, "n_out": 2, "from": "data"},
-        "avg": {"class": "pool", "mode": "avg", "pool_size": (1, 2), "padding": "same", "from": "added"},
-        "merged": {"class": "merge_dims", "axes": "static", "from": "avg"},
-        "output": {"class": "softmax", "loss": "ctc", "from": "merged"}}},
-    "split_merge": {"extern_data": DENSE, "network": {
-        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
-        "heads": {"class": "split_dims", "axis": "F", "dims": (2, -1), "from": "hidden"},
-        "per_head": {"class": "linear", "activation": "tanh", "n_out": 4, "from": "heads"},
-        "swapped": {"class": "merge_dims", "axes": ["f", "s:1"], "keep_order": True, "from": "per_head"},
-        "sorted": {"class": "merge_dims", "axes": ["f", "s:1"], "from": "per_head"},
-        "depthwise": {"class": "conv", "filter_size": (3,), "padding": "same", "groups": 5, "n_out": 10,
-                      "from": "data"},
-        "output": {"class": "softmax", "loss": "ce", "from": ["swapped", "sorted", "depthwise"]}}},
-    # eval: RETURNN's defaults (behavior_version 0) use the running statistics moved towards the batch's, by
-    # momentum 0.99; param_version 1 and 2 name and shape their parameters otherwise
-    "batch_norm": {"extern_data": DENSE, "network": {
-        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
-        "bn": {"class": "batch_norm", "from": "hidden"},
-        "bn_v2": {"class": "batch_norm", "param_version": 2, "momentum": 0.1, "epsilon": 1e-5,
-                  "update_sample_only_in_training": True, "delay_sample_update": True, "masked_time": True,
-                  "from": "data"},
-        "bn_mixed": {"class": "batch_norm", "param_version": 1, "force_sample": True, "use_sample": 0.25,
-                     "use_shift": False, "from": "hidden"},
-        "bn_delayed": {"class": "batch_norm", "delay_sample_update": True, "use_std": False, "from": "data"},
-        "output": {"class": "softmax", "loss": "ce", "from": ["bn", "bn_v2", "bn_mixed", "bn_delayed"]}}},
-    # eval: source(i) comes in RETURNN's layout (data batch-major, an LSTM's output time-major), so fixed
-    # axes mean what they mean in RETURNN; as_data names the axes; safe_log of a softmax
-    "eval": {"extern_data": DENSE, "network": {
-        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
-        "half": {"class": "eval", "eval": "0.5 * source(0)", "from": "hidden"},
-        "gate": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
-        "mul": {"class": "eval", "eval": "tf.tanh(source(0)) * source(1)", "from": ["half", "gate"]},
-        "lstm": {"class": "rec", "unit": "nativelstm2", "n_out": 6, "from": "data"},
-        "cum_time": {"class": "eval", "eval": "tf.cumsum(source(0), axis=0)", "from": "lstm"},
-        "cum_data": {"class": "eval", "eval": "tf.cumsum(source(0, enforce_batch_major=True), axis=1)",
-                     "from": "data"},
-        "by_length": {"class": "eval", "from": "lstm", "eval": (
-            "source(0) * tf.expand_dims(tf.expand_dims(tf.cast(source(0, as_data=True)"
-            ".get_sequence_lengths(), tf.float32), source(0, as_data=True).time_dim_axis),"
-            " source(0, as_data=True).feature_dim_axis)")},
-        "centered": {"class": "eval", "from": "mul", "eval": (
-            "source(0) - tf.reduce_mean(source(0), axis=source(0, as_data=True).feature_dim_axis,"
-            " keepdims=True)")},
-        "probs": {"class": "softmax", "n_out": 5, "from": "hidden"},
-        "log_probs": {"class": "eval", "eval": "safe_log(source(0))", "from": "probs"},
-        "output": {"class": "softmax", "loss": "ce",
-                   "from": ["mul", "cum_time", "cum_data", "by_length", "centered", "log_probs"]}}},
-    # a Conformer hybrid's output: down by a strided conv (whose "same" padding is TF's at T=7), up by a
-    # transposed conv, cut to the targets' frames; two layers share the transposed conv's parameters
-    "transposed_conv": {"extern_data": DENSE, "network": {
-        "down": {"class": "conv", "filter_size": (2,), "strides": 2, "padding": "same", "n_out": 6,
-                 "with_bias": True, "from": "data"},
-        "up": {"class": "transposed_conv", "filter_size": [3], "strides": [3], "n_out": 5,
-               "activation": "tanh", "from": "down"},
-        "up_shared": {"class": "transposed_conv", "filter_size": [3], "strides": [3], "n_out": 5,
-                      "reuse_params": "up", "from": "down"},
-        "aligned": {"class": "reinterpret_data", "size_base": "data:classes", "from": "up"},
-        "aligned_shared": {"class": "reinterpret_data", "size_base": "data:classes", "from": "up_shared"},
-        "output": {"class": "softmax", "loss": "ce", "from": ["aligned", "aligned_shared"]}}},
-    "transposed_conv_valid": {"extern_data": DENSE, "network": {
-        "wide": {"class": "transposed_conv", "filter_size": [4], "strides": [2], "padding": "valid",
-                 "remove_padding": 1, "n_out": 3, "with_bias": False, "from": "data"},
-        "output": {"class": "softmax", "loss": "ctc", "from": "wide"}}},
-}
-# layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
-# padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
-WITHOUT_BATCH = ("relative_positional_encoding",)
-
-
-# cases whose gradients are compared on the outputs only, and why
-RETURNN_GRADIENT_WRONG = {
-    "rec_NativeLstmLowMem": (
-        "RETURNN's gradient op of NativeLstmLowMem (GradOfLstmLowMem) disagrees with finite differences of "
-        "RETURNN's own output in the bias of the backward layer: d/d bw/rec/b[1] is 0.0676 by the op, 0.0833 "
-        "by central differences (eps 1e-2 and 3e-3), 0.0832 by the engine; the gradients of fw/rec/b and "
-        "both W equal the engine's to 5e-8 (2026-11-28)"),
-}
 
 
 def inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
