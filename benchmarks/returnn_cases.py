@@ -143,6 +143,69 @@ CASES: dict[str, dict] = {
                  "remove_padding": 1, "n_out": 3, "with_bias": False, "from": "data"},
         "output": {"class": "softmax", "loss": "ctc", "from": "wide"}}},
 }
+# RETURNN's LayerNormVariantsLSTMCell with the unit_opts of the published configs (2019-asr-layer-norm-lstm:
+# global norm (the default), global norm joined, per-gate norm, each with and without cell norm), as
+# bidirectional pairs; lnlstm_pgn adds a layer with the options no published config sets (its dropouts
+# have no effect in eval)
+_LN_OPTS = {"gn": {}, "gnj": {"global_norm": False, "global_norm_joined": True, "cell_norm": False},
+            "pgn": {"global_norm": False, "per_gate_norm": True}}
+for _name, _opts in _LN_OPTS.items():
+    _layer = {"class": "rec", "unit": "layernormvariantslstm", "unit_opts": _opts, "n_out": 4, "dropout": 0.1,
+              "L2": 0.01, "from": "data"}
+    CASES[f"lnlstm_{_name}"] = {"extern_data": DENSE, "network": {
+        "fw": {**_layer, "direction": 1}, "bw": {**_layer, "direction": -1},
+        "output": {"class": "softmax", "loss": "ce", "from": ["fw", "bw"]}}}
+CASES["lnlstm_pgn"]["network"]["concat"] = {
+    "class": "rec", "unit": "LayerNormVariantsLSTM", "n_out": 3, "direction": -1, "from": ["fw", "bw"],
+    "unit_opts": {"global_norm": False, "with_concat": True, "hidden_norm": True,
+                  "cell_norm_in_output": False, "forget_bias": 1.0, "norm_gain": 0.5, "norm_shift": 0.1,
+                  "variance_epsilon": 1e-3, "dropout": 0.2, "dropout_h": 0.3}}
+CASES["lnlstm_pgn"]["network"]["output"]["from"] = ["fw", "bw", "concat"]
+# window, pad and swap_axes with the options of the published configs (2016-ctc-paper, 2020-rnn-transducer,
+# 2021-tts-asr-librispeech100h, 2022-approx-recombination, 2019-asr-resnet-lace-cnn) and the rest they take;
+# windows read the padding of their input, zero here (data, a linear layer without bias), as in the engine
+_OUT = {"is_output_layer": True}
+CASES.update({
+    "window": {"extern_data": DENSE, "network": {
+        "w17": {"class": "window", "window_size": 3, "trainable": False, "from": "data"},
+        "ff_in": {"class": "merge_dims", "axes": "except_time", "from": "w17"},
+        "lm": {"class": "linear", "activation": "tanh", "n_out": 6, "with_bias": False, "from": "data"},
+        "left": {"class": "window", "window_left": 4, "window_size": 5, "from": "lm"},
+        "concat": {"class": "merge_dims", "axes": "static", "from": "left"},
+        "split": {"class": "split_dims", "axis": "F", "dims": (-1, 1), "from": "data"},
+        "even": {"class": "window", "window_size": 2, "axis": "T", "from": "split"},
+        "flat": {"class": "merge_dims", "axes": "static", "from": "even"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["ff_in", "concat", "flat"]}}},
+    "window_stride": {"extern_data": DENSE, "network": {
+        "stacked": {"class": "window", "stride": 3, "window_right": 2, "window_size": 3, "from": "data"},
+        "merged": {"class": "merge_dims", "axes": "static", "from": "stacked"},
+        "valid": {"class": "window", "window_size": 3, "padding": "valid", **_OUT, "from": "data"},
+        "valid_stride": {"class": "window", "window_size": 2, "padding": "valid", "stride": 2, **_OUT,
+                         "from": "data"},
+        "centred": {"class": "window", "window_size": 4, "stride": 2, **_OUT, "from": "data"},
+        "output": {"class": "softmax", "loss": "ctc", "from": "merged"}}},
+    "pad_time": {"extern_data": DENSE, "network": {
+        "prefix": {"class": "pad", "axes": "T", "mode": "constant", "padding": (1, 0), "value": 0,
+                   "from": "data"},
+        "both": {"class": "pad", "axes": "t", "padding": (2, 1), "value": -0.5, "handle_dynamic_dims": True,
+                 "from": "prefix"},
+        "output": {"class": "softmax", "loss": "ctc", "from": "both"}}},
+    "pad_swap": {"extern_data": DENSE, "network": {
+        "split": {"class": "split_dims", "axis": "F", "dims": (-1, 1), "from": "data"},
+        "padded": {"class": "pad", "axes": ("s:0", "s:1"), "padding": [(0, 0), (2, 2)], "from": "split"},
+        "conv": {"class": "conv", "filter_size": (1, 3), "padding": "valid", "n_out": 2, "from": "padded"},
+        "merged": {"class": "merge_dims", "axes": "static", "from": "conv"},
+        "hidden": {"class": "linear", "activation": None, "n_out": 6, "from": "data"},
+        "heads": {"class": "split_dims", "axis": "F", "dims": (2, 3), "from": "hidden"},
+        "swapped": {"class": "swap_axes", "axis1": "s:1", "axis2": "f", "from": "heads"},
+        "reflect": {"class": "pad", "axes": "F", "padding": (1, 0), "mode": "REFLECT", "from": "swapped"},
+        "symmetric": {"class": "pad", "axes": ["s:1"], "padding": 2, "mode": "symmetric", "value": 3,
+                      "from": "reflect"},
+        "edge": {"class": "pad", "axes": "F", "padding": (0, 2), "mode": "replication", "from": "symmetric"},
+        "valued": {"class": "pad", "axes": ["F", "s:1"], "padding": 1, "value": 0.25, "from": "edge"},
+        "flat": {"class": "merge_dims", "axes": "static", "from": "valued"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["merged", "flat"]}}},
+})
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

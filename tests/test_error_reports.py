@@ -7,7 +7,7 @@ from helpers import ROOT, run_mpi, run_rnn
 TRAIN = ("task = 'train'\ntrain = {'class': 'Task12AXDataset', 'num_seqs': 100, 'fixed_random_seed': 1}\n"
          "batch_size = 300\nnum_epochs = 1\nmodel = 'out/model'\n")
 UNIMPLEMENTED_CLASS = TRAIN + (
-    "network = {'in': {'class': 'window', 'window_size': 3},\n"
+    "network = {'in': {'class': 'forced_align', 'topology': 'ctc'},\n"
     "           'fw': {'class': 'rec', 'unit': 'BasicLSTM', 'n_out': 4, 'from': 'in'},\n"
     "           'output': {'class': 'softmax', 'loss': 'ce', 'from': 'fw'}}\n")
 TIME_AXES = TRAIN + (  # found when the network is built: the loss is on the chunks' time axis
@@ -18,11 +18,11 @@ UNKNOWN_UNIT = TRAIN + ("network = {'fw': {'class': 'rec', 'unit': 'NoSuchLstm',
                         "           'output': {'class': 'softmax', 'loss': 'ce', 'from': 'fw'}}\n")
 GET_NETWORK = TRAIN + (  # checked when the model is built, not at start
     "def get_network(epoch, **kwargs):\n"
-    "    return {'in': {'class': 'window', 'window_size': 3},\n"
+    "    return {'in': {'class': 'forced_align', 'topology': 'ctc'},\n"
     "            'output': {'class': 'softmax', 'loss': 'ce', 'from': 'in'}}\n")
 NO_LOSS = TRAIN + ("network = {'fw': {'class': 'rec', 'unit': 'lstm', 'n_out': 4},\n"  # found when tracing
                    "           'output': {'class': 'softmax', 'from': 'fw'}}\n")
-NOT_OURS = "'window' is a RETURNN layer class this engine does not"
+NOT_OURS = "'forced_align' is a RETURNN layer class this engine does not"
 CASES = {"unimplemented class": (UNIMPLEMENTED_CLASS, NOT_OURS),
          "time axes": (TIME_AXES, "is on the time axis of time_chunking layer 'in'"),
          "unknown unit": (UNKNOWN_UNIT, "unit 'NoSuchLstm' is not supported"),

@@ -213,15 +213,15 @@ def test_check_prints_every_verdict_and_exits_0_when_training_would_start(tmp_pa
 
 def test_check_exits_non_zero_with_the_errors(tmp_path, capsys):
     path = tmp_path / "c.config"
-    path.write_text("#!rnn.py\nchunking_variance = 0.5\nnetwork = {'output': {'class': 'window'}}\n"
-                    "train = {'class': 'LmDataset'}\n")
+    path.write_text("#!rnn.py\nchunking_variance = 0.5\nnetwork = {'output': {'class': 'forced_align'}}\n"
+                    "train = {'class': 'NumpyDumpDataset'}\n")
     assert main([str(path), "--check"]) == ConfigError.exit_code
     out = capsys.readouterr().out
     assert "chunking_variance  NOT IMPLEMENTED" in out
     last = out.rstrip().splitlines()[-1]
     assert last.startswith("Training would not start.") and "'chunking_variance'" in last
-    assert "'window' is a RETURNN layer class this engine does not implement" in last
-    assert "'LmDataset'" in last
+    assert "'forced_align' is a RETURNN layer class this engine does not implement" in last
+    assert "'NumpyDumpDataset'" in last
 
 
 def test_check_imports_neither_tensorflow_nor_mpi(tmp_path):

@@ -69,10 +69,10 @@ def test_tf_cell_units_add_forget_bias_1_at_run_time_and_start_as_returnn():
             assert np.abs(block).max() <= limit and np.abs(block).max() > 0.7 * limit
 
 
-@pytest.mark.parametrize("unit", ["GRU", "ZoneoutLSTM", "LayerNormVariantsLSTM", 3])
+@pytest.mark.parametrize("unit", ["GRU", "ZoneoutLSTM", "LayerNormLSTM", 3])
 def test_other_units_are_refused_naming_the_supported_ones(unit):
-    with pytest.raises(ConfigError,
-                       match=r"unit .* is not supported; supported \(all a plain LSTM\): LSTM, lstmp"):
+    with pytest.raises(ConfigError, match=r"unit .* is not supported; supported: LSTM, lstmp, .* "
+                                          r"\(each a plain LSTM\), and LayerNormVariantsLSTM"):
         build_model({"output": {"class": "rec", "unit": unit, "n_out": 3}}, input_dim=4, input_sparse=False,
                     target_dims={})
 

@@ -23,18 +23,21 @@ from engine.model.layers.dense import Copy, Linear, Softmax
 from engine.model.layers.elementwise import Activation, Combine
 from engine.model.layers.eval import Eval
 from engine.model.layers.features import FeatureSlice, Gating, ReduceOut
+from engine.model.layers.lstm_norm import NormLstmRec
+from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.layers.norm import LayerNorm
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking
 from engine.model.layers.transposed_conv import TransposedConv
+from engine.model.layers.window_pad import Pad, SwapAxes, Window
 from engine.model.spec import LayerSpec
 from engine.runtime.errors import ConfigError
 
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
 _DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice",
-                "split_dims", "merge_dims", "batch_norm", "transposed_conv")
+                "split_dims", "merge_dims", "batch_norm", "transposed_conv", "window", "pad", "swap_axes")
 
 # classes built from their name, options and input dim alone
 _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
@@ -42,7 +45,8 @@ _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm"
                        "slice": FeatureSlice, "reinterpret_data": ReinterpretData}
 
 # classes built from their name, options and input axes
-_BUILT_FROM_LAYOUT = {"split_dims": SplitDims, "merge_dims": MergeDims}
+_BUILT_FROM_LAYOUT = {"split_dims": SplitDims, "merge_dims": MergeDims, "window": Window, "pad": Pad,
+                      "swap_axes": SwapAxes}
 
 
 class BuildOptions(NamedTuple):
@@ -136,6 +140,8 @@ def _make_layer(name: str, spec: LayerSpec, layout: Layout, built: dict[str, Lay
     if spec.cls == "softmax":
         return Softmax(name, spec.opts, in_dim, sparse_input=ids, random_seed=seed,
                        target_dims=options.target_dims)
+    if spec.cls == "rec" and str(spec.opts.get("unit")).lower() == NORM_LSTM_UNIT:
+        return NormLstmRec(name, spec.opts, in_dim, random_seed=seed)
     if spec.cls == "rec":
         return Rec(name, spec.opts, in_dim, random_seed=seed,
                    twice_differentiable=options.twice_differentiable,

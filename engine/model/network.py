@@ -24,6 +24,7 @@ from engine.model.layers.dense import Copy, Softmax
 from engine.model.layers.eval import Eval
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
+from engine.model.layers.window_pad import changes_time
 from engine.model.losses.regularization import darc1_factor, darc1_term, l2_factor, l2_term
 from engine.model.spec import RECURRENT_CLASSES, build_order, layer_findings, parse_network
 from engine.runtime.errors import ConfigError, DataError
@@ -54,7 +55,8 @@ class NetworkModel(SeqModel):
         super().__init__(
             input_dim=input_dim, input_sparse=input_sparse, target_dims=target_dims, name="network"
         )
-        self.specs = parse_network(network)
+        # untracked: tf.Module would put wrappers in place of the nested dicts (loss_opts) in the config
+        self.specs = self._no_dependency(parse_network(network))
         enforce(layer_findings(self.specs, ignored), "The network")
         self.order = build_order(self.specs)
         losses = [n for n in self.order
@@ -62,6 +64,7 @@ class NetworkModel(SeqModel):
         resampling = [n for n in self.order if self.specs[n].cls == "transposed_conv" or (
             self.specs[n].cls in ("conv", "pool")
             and not window_options(n, self.specs[n].opts, self.specs[n].cls)[0].keeps_time)]
+        resampling += [n for n in self.order if changes_time(self.specs[n].cls, self.specs[n].opts)]
         check_time_axes(self.specs, self.order, losses, resampling=resampling,
                         frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
@@ -188,6 +191,14 @@ class NetworkModel(SeqModel):
             elif isinstance(layer, ReinterpretData):
                 new_lengths = self._size_base_lengths(layer, seq_lengths, stream_lengths or {})
                 y, layer_lengths = layer.resize(x, layer_lengths, new_lengths), new_lengths
+            elif isinstance(layer, Softmax):
+                # batch-major logits from a batch-major input: over thousands of classes, transposing the
+                # (T, B, classes) logits for the losses would cost more than the matmul's input transpose
+                logits = tf.cast(layer(_batch_major(x), layer_lengths, training), tf.float32)  # tf_amp
+                seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
+                result[f"{name}:logits"], result[name] = logits, tf.nn.softmax(logits)
+                outs[name] = _batch_major(result[name])  # later layers see the probabilities, as in RETURNN
+                continue
             elif isinstance(layer, Eval):  # RETURNN's global_train_step for config code
                 y = layer(x, layer_lengths, training, train_step=train_step)
             elif layer.needs_seed:
@@ -197,10 +208,6 @@ class NetworkModel(SeqModel):
             else:
                 y = layer(x, layer_lengths, training, **refs)
                 layer_lengths = layer.out_lengths(layer_lengths)
-            if isinstance(layer, Softmax):  # later layers see the probabilities, as in RETURNN
-                y = tf.cast(y, tf.float32)  # tf_amp: softmax and losses in float32
-                result[f"{name}:logits"] = _batch_major(y)
-                y = tf.nn.softmax(y)
             outs[name], seq_lengths[name] = y, layer_lengths
             y = tf.cast(y, tf.float32)
             result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from engine.model.base import SeqModel
 from engine.model.layers.lstm_choice import check_kernel_on, on_gpu
+from engine.model.layers.lstm_norm import NormLstmRec
 from engine.model.layers.recurrent import Rec
 
 
@@ -24,6 +25,8 @@ def layer_kernels(model: SeqModel) -> dict[str, str]:
     for name, layer in model.layers.items():
         if isinstance(layer, Rec):
             out[name] = f"rec {layer.kernel.name} ({layer.kernel.op})"
+        elif isinstance(layer, NormLstmRec):
+            out[name] = f"rec {layer.runs}"
         else:
             out[name] = specs[name].cls
     return out

@@ -13,6 +13,7 @@ from typing import Any, Collection, NamedTuple
 from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import Finding, Scope, classify
 from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
+from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -20,7 +21,8 @@ _CLASS_OPTIONS = {
     "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init"},
     "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval",
                 "forward_weights_init", "bias_init"},
-    "rec": {"n_out", "unit", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init"},
+    "rec": {"n_out", "unit", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
+            "unit_opts"},  # unit_opts: layers/lstm_norm_options.py checks them per unit
     "copy": {"loss", "target", "loss_scale", "loss_opts", "only_on_eval"},
     "dropout": set(),
     "time_chunking": {"chunk_size", "chunk_step"},
@@ -46,6 +48,9 @@ _CLASS_OPTIONS = {
     "self_attention": {"n_out", "num_heads", "total_key_dim", "attention_dropout", "attention_left_only",
                        "key_shift", "forward_weights_init"},
     "relative_positional_encoding": {"n_out", "clipping", "fixed", "forward_weights_init"},
+    "window": {"window_size", "window_left", "window_right", "axis", "padding", "stride"},
+    "pad": {"axes", "padding", "value", "mode", "handle_dynamic_dims"},
+    "swap_axes": {"axis1", "axis2"},
     "eval": {"eval", "eval_locals", "out_type", "n_out", "activation", "with_bias", "eval_for_output_loss",
              "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }
@@ -53,7 +58,7 @@ IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
 _COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params"}
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
 RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",
-                     "positional_encoding", "relative_positional_encoding",
+                     "positional_encoding", "relative_positional_encoding", "window",
                      "eval"}  # RETURNN cannot tell what an expression does with the frames: recurrent
 # options that name a layer whose output the layer reads besides its 'from' sources (on their time axis):
 # that layer is built first, counts for cycles, and the network hands its output over by the option's name
@@ -119,9 +124,11 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
             raise ConfigError(f"Network layer '{name}': {_class_problem(cls)}; this engine implements the "
                               f"classes {', '.join(_CLASS_OPTIONS)}.")
         unit = opts.get("unit", "lstm")
-        if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS):
-            raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported (all a "
-                              f"plain LSTM): {_UNIT_NAMES}.")
+        if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS + (NORM_LSTM_UNIT,)):
+            raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported: "
+                              f"{_UNIT_NAMES} (each a plain LSTM), and LayerNormVariantsLSTM.")
+        if cls == "rec":
+            check_unit_opts(name, unit.lower(), opts.get("unit_opts"))
         if not isinstance(opts.get("trainable", True), bool):
             raise ConfigError(f"Network layer '{name}': 'trainable' must be True or False, got "
                               f"{opts['trainable']!r}.")

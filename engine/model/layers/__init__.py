@@ -7,7 +7,8 @@
   functions (``ACTIVATIONS``);
 - ``recurrent.py``: ``rec`` with an LSTM unit; ``lstm.py``: the engine's own LSTM kernels (fused, scan);
   ``lstm_cudnn.py``: the cuDNN kernel and its CPU twin; ``lstm_choice.py``: which one runs
-  (``lstm_implementation``) and the check that it has a kernel on the GPU;
+  (``lstm_implementation``) and the check that it has a kernel on the GPU; ``lstm_norm.py``: ``rec`` with
+  unit ``layernormvariantslstm`` (its ``unit_opts`` checked without TensorFlow in ``lstm_norm_options.py``);
 - ``conv.py``: ``conv`` and ``pool`` over time (1-D), which may change the number of frames;
 - ``attention.py``: ``self_attention`` (with ``key_shift``), ``positional_encoding`` and
   ``relative_positional_encoding`` (output (T, T, F) without batch axis);
@@ -17,6 +18,7 @@
   (whose padding is up to the expression);
 - ``features.py``: layers that change each frame's features: ``gating``, ``reduce_out``, ``slice`` (feature
   axis);
+- ``window_pad.py``: ``window`` (a window of frames on a new static axis), ``pad`` and ``swap_axes``;
 - ``time_chunking.py``: ``time_chunking`` / ``time_unchunking``, the structure family (layers that
   reshape time and batch), and the check that every layer reads sources on one time axis.
 A sequence's valid output frames never depend on what stands in the padding of a batch.

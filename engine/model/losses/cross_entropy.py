@@ -88,6 +88,7 @@ class CrossEntropy:
 
     def frame_losses(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         """Unscaled loss per frame: ``logits`` (..., V), ``labels`` (...) valid class ids."""
+        target_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)  # -log p_y
         if self.label_smoothing:
             num_classes = tf.shape(logits)[-1]
             on = 1.0 - self.label_smoothing
@@ -97,9 +98,10 @@ class CrossEntropy:
                         + tf.cast(num_classes - 1, logits.dtype) * off * tf.math.log(off + 1e-20))
             loss = tf.nn.softmax_cross_entropy_with_logits(labels=soft, logits=logits) - entropy
         else:
-            loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+            loss = target_loss
         if self.focal_loss_factor:
-            one_hot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=logits.dtype)
-            p_target = tf.reduce_sum(tf.nn.softmax(logits) * one_hot, axis=-1)
-            loss *= (1.0 - p_target) ** self.focal_loss_factor
+            # p_y as exp(-(-log p_y)): RETURNN gathers it from the softmax, the same value to rounding;
+            # over thousands of classes a second softmax, a one-hot and their gradients would cost a third
+            # of a Conformer hybrid's step
+            loss *= (1.0 - tf.exp(-target_loss)) ** self.focal_loss_factor
         return loss

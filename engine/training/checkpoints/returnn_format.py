@@ -22,6 +22,8 @@ standardlstm -> TF's LSTMCell                           ``lstm_cell/kernel`` (in
                                                         ``lstm_cell/bias``; the engine's gate order
 basiclstm -> TF's BasicLSTMCell                         ``basic_lstm_cell/kernel``, ``.../bias``;     1
                                                         the engine's gate order
+layernormvariantslstm -> LayerNormVariantsLSTMCell      the engine's parameters, named as they are    0
+                                                        (``W_ff``, ``W_re``, ``gamma_new_c``, ...)
 =====================================================  ===========================================  ====
 
 fb: the forget bias RETURNN adds to the forget gate's input at every step (NativeLstm2 & co. assert
@@ -42,6 +44,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
+from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.runtime.errors import ConfigError
 
 ENGINE_GATES = ("input", "cell_in", "forget", "output")  # lstm.py's column blocks of W and b
@@ -120,7 +123,8 @@ class SameNames:
 @dataclass
 class Renamed:
     """Same shapes and layouts, other names: ``batch_norm``'s ``<layer>/batch_norm/<prefix>mean`` & co.
-    (the layer's ``returnn_names``; the prefix depends on its ``param_version``)."""
+    (the layer's ``returnn_names``; the prefix depends on its ``param_version``), and unit
+    ``layernormvariantslstm``'s ``<layer>/rec/<key>`` (``W_ff``, ``gamma_new_c``, ...)."""
 
     layer: str
     params: dict[str, tuple[int, ...]]  # engine key -> shape
@@ -209,6 +213,9 @@ def layer_mapping(name: str, cls: str, opts: Mapping, layer) -> ParamMapping | N
     parameters (``reuse_params``) has none of its own: RETURNN saves them once, under the owner's name."""
     if not layer.params or layer.shares_params_of:
         return None
+    if cls == "rec" and str(opts.get("unit")).lower() == NORM_LSTM_UNIT:  # RETURNN's variables as they are
+        shapes = {key: tuple(var.shape) for key, var in layer.params.items()}
+        return Renamed(name, shapes, {key: f"{name}/rec/{key}" for key in shapes})
     if cls == "rec":
         unit = str(opts.get("unit", "lstm")).lower()
         # lstm.py's kernel adds no forget bias of its own where the layer does not say otherwise
