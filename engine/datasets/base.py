@@ -135,6 +135,11 @@ class Dataset:
         (the whole sequence when ``out`` has its length)."""
         self._read_corpus_into(self.get_corpus_seq_idx(seq_idx), key, out, offset)
 
+    def will_read(self, positions: np.ndarray, next_epoch_start: int = 0) -> None:
+        """Hint: this process's batches read these positions of the epoch next, in this order, and the
+        next epoch's first ``next_epoch_start`` positions are likely read first then (a dataset that
+        computes its sequences may start in the background: ``prefetch.py``)."""
+
     def get_seq_length(self, seq_idx: int) -> dict[str, int]:
         row = self._corpus_lengths()[self.get_corpus_seq_idx(seq_idx)]
         return {key: int(n) for key, n in zip(self._keys, row)}

@@ -198,6 +198,10 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     else:
         remaining = batches[0][skip:]
         mine, all_shards = remaining[shard_rank::shard_size], len(remaining)
+    if mine:  # the next epoch likely starts as this one: that many positions feed every rank's 2 batches
+        ahead = batches[0][:2 * shard_size] if shard_by == "batches" else []
+        start = int(pieces.positions[np.concatenate(ahead)].max()) + 1 if ahead else 0
+        dataset.will_read(pieces.positions[np.concatenate(mine)], next_epoch_start=start)
     return PlannedBatches(_materialise(dataset, keys, pieces, mine), num_seqs=sum(len(b) for b in mine),
                           all_shards=all_shards)
 
@@ -252,8 +256,8 @@ class BatchPrefetcher:
     A consumer that finds no batch ready waits until ``depth`` batches are (or the data ends), so a
     loader-bound consumer is woken once per ``depth`` batches instead of once per batch: every wake-up is
     a cross-core thread switch costing tens of microseconds, as much as producing a small batch. This
-    costs no throughput (the producer never pauses while the queue is not full), only one batch of
-    latency at the start of an epoch."""
+    costs no throughput (the producer never pauses while the queue is not full); the first batch of the
+    epoch is handed over alone, as the step has nothing else to do then."""
 
     def __init__(self, batches: Iterable[Batch], depth: int = 2) -> None:
         self._source = iter(batches)
@@ -262,6 +266,7 @@ class BatchPrefetcher:
         self._cond = threading.Condition()
         self._stop = False
         self._finished = False
+        self._wait_for = 1  # the epoch's first batch goes to the step as soon as it is ready; then depth
         self._thread = threading.Thread(target=self._produce, name="batch-prefetch", daemon=True)
         self._thread.start()
 
@@ -274,7 +279,7 @@ class BatchPrefetcher:
                     if self._stop:
                         return
                     self._items.append(("batch", batch))
-                    if len(self._items) >= self.depth:
+                    if len(self._items) >= self._wait_for:
                         self._cond.notify_all()
             self._put_last(("end", None))
         except BaseException as exc:  # handed to the consumer, raised there
@@ -297,8 +302,10 @@ class BatchPrefetcher:
             raise StopIteration
         with phases.span("data wait", DATA_WAIT), self._cond:
             if not self._items:
-                while len(self._items) < self.depth and not (self._items and self._items[-1][0] != "batch"):
+                while len(self._items) < self._wait_for and not (
+                        self._items and self._items[-1][0] != "batch"):
                     self._cond.wait()
+            self._wait_for = self.depth
             kind, value = self._items.popleft()
             self._cond.notify_all()  # room for the producer
         if kind == "batch":

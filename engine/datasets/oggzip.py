@@ -34,6 +34,7 @@ from engine.datasets.base import DataKeyInfo, Dataset
 from engine.datasets.epoch_filter import EpochWiseFilter
 from engine.datasets.oggzip_corpus import OggZipCorpus, audio_info, decode_audio
 from engine.datasets.orthography import text_post_processor
+from engine.datasets.prefetch import SequencePrefetcher, prefetch_enabled, warm_up
 from engine.datasets.vocabulary import Vocabulary, create_vocabulary
 from engine.runtime.errors import DataError
 
@@ -84,18 +85,18 @@ class OggZipDataset(Dataset):
         self._epoch_features: dict[int, np.ndarray] | None = None
         self._epoch_targets: dict[int, np.ndarray] = {}
         self._epoch_lengths: np.ndarray | None = None
+        self._prefetcher: SequencePrefetcher | None = None
+        self._spare: dict[int, np.ndarray] = {}  # features the last worker computed that were not read
+        if self.features is not None and self.features.predictable and prefetch_enabled():
+            warm_up(self._warm_up_features, key=repr(self.features.features), name=f"{self.name} warm-up")
 
     # ----- epochs -----
     def init_seq_order(self, epoch: int) -> None:
         full_epoch = (epoch - 1) // self.partition_epoch + 1
         seed = ordering.epoch_seed(full_epoch, fixed_random_seed=self.fixed_random_seed,
                                    random_seed_offset=self.random_seed_offset)
-        order = ordering.epoch_order(
-            self.seq_ordering, num_seqs=len(self.corpus.entries), epoch=epoch,
-            get_lengths=lambda: self.corpus.order_lengths, partition_epoch=self.partition_epoch,
-            fixed_random_seed=self.fixed_random_seed, random_seed_offset=self.random_seed_offset)
-        if self.epoch_filter is not None:
-            order = self.epoch_filter.filter(epoch, order, self.corpus.order_lengths)
+        order = self._epoch_order(epoch)
+        self._stop_prefetch()
         with self._lock:
             self._order, self.epoch = np.asarray(order, np.int64), epoch
             self._audio_rng.seed(seed)
@@ -106,6 +107,16 @@ class OggZipDataset(Dataset):
             self._epoch_lengths = None
             if self.features is not None and not self.features.predictable:
                 self._cache.clear()
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """Corpus indices of ``epoch``, in order (a function of the epoch only)."""
+        order = ordering.epoch_order(
+            self.seq_ordering, num_seqs=len(self.corpus.entries), epoch=epoch,
+            get_lengths=lambda: self.corpus.order_lengths, partition_epoch=self.partition_epoch,
+            fixed_random_seed=self.fixed_random_seed, random_seed_offset=self.random_seed_offset)
+        if self.epoch_filter is not None:
+            order = self.epoch_filter.filter(epoch, order, self.corpus.order_lengths)
+        return np.asarray(order, np.int64)
 
     def epoch_seq_lengths(self) -> np.ndarray:
         with self._lock:
@@ -189,7 +200,29 @@ class OggZipDataset(Dataset):
                             f"{least} are needed{' for with_delta' if least > 1 else ''}.")
         return frames
 
+    def will_read(self, positions: np.ndarray, next_epoch_start: int = 0) -> None:
+        """Features without random draws are computed ahead in a background thread (``prefetch.py``), and
+        then the start of the next epoch; what that has computed seeds the next epoch's worker."""
+        self._stop_prefetch()
+        if self.features is not None and self.features.predictable and len(positions) and prefetch_enabled():
+            then = self._epoch_order(self.epoch + 1)[:next_epoch_start].tolist() if next_epoch_start else []
+            self._prefetcher = SequencePrefetcher(
+                self._compute_features, self.order[positions].tolist(), then=then, done=self._spare,
+                name=f"{self.name} feature prefetch")
+        self._spare = {}
+
+    def _warm_up_features(self) -> None:
+        rate = self.features.sample_rate or 16000
+        noise = np.random.RandomState(0).uniform(-0.1, 0.1, rate)  # one second
+        self.features.compute(noise, rate, np.random.RandomState(0))
+
+    def _stop_prefetch(self) -> None:
+        if self._prefetcher is not None:
+            self._spare = self._prefetcher.close()
+            self._prefetcher = None
+
     def _features(self, idx: int) -> np.ndarray:
+        prefetcher = self._prefetcher
         with self._lock:
             if self._epoch_features is not None and idx in self._epoch_features:
                 return self._epoch_features[idx]
@@ -199,7 +232,9 @@ class OggZipDataset(Dataset):
             if not self.features.predictable:  # only epoch order gives RETURNN's random draws
                 self.epoch_seq_lengths()
                 return self._epoch_features[idx]
-            data = self._compute_features(idx)
+            data = prefetcher.take(idx) if prefetcher is not None else None
+            if data is None:
+                data = self._compute_features(idx)
             self._cache[idx] = data
             while len(self._cache) > FEATURE_CACHE_SEQS:
                 self._cache.popitem(last=False)
@@ -215,6 +250,8 @@ class OggZipDataset(Dataset):
         return np.ascontiguousarray(data, np.float32)
 
     def close(self) -> None:
+        self._stop_prefetch()
+        self._spare = {}
         self.corpus.close()
 
     def __repr__(self) -> str:
