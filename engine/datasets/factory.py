@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import inspect
 import os
-import re
 from typing import Any, Collection
 
 import h5py
@@ -27,6 +26,7 @@ from engine.datasets.meta import MetaDataset
 from engine.datasets.npz import NpzDataset
 from engine.datasets.oggzip import OggZipDataset
 from engine.datasets.refused import RASR_CLASSES, refusal
+from engine.datasets.spec_string import spec_to_kwargs
 from engine.datasets.translation import REFUSED_TEXT_CLASSES, TranslationDataset, refused_text_class
 from engine.runtime.errors import DataError
 
@@ -68,7 +68,7 @@ def create_dataset(spec: dict | str, *, default_seq_ordering: str | None = None,
         kwargs["random_seed_offset"] = own_offset + random_seed_offset
     _check_required(cls, kwargs)
     if getattr(cls, "nests_datasets", False):  # it creates its sub-datasets here, under the same rules
-        kwargs.update(_key=key, _ignored=ignored)
+        kwargs.update(_key=key, _ignored=ignored, _create=create_dataset)
     return cls(**kwargs)
 
 
@@ -127,53 +127,6 @@ def chunking_defaults(config: Config, key: str) -> dict[str, Any]:
     if key != "train" and not (config.bool("chunk_eval") or chunking in (1, "1")):
         chunking = 0
     return {"chunking": chunking, "min_chunk_size": config.typed("min_chunk_size")}
-
-
-def spec_to_kwargs(spec: dict | str) -> dict[str, Any]:
-    if isinstance(spec, dict):
-        return dict(spec)
-    if not isinstance(spec, str) or not spec.strip():
-        raise DataError(f"A dataset must be a dict, a comma-separated HDF file list or 'Class:kw=v,...', "
-                        f"got {spec!r}.")
-    head, sep, rest = spec.partition(":")
-    if sep and head.strip() == "sprint":  # RETURNN's "sprint:<RASR options>" is an ExternSprintDataset
-        return {"class": "ExternSprintDataset", "sprintConfigStr": rest}
-    if sep and re.fullmatch(r"[A-Za-z_]\w*", head.strip()) and not head.strip().lower().endswith("hdf"):
-        kwargs = {"class": head.strip()}
-        for item in _split_top_level(rest):
-            name, eq, text = item.partition("=")
-            if not eq or not re.fullmatch(r"[A-Za-z_]\w*", name.strip()):
-                raise DataError(f"Dataset string {spec!r}: expected 'name=value' items, got {item!r}.")
-            kwargs[name.strip()] = _literal_or_str(text.strip())
-        return kwargs
-    files = [f.strip() for f in spec.split(",") if f.strip()]
-    return {"class": "HDFDataset", "files": files}
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas outside brackets and quotes: ``files=['a','b'],n=3`` -> two items."""
-    items, depth, quote, start = [], 0, None, 0
-    for i, ch in enumerate(text):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    return [item for item in items if item.strip()]
-
-
-def _literal_or_str(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
 
 
 def _parameters(cls: type[Dataset]) -> dict[str, inspect.Parameter]:

@@ -25,13 +25,14 @@ length (a subsampled one) are not an error, as in RETURNN.
 from __future__ import annotations
 
 import json
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 import numpy as np
 
 from engine.datasets import ordering
 from engine.datasets.base import Dataset
 from engine.datasets.seq_list import load_seq_list
+from engine.datasets.spec_string import spec_to_kwargs
 from engine.runtime import log
 from engine.runtime.errors import DataError
 
@@ -44,7 +45,7 @@ class MetaDataset(Dataset):
                  seq_order_control_dataset: str | None = None,
                  seq_lens_file: str | None = None, data_dims: dict[str, Any] | None = None,
                  data_dtypes: dict[str, str] | None = None, _key: str = "", _ignored: Collection[str] = (),
-                 **kwargs) -> None:
+                 _create: Callable[..., Dataset] | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self._where = f"MetaDataset {_key!r}" if _key else "MetaDataset"
         self.data_map = self._checked_data_map(data_map)
@@ -54,7 +55,7 @@ class MetaDataset(Dataset):
         self.default_name = self.control or self.data_map["data"][0]
         self.datasets: dict[str, Dataset] = {}
         try:
-            self._create_sub_datasets(datasets, used, _key, _ignored)
+            self._create_sub_datasets(datasets, used, _key, _ignored, _create)
             self._set_keys(data_dims, data_dtypes)
             self._join(seq_list_file)
             self._refresh_lengths()
@@ -95,8 +96,10 @@ class MetaDataset(Dataset):
         return control
 
     def _create_sub_datasets(self, specs: dict[str, Any], used: list[str], key: str,
-                             ignored: Collection[str]) -> None:
-        from engine.datasets.factory import create_dataset, spec_to_kwargs  # the factory imports this module
+                             ignored: Collection[str], create: Callable[..., Dataset] | None) -> None:
+        if create is None:
+            raise DataError(f"{self._where}: create it through the engine's dataset factory "
+                            "(engine.datasets.factory.create_dataset), which creates its sub-datasets.")
 
         unused = sorted(set(specs) - set(used))
         if unused:
@@ -110,7 +113,7 @@ class MetaDataset(Dataset):
                 if inherit:
                     spec.pop("random_seed_offset", None)
                 spec["name"] = f"{self.name}_{name}"  # RETURNN's naming of sub-datasets
-                self.datasets[name] = create_dataset(
+                self.datasets[name] = create(
                     spec, random_seed_offset=self.random_seed_offset if inherit else 0,
                     key=f"{key}/{name}" if key else name, ignored=ignored)
             except DataError as exc:
