@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hdf_dump_parity  # noqa: E402
+from dataset_parity import compare_epochs  # noqa: E402
 from returnn_side import no_returnn, returnn_python, returnn_versions, run_returnn_side  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,27 +206,8 @@ def compare(folder: str, zips: str) -> list[str]:
     problems = []
     for name, expected in record["cases"].items():
         dataset = create_dataset(dict(resolve(CASES[name], folder, zips), **{"class": "LibriSpeechCorpus"}))
-        worst, before = 0.0, list(problems)
-        for epoch in EPOCHS:
-            dataset.init_seq_order(epoch)
-            tags = [dataset.get_seq_tag(i) for i in range(dataset.num_seqs)]
-            if tags != expected[str(epoch)]:
-                problems.append(f"{name} epoch {epoch}: tags {tags} != RETURNN's {expected[str(epoch)]}")
-                continue
-            for i in range(dataset.num_seqs):
-                for key in dataset.data_keys:
-                    ours, theirs = dataset.get_data(i, key), arrays[f"{name}/{epoch}/{i}/{key}"]
-                    if ours.shape != theirs.shape or ours.dtype != theirs.dtype:
-                        problems.append(f"{name} epoch {epoch} seq {i} {key}: {ours.dtype}{ours.shape} != "
-                                        f"RETURNN's {theirs.dtype}{theirs.shape}")
-                    elif ours.dtype.kind == "f":
-                        scale = max(1.0, float(np.abs(theirs).max(initial=0)))
-                        worst = max(worst, float(np.abs(ours - theirs).max(initial=0)) / scale)
-                    elif not np.array_equal(ours, theirs):
-                        problems.append(f"{name} epoch {epoch} seq {i} {key}: {ours} != RETURNN's {theirs}")
-        dims = {k: dataset.get_data_dim(k) for k in dataset.data_keys}
-        if dims != expected["dims"]:
-            problems.append(f"{name}: dims {dims} != RETURNN's {expected['dims']}")
+        before = list(problems)
+        worst = compare_epochs(dataset, name, expected, arrays, EPOCHS, problems)
         if dataset.labels.get("classes", []) != expected["labels"]:
             problems.append(f"{name}: labels differ from RETURNN's")
         if worst > 1e-5:
