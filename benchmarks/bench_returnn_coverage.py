@@ -109,8 +109,9 @@ def refusals(findings: list, problems: list[str]) -> list[str]:
     for problem in problems:
         match = re.search(r"class '(\w+)' is a RETURNN layer class", problem)
         unit = re.search(r"unit (.+?) is not supported", problem)
-        if unit and unit.group(1).startswith("{"):
-            labels.append("rec unit: a subnetwork (a layer dict)")
+        unit_class = re.search(r"unit layer '.+?': class '(\w+)' is not implemented inside", problem)
+        if unit_class:
+            labels.append(f"unit layer class {unit_class.group(1)!r}")
         else:
             labels.append(f"layer class {match.group(1)!r}" if match else
                           f"rec unit {unit.group(1)}" if unit else problem.split(";")[0][:90])

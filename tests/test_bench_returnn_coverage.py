@@ -61,9 +61,11 @@ def test_the_check_accepts_the_setup_and_names_each_refusal(tmp_path):
     coverage.make_corpus(corpus, coverage.streams(setup.namespace), ctc=False)
     assert coverage.check(setup, corpus) == []
     setup.namespace["network"]["output"]["from"] = ["decision"]
-    setup.namespace["network"]["decision"] = {"class": "decide", "from": ["lstm0_fw"]}
-    assert coverage.check(setup, corpus) == ["layer class 'decide'"]
-    setup.namespace["network"]["decision"] = {"class": "rec", "unit": {"x": {"class": "copy"}}}
-    assert coverage.check(setup, corpus) == ["rec unit: a subnetwork (a layer dict)"]
+    setup.namespace["network"]["decision"] = {"class": "dot", "from": ["lstm0_fw"]}
+    assert coverage.check(setup, corpus) == ["layer class 'dot'"]
+    setup.namespace["network"]["decision"] = {"class": "rec", "from": [], "unit": {
+        "output": {"class": "choice", "target": "classes", "beam_size": 4, "from": "x"},
+        "x": {"class": "dot", "from": "prev:output"}}}
+    assert coverage.check(setup, corpus) == ["unit layer class 'dot'"]
     setup.namespace["network"]["decision"] = {"class": "linear", "n_out": 3, "spatial_smoothing": 0.1}
     assert coverage.check(setup, corpus) == ["layer option linear:spatial_smoothing"]

@@ -32,6 +32,9 @@ from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking
 from engine.model.layers.transposed_conv import TransposedConv
 from engine.model.layers.window_pad import Pad, SwapAxes, Window
+from engine.model.rec.decide import Decide
+from engine.model.rec.frames import Axis, Template
+from engine.model.rec.subnet import RecSubnet
 from engine.model.spec import LayerSpec
 from engine.runtime.errors import ConfigError
 
@@ -102,8 +105,17 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
     for name in order:
         spec = specs[name]
         _check_dense_input(name, spec, options.input_sparse)
+        _check_sparse_sources(name, spec, layers)
+        if spec.subnetwork:
+            layers[name] = RecSubnet(name, spec.opts, _base_templates(spec, layouts),
+                                     target_dims=options.target_dims, random_seed=options.random_seed,
+                                     config=options.config)
+            layouts[name] = Layout((), layers[name].n_out)
+            continue
         layout = input_layout(name, spec, layouts)
-        if spec.cls == "combine":
+        if spec.cls == "decide":
+            layer = Decide(name, spec.opts, layout.feature, options.target_dims)
+        elif spec.cls == "combine":
             layer = Combine(name, spec.opts, {s: layouts[s].feature for s in spec.sources})
         elif spec.cls == "eval":
             layer = Eval.for_network(name, specs, layouts, options.input_sparse, options.config)
@@ -122,6 +134,25 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
         layers[name] = layer
         layouts[name] = Layout(layout.spatial if layer.spatial is None else layer.spatial, layer.n_out)
     return layers
+
+
+def _base_templates(spec: LayerSpec, layouts: dict[str, Layout]) -> dict[str, Template]:
+    """The templates of the layers a unit reads as ``base:``: their time axis (one for all: the unit
+    checks at run time that their lengths agree) and their static axes."""
+    return {name: Template((Axis("T:base", None),) + tuple(
+        Axis(f"S{size}:{name}:{index}", size) for index, size in enumerate(layouts[name].spatial)),
+        layouts[name].feature) for name in spec.unit_bases}
+
+
+def _check_sparse_sources(name: str, spec: LayerSpec, layers: dict[str, Layer]) -> None:
+    """A subnetwork's output is class ids, which only a decide layer reads here."""
+    for source in spec.sources:
+        if isinstance(layers.get(source), RecSubnet) and (spec.cls != "decide" or len(spec.sources) > 1):
+            raise ConfigError(f"Network layer '{name}' reads '{source}', a rec layer whose unit's output is "
+                              "class ids; here only a 'decide' layer (with that one source) reads it.")
+    if spec.cls == "decide" and not all(isinstance(layers.get(s), RecSubnet) for s in spec.sources):
+        raise ConfigError(f"Network layer '{name}': a decide layer reads a rec layer with a subnetwork unit "
+                          f"(its search's hypotheses), got {list(spec.sources)}.")
 
 
 def _make_layer(name: str, spec: LayerSpec, layout: Layout, built: dict[str, Layer],

@@ -25,6 +25,8 @@ from engine.model.layers.eval import Eval
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
 from engine.model.layers.window_pad import changes_time
+from engine.model.rec.decide import Decide
+from engine.model.rec.subnet import RecSubnet
 from engine.model.losses.regularization import darc1_factor, darc1_term, l2_factor, l2_term
 from engine.model.spec import RECURRENT_CLASSES, build_order, layer_findings, parse_network
 from engine.runtime.errors import ConfigError, DataError
@@ -74,23 +76,37 @@ class NetworkModel(SeqModel):
             compute_dtype, config))
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
         self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}
-        self.loss_layers = [n for n, l in self.layers.items() if isinstance(l, (Softmax, Copy)) and l.loss]
+        # name -> the object with the loss (``loss``, ``target``, ``criterion``, ``only_on_eval``); a rec
+        # unit's loss layers as "<rec>/<unit layer>"
+        self.loss_objects: dict[str, Layer] = {}
+        for name, layer in self.layers.items():
+            if isinstance(layer, (Softmax, Copy, Decide)) and layer.loss:
+                self.loss_objects[name] = layer
+            elif isinstance(layer, RecSubnet):
+                self.loss_objects.update({f"{name}/{unit}": obj for unit, obj in layer.loss_units.items()})
+        self.loss_layers = list(self.loss_objects)
         if "output" in self.loss_layers:  # the main loss layer reports error and frame count
             self.loss_layers.remove("output")
             self.loss_layers.insert(0, "output")
-        if self.loss_layers and all(self.layers[n].only_on_eval for n in self.loss_layers):
+        if self.loss_layers and all(self.loss_objects[n].only_on_eval for n in self.loss_layers):
             raise ConfigError(f"Network layers {self.loss_layers}: every loss has only_on_eval, so training "
                               "has nothing to optimise.")
 
     @property
     def loss_targets(self) -> set[str]:
-        return {self.layers[name].target for name in self.loss_layers}
+        loops = {layer.target for layer in self.layers.values() if isinstance(layer, RecSubnet)}
+        return {self.loss_objects[name].target for name in self.loss_layers} | loops
+
+    @property
+    def reads_streams(self) -> bool:
+        """Whether a call needs the target streams (``streams``): a decoder loop runs over them."""
+        return any(isinstance(layer, RecSubnet) for layer in self.layers.values())
 
     @property
     def normalized_loss_layers(self) -> list[str]:
         """The loss layers whose ``loss_opts`` set ``use_normalized_loss``."""
         return [name for name in self.loss_layers
-                if getattr(self.layers[name].criterion, "normalized", False)]
+                if getattr(self.loss_objects[name].criterion, "normalized", False)]
 
     @property
     def recurrent(self) -> bool:
@@ -103,6 +119,9 @@ class NetworkModel(SeqModel):
     def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
         seq_lengths = {"data": tf.cast(lengths, tf.int32)}
         for name, layer in self.layers.items():
+            if isinstance(layer, (RecSubnet, Decide)):  # the target's labels, or the search's
+                seq_lengths[name] = None
+                continue
             source = self.specs[name].sources[0]
             if isinstance(layer, TimeChunking):  # chunks are no sequences; check_time_axes keeps
                 seq_lengths[name] = None  # "output" off their time axis
@@ -156,11 +175,14 @@ class NetworkModel(SeqModel):
     def __call__(self, data: tf.Tensor, lengths: tf.Tensor, training: bool = False,
                  seed: tf.Tensor | None = None, train_step: tf.Tensor | None = None,
                  update_running: bool = False,
-                 stream_lengths: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
+                 stream_lengths: dict[str, tf.Tensor] | None = None,
+                 streams: dict[str, tf.Tensor] | None = None, search: bool = False) -> dict[str, tf.Tensor]:
         """``update_running``: an eval call (``training`` False) stores the running statistics its
         ``batch_norm`` layers move, as RETURNN's eval and forward steps do (``Steps``); a training call always
         does. ``stream_lengths``: the lengths of the other data streams (the targets), which
-        ``reinterpret_data`` layers with a ``size_base`` of a stream read."""
+        ``reinterpret_data`` layers with a ``size_base`` of a stream read. ``streams``: the other data
+        streams themselves (B, L) (the targets), which a rec layer's decoder loop runs over. ``search``:
+        rec layers with a subnetwork search with their choice's beam (``engine/model/rec/search.py``)."""
         lengths = tf.cast(lengths, tf.int32)
         mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(data)[1]))  # (T, B)
         if self.input_sparse:
@@ -177,6 +199,22 @@ class NetworkModel(SeqModel):
         result = {}
         for index, (name, layer) in enumerate(self.layers.items()):
             layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
+            if isinstance(layer, RecSubnet):
+                base = {b: (outs[b], seq_lengths[b]) for b in layer.base_layers}
+                deciders = [self.layers[n] for n in self.layers if self.specs[n].sources == (name,)
+                            and isinstance(self.layers[n], Decide)]
+                y, seq_lengths[name], unit_outputs = layer.run(
+                    base, streams, stream_lengths, training, layer_seed, search=search,
+                    decide_by_length=any(d.length_normalization for d in deciders))
+                outs[name] = y
+                result.update(unit_outputs)
+                result[name], result[f"{name}:lengths"] = tf.transpose(y), seq_lengths[name]
+                continue
+            if isinstance(layer, Decide):  # without search: the rec layer's one sequence per batch entry
+                source = self.specs[name].sources[0]
+                outs[name], seq_lengths[name] = outs[source], seq_lengths[source]
+                result[name], result[f"{name}:lengths"] = result[source], seq_lengths[source]
+                continue
             x = self._layer_input(name, outs, training, layer_seed)
             layer_lengths = seq_lengths[self.specs[name].sources[0]]
             refs = {key: outs[ref] for key, ref in self.specs[name].references.items()}  # e.g. key_shift
@@ -213,6 +251,21 @@ class NetworkModel(SeqModel):
             result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major
             result[f"{name}:lengths"] = layer_lengths
         return result
+
+    def search(self, data: tf.Tensor, lengths: tf.Tensor, layer: str) -> dict[str, tf.Tensor]:
+        """RETURNN's search: the hypotheses of ``layer`` (a decide layer or a rec layer with a subnetwork
+        unit): "hyps" (B, L) class ids, "hyp_lengths" (B,), "scores" (B,) (the decided hypothesis' log
+        score, as the beam kept it)."""
+        source = self.specs[layer].sources[0] if isinstance(self.layers.get(layer), Decide) else layer
+        if not isinstance(self.layers.get(source), RecSubnet):
+            raise ConfigError(f"search_output_layer {layer!r} must be a decide layer or a rec layer with a "
+                              f"subnetwork unit; the network's are {self._searchable()}.")
+        result = self(data, lengths, training=False, search=True)
+        return {"hyps": result[layer], "hyp_lengths": result[f"{layer}:lengths"],
+                "scores": result[f"{source}:scores"]}
+
+    def _searchable(self) -> list[str]:
+        return [n for n, layer in self.layers.items() if isinstance(layer, (RecSubnet, Decide))]
 
     def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
                      seed: tf.Tensor) -> tf.Tensor | list[tf.Tensor]:
@@ -252,7 +305,7 @@ class NetworkModel(SeqModel):
         loss = error = frames = None
         terms = []
         for name in self.loss_layers:
-            layer = self.layers[name]
+            layer = self.loss_objects[name]
             if training and layer.only_on_eval:
                 continue
             if layer.target not in targets or layer.target not in target_lengths:
@@ -260,7 +313,10 @@ class NetworkModel(SeqModel):
                     f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
                     f"{sorted(targets)}."
                 )
-            if layer.loss == "edit_distance":
+            if isinstance(layer, Decide):
+                value, err, n = layer.sums(model_outputs[name], model_outputs[f"{name}:lengths"],
+                                           targets[layer.target], target_lengths[layer.target])
+            elif layer.loss == "edit_distance":
                 value, err, n = layer.criterion.sums(
                     model_outputs[name], model_outputs[f"{name}:lengths"], targets[layer.target],
                     target_lengths[layer.target], layer=name, target=layer.target)

@@ -14,6 +14,7 @@ from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import Finding, Scope, classify
 from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
+from engine.model.rec.unit import max_len_layers, parse_unit
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -23,6 +24,7 @@ _CLASS_OPTIONS = {
                 "forward_weights_init", "bias_init"},
     "rec": {"n_out", "unit", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
             "unit_opts"},  # unit_opts: layers/lstm_norm_options.py checks them per unit
+    "decide": {"loss", "target", "loss_opts", "only_on_eval", "length_normalization"},
     "copy": {"loss", "target", "loss_scale", "loss_opts", "only_on_eval"},
     "dropout": set(),
     "time_chunking": {"chunk_size", "chunk_step"},
@@ -55,6 +57,7 @@ _CLASS_OPTIONS = {
              "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }
 IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
+_SUBNETWORK_OPTIONS = {"target", "max_seq_len", "cheating"}  # of a rec layer with a dict unit (rec/)
 _COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params"}
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
 RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",
@@ -97,9 +100,23 @@ class LayerSpec(NamedTuple):
     @property
     def reads(self) -> tuple[str, ...]:
         """Every layer this one depends on: its sources, the layers its options name, the layer whose
-        parameters it shares and the one whose lengths it takes."""
+        parameters it shares, the one whose lengths it takes, and those a subnetwork unit reads."""
         extra = tuple(n for n in (self.shares_params_of, self.size_base) if n)
-        return self.sources + tuple(self.references.values()) + extra
+        return self.sources + tuple(self.references.values()) + extra + self.unit_bases
+
+    @property
+    def subnetwork(self) -> bool:
+        """A ``rec`` layer whose ``unit`` is a dict of layers (``engine/model/rec/``)."""
+        return self.cls == "rec" and isinstance(self.opts.get("unit"), dict)
+
+    @property
+    def unit_bases(self) -> tuple[str, ...]:
+        """The network's layers a subnetwork unit reads as ``base:<layer>``."""
+        if not self.subnetwork:
+            return ()
+        return tuple(sorted({ref.name for layer in parse_unit("?", self.opts["unit"]).values()
+                             for ref in layer.sources + list(layer.options.values()) if ref.kind == "base"}
+                            | set(max_len_layers(self.opts.get("max_seq_len")))))
 
 
 def parse_network(network: Any) -> dict[str, LayerSpec]:
@@ -124,10 +141,18 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
             raise ConfigError(f"Network layer '{name}': {_class_problem(cls)}; this engine implements the "
                               f"classes {', '.join(_CLASS_OPTIONS)}.")
         unit = opts.get("unit", "lstm")
+        if cls == "rec" and isinstance(unit, dict):
+            parse_unit(name, unit)
+            if opts.get("from", []) not in ([], ()):
+                raise ConfigError(f"Network layer '{name}': a rec layer with a subnetwork unit and 'from' "
+                                  "sources (a loop over input frames) is not implemented; the decoder loop "
+                                  "over output labels ('from': []) is.")
+            specs[name] = LayerSpec(cls, (), opts)
+            continue
         if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS + (NORM_LSTM_UNIT,)):
             raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported: "
                               f"{_UNIT_NAMES} (each a plain LSTM), and LayerNormVariantsLSTM.")
-        if cls == "rec":
+        if cls == "rec" and not isinstance(unit, dict):
             check_unit_opts(name, unit.lower(), opts.get("unit_opts"))
         if not isinstance(opts.get("trainable", True), bool):
             raise ConfigError(f"Network layer '{name}': 'trainable' must be True or False, got "
@@ -154,6 +179,14 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
                 raise ConfigError(f"Network layer '{name}': {key!r} names {ref!r}, which is not a layer of "
                                   f"the network; layers: {', '.join(specs)}.")
         _check_named_layers(name, spec, specs)
+        if spec.cls == "decide" and not all(s in specs and specs[s].subnetwork for s in spec.sources):
+            raise ConfigError(f"Network layer '{name}': a decide layer reads a rec layer with a subnetwork "
+                              f"unit (its search's hypotheses), got {list(spec.sources)}.")
+        missing = [b for b in spec.unit_bases if b not in specs]
+        if missing:
+            raise ConfigError(f"Network layer '{name}': its unit reads {['base:' + b for b in missing]}, "
+                              "which "
+                              f"are no layers of the network; layers: {', '.join(specs)}.")
     if "output" not in specs:
         raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
     if specs["output"].cls in UNBATCHED_CLASSES:
@@ -216,7 +249,9 @@ def layer_findings(specs: dict[str, LayerSpec], ignored: Collection[str]) -> lis
     unknown option is an error here too."""
     findings = []
     for name, spec in specs.items():
-        scope = Scope("layer", name, spec.cls, _COMMON_OPTIONS | _CLASS_OPTIONS[spec.cls],
+        implemented = _COMMON_OPTIONS | _CLASS_OPTIONS[spec.cls]
+        implemented |= _SUBNETWORK_OPTIONS if spec.subnetwork else set()
+        scope = Scope("layer", name, spec.cls, implemented,
                       returnn_keys.LAYER_COMMON_OPTIONS | returnn_keys.LAYER_OPTIONS.get(spec.cls, set()),
                       NO_EFFECT_OPTIONS, unknown_fatal=True)
         findings += classify(scope, spec.opts, ignored)
@@ -260,7 +295,8 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
         n
         for n, s in specs.items()
         if n == "output" or s.opts.get("is_output_layer")
-        or (s.cls in ("softmax", "copy") and s.opts.get("loss"))
+        or (s.cls in ("softmax", "copy", "decide") and s.opts.get("loss"))
+        or (s.subnetwork and any(layer.get("loss") for layer in s.opts["unit"].values()))
     ]
     order: list[str] = []
 

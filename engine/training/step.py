@@ -112,6 +112,7 @@ class Steps:
         self._forward = CompiledStep(self._forward_step, [data_spec, lengths_spec])
         # batch_norm: eval and forward steps store the running statistics they move, as RETURNN's steps do
         self._eval_options = {"update_running": True} if model.running_state() else {}
+        self._reads_streams = getattr(model, "reads_streams", False)  # a decoder loop over the targets
         self._input_dtype = data_spec.dtype.as_numpy_dtype
         self.accum_steps = self._checked_accum_steps(accum_steps)
         self._pending = 0  # batches in the accumulators
@@ -171,7 +172,8 @@ class Steps:
         with tf.GradientTape() if maximize else contextlib.nullcontext() as outer:
             with tf.GradientTape() as tape:
                 outputs = self.model(data, lengths, training=True, seed=model_seed,
-                                     train_step=self._train_step_count(), stream_lengths=target_lengths)
+                                     train_step=self._train_step_count(), stream_lengths=target_lengths,
+                                     **self._streams(targets))
                 losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
                 differentiated = self._scaled(self._differentiated(losses))
             local = self._unscaled(tape.gradient(differentiated, self.params))
@@ -232,7 +234,8 @@ class Steps:
         seed = fold_in(fold_in(fold_in(self.updater.step_seed(), DROPOUT_STREAM), self.rank), index)
         with tf.GradientTape() as tape:
             outputs = self.model(data, lengths, training=True, seed=seed,
-                                 train_step=self._train_step_count(index), stream_lengths=target_lengths)
+                                 train_step=self._train_step_count(index), stream_lengths=target_lengths,
+                                 **self._streams(targets))
             losses = self.model.compute_losses(outputs, targets, target_lengths, training=True)
             differentiated = self._scaled(self._differentiated(losses))
         local = self._unscaled(tape.gradient(differentiated, self.params))
@@ -262,6 +265,10 @@ class Steps:
             acc.assign(tf.zeros_like(acc))
         self._acc_scores.assign(tf.zeros([len(SCORE_NAMES)]))
         return reduced
+
+    def _streams(self, targets) -> dict:
+        """The target streams themselves, for a model whose decoder loop runs over them."""
+        return {"streams": targets} if self._reads_streams else {}
 
     def _differentiated(self, losses):
         """RETURNN's objective (the loss sums: ``LossResult.objective``) plus the layers' constraints as
@@ -294,7 +301,7 @@ class Steps:
 
     def _eval_step(self, data, lengths, targets, target_lengths):
         outputs = self.model(data, lengths, training=False, train_step=self._train_step_count(),
-                             stream_lengths=target_lengths, **self._eval_options)
+                             stream_lengths=target_lengths, **self._streams(targets), **self._eval_options)
         return self._scores(self.model.compute_losses(outputs, targets, target_lengths), lengths)
 
     def _forward_step(self, data, lengths):

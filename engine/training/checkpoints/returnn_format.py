@@ -213,6 +213,9 @@ def layer_mapping(name: str, cls: str, opts: Mapping, layer) -> ParamMapping | N
     parameters (``reuse_params``) has none of its own: RETURNN saves them once, under the owner's name."""
     if not layer.params or layer.shares_params_of:
         return None
+    if cls == "rec" and isinstance(opts.get("unit"), dict):  # a subnetwork: its layers under <layer>/rec/
+        shapes = {key: tuple(var.shape) for key, var in layer.params.items()}
+        return Renamed(name, shapes, {key: f"{name}/rec/{key}" for key in shapes})
     if cls == "rec" and str(opts.get("unit")).lower() == NORM_LSTM_UNIT:  # RETURNN's variables as they are
         shapes = {key: tuple(var.shape) for key, var in layer.params.items()}
         return Renamed(name, shapes, {key: f"{name}/rec/{key}" for key in shapes})

@@ -1,0 +1,342 @@
+"""RETURNN's ``rec`` layer with a subnetwork ``unit``: a decoder that runs once per output label.
+
+In training (and scoring) the loop runs over the target's labels, ``choice`` being the target. The plan
+(``unit.py``) splits the unit in three: the layers moved in front run on all steps at once before the
+loop (``prev:x`` of such a layer is x shifted by one step, ``initial_output`` first), the layers left in
+the loop run step by step in a ``tf.while_loop`` (carrying the previous step of every layer something
+reads as ``prev:``, and an LSTM cell's state), and the layers moved behind run on all steps after it.
+The rec layer's output is its ``output`` layer's (B, L) class ids; the unit's loss layers come back as
+``<rec>/<layer>:logits`` and ``:lengths`` for the network's losses.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from engine.model.layers.base import Layer
+from engine.model.rec.frames import Template, Value, loose_batch, step_slice
+from engine.model.rec.search import BeamSearch, choice_options
+from engine.model.rec.step_layers import CLASSES, GenericAttention, LinearUnit, UnitContext, UnitLayer
+from engine.model.rec.templates import unit_templates
+from engine.model.rec.unit import LoopPlan, Ref, max_len_layers, parse_unit, plan_loop
+from engine.runtime import log
+from engine.runtime.errors import ConfigError, DataError
+
+
+def _topological(layers: dict, names: tuple[str, ...]) -> list[str]:
+    """``names`` ordered so that each comes after the layers of ``names`` it reads in the same step."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order or name not in names:
+            return
+        for ref in layers[name].sources + list(layers[name].options.values()):
+            if ref.kind == "cur":
+                visit(ref.name)
+        order.append(name)
+
+    for name in names:
+        visit(name)
+    return order
+
+
+class RecSubnet(Layer):
+    """The ``rec`` layer of a network whose ``unit`` is a dict of layers."""
+
+    takes_spatial = True
+
+    def __init__(self, name: str, opts: dict, base: dict[str, Template], *, target_dims: dict[str, int],
+                 random_seed: int, config: Any = None) -> None:
+        self.spec = parse_unit(name, opts["unit"])
+        super().__init__(0)
+        self.layer_name = name
+        if opts.get("cheating"):
+            raise ConfigError(f"Network layer '{name}': 'cheating' (the target kept in the beam) is not "
+                              "implemented.")
+        self.ctx = UnitContext(name, target_dims, random_seed, config)
+        self.base_templates = base
+        self.templates = unit_templates(self.spec, base, self.ctx, training=True)
+        output = self.templates["output"]
+        if self.spec["output"].cls != "choice" or not output.sparse:
+            raise ConfigError(f"Network layer '{name}': its unit's 'output' must be a choice layer (class "
+                              "ids) here; a rec unit with a dense output is not implemented.")
+        self.target = opts.get("target", self.spec["output"].opts.get("target"))
+        self.opts_max_seq_len = opts.get("max_seq_len")
+        self.n_out = output.dim
+        self.units: dict[str, UnitLayer] = {}
+        for unit_name, layer in self.spec.items():
+            if layer.cls == "choice":
+                continue
+            self.units[unit_name] = self._build(unit_name)
+            for key, var in self.units[unit_name].params.items():
+                self.params[f"{unit_name}/{key}"] = var
+        self.plan: LoopPlan = plan_loop(self.spec, search=False)
+        for line in self.plan.log_lines(name, search=False, training=True):
+            log.info(line)
+        self.order = _topological(self.spec, tuple(self.spec))
+
+    def _build(self, name: str) -> UnitLayer:
+        layer = self.spec[name]
+        sources = [self._template(ref) for ref in layer.sources]
+        cls = CLASSES[layer.cls]
+        if layer.cls == "generic_attention":
+            return GenericAttention(name, layer.opts, sources, self.templates[name], self.ctx,
+                                    self._template(layer.options["weights"]),
+                                    self._template(layer.options["base"]))
+        return cls(name, layer.opts, sources, self.templates[name], self.ctx)
+
+    def _template(self, ref: Ref) -> Template:
+        if ref.kind == "base":
+            return self.base_templates[ref.name]
+        if ref.kind in ("cur", "prev"):
+            return self.templates[ref.name]
+        raise ConfigError(f"Network layer '{self.layer_name}': '{ref}' is not provided inside a rec unit "
+                          "here "
+                          "(a rec layer with a subnetwork reads 'base:...' layers; 'data:source' and ':i' "
+                          "are not implemented).")
+
+    @property
+    def base_layers(self) -> list[str]:
+        """The network's layers the unit reads (``base:``, and those ``max_seq_len`` names)."""
+        return sorted({r.name for layer in self.spec.values()
+                       for r in layer.sources + list(layer.options.values()) if r.kind == "base"}
+                      | set(max_len_layers(self.opts_max_seq_len)))
+
+    @property
+    def loss_units(self) -> dict[str, Any]:
+        """Unit layer name -> the softmax object of each unit layer with a loss (``loss``, ``target``,
+        ``criterion``, ``only_on_eval`` as the network's loss layers have them)."""
+        return {name: unit.dense for name, unit in self.units.items()
+                if isinstance(unit, LinearUnit) and unit.opts.get("loss")}
+
+    # ----- running -----
+    def run(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]], streams: dict[str, tf.Tensor] | None,
+            stream_lengths: dict[str, tf.Tensor] | None, training: bool,
+            seed: tf.Tensor, search: bool = False,
+            decide_by_length: bool = False) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
+        """``base``: layer -> (its time-major output, its lengths). Returns the output's (L, B) ids, their
+        lengths (B,), and the unit layers' outputs (batch-major, ``<rec>/<layer>``; loss layers also
+        ``:logits`` and ``:lengths``). With ``search``: the beam search's decided hypotheses (by score,
+        divided by length with ``decide_by_length``) and their scores (``<rec>:scores``)."""
+        if search:
+            return self._search(base, decide_by_length)
+        if not streams or self.target not in streams:
+            raise DataError(f"Network layer '{self.layer_name}': the decoder loop runs over the labels of "
+                            f"target {self.target!r}, which this run does not read (search, which runs "
+                            "without them, is not implemented yet).")
+        ids = tf.cast(streams[self.target], tf.int32)
+        lengths = tf.cast(stream_lengths[self.target], tf.int32)
+        run = _Run(self, base, training, seed)
+        run.values["output"] = Value(ids, self.templates["output"], looped=True)
+        return run.train(lengths)
+
+    def _search(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]],
+                decide_by_length: bool) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
+        plan = plan_loop(self.spec, search=True)
+        if plan.inputs_moved_out or plan.outputs_moved_out:
+            raise ConfigError(f"Network layer '{self.layer_name}': in search, layers "
+                              f"{list(plan.inputs_moved_out + plan.outputs_moved_out)} do not depend on the "
+                              "choice; running them outside the search loop is not implemented.")
+        for line in plan.log_lines(self.layer_name, search=True, training=False):
+            log.info(line)
+        beam, _, _ = choice_options(self.ctx.where("output"), self.spec["output"].opts)
+        batch = tf.shape(next(iter(base.values()))[0])[1]
+        max_len = self._max_len(base)
+        tiled = {name: (tf.repeat(x, beam, axis=1), tf.repeat(lengths, beam, axis=0))
+                 for name, (x, lengths) in base.items()}
+        run = _Run(self, tiled, False, tf.constant([0, 0], tf.int64))
+        loop = _topological(self.spec, plan.in_loop)
+        hyps, lengths, scores = BeamSearch(run, loop, batch, beam, max_len).search(decide_by_length)
+        return tf.transpose(hyps), lengths, {f"{self.layer_name}:scores": scores}
+
+    def _max_len(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]]) -> tf.Tensor:
+        """``max_seq_len``: an int, or RETURNN's string such as "max_len_from('base:encoder') * 2"."""
+        value = self.opts_max_seq_len
+        if isinstance(value, int) and not isinstance(value, bool):
+            return tf.constant(value)
+        if not isinstance(value, str):
+            raise ConfigError(f"Network layer '{self.layer_name}': search needs 'max_seq_len' (an int or a "
+                              f"string like \"max_len_from('base:encoder')\"), got {value!r}.")
+
+        def max_len_from(name: str) -> tf.Tensor:
+            layer = name[len("base:"):] if name.startswith("base:") else name
+            return tf.reduce_max(base[layer][1])
+
+        try:
+            return tf.cast(eval(value, {"max_len_from": max_len_from, "tf": tf}), tf.int32)
+        except Exception as exc:  # config text: name the layer and the string
+            raise ConfigError(f"Network layer '{self.layer_name}': max_seq_len {value!r} failed: "
+                              f"{exc}") from None
+
+
+class _Run:
+    """One call of a ``RecSubnet``: the values of its layers by name as they are computed."""
+
+    def __init__(self, subnet: RecSubnet, base: dict[str, tuple[tf.Tensor, tf.Tensor]], training: bool,
+                 seed: tf.Tensor) -> None:
+        self.net = subnet
+        self.training = training
+        self.seed = seed
+        self.base: dict[str, Value] = {}
+        self.axis_lengths: dict[str, tf.Tensor] = {}
+        self.axis_sizes: dict[str, tf.Tensor] = {}
+        for name in subnet.base_layers:
+            x, lengths = base[name]
+            x = tf.transpose(x, [1, 0, *range(2, x.shape.rank)])
+            template = subnet.base_templates[name]
+            self.base[name] = Value(x, template, looped=False)
+            time = template.axes[0]
+            self.axis_lengths[time.label], self.axis_sizes[time.label] = lengths, tf.shape(x)[1]
+        self.batch = next(iter(self.base.values())).tensor.shape[0] if self.base else None
+        self.values: dict[str, Value] = {}  # computed on all steps (in front, behind, or stacked)
+        self.logits: dict[str, tf.Tensor] = {}
+
+    def _initial(self, name: str, batch: tf.Tensor) -> tf.Tensor:
+        """The layer's ``initial_output`` (its output "before" step 0), one step's shape."""
+        template = self.net.templates[name]
+        value = self.net.spec[name].opts.get("initial_output", 0)
+        if value in (None, "zeros"):
+            value = 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{self.net.ctx.where(name)}: initial_output {value!r} is not implemented (a "
+                              "number or 'zeros' is).")
+        sizes = [self.axis_sizes[a.label] if a.dynamic else a.size for a in template.axes]
+        shape = tf.stack([batch] + sizes + ([] if template.sparse else [template.dim]))
+        dtype = tf.int32 if template.sparse else template.dtype
+        return tf.fill(shape, tf.cast(value, dtype))
+
+    def _shifted(self, name: str, value: Value, batch: tf.Tensor) -> Value:
+        """``prev:`` of a layer computed on all steps: one step later, its initial output first."""
+        first = tf.expand_dims(self._initial(name, batch), 1)
+        return Value(tf.concat([first, value.tensor[:, :-1]], axis=1), value.template, looped=True)
+
+    def _apply(self, name: str, inputs: list[Value], options: dict[str, Value], looped: bool,
+               seed: tf.Tensor) -> Value:
+        unit = self.net.units[name]
+        rate = float(self.net.spec[name].opts.get("dropout", 0.0))
+        if self.training and rate > 0.0:
+            inputs = [self._dropout(v, rate, tf.random.experimental.stateless_fold_in(seed, i))
+                      for i, v in enumerate(inputs)]
+        if hasattr(unit, "lengths"):
+            unit.lengths = self.axis_lengths
+        if hasattr(unit, "training"):
+            unit.training = self.training
+        y = unit(inputs, looped, options)
+        if isinstance(unit, LinearUnit) and unit.opts["class"] == "softmax":
+            self.logits[name] = y
+            y = tf.nn.softmax(y)
+        return Value(y, unit.template, looped)
+
+    @staticmethod
+    def _dropout(value: Value, rate: float, seed: tf.Tensor) -> Value:
+        if value.template.sparse:
+            return value
+        x = value.tensor
+        noise_shape = tf.concat([tf.ones([tf.rank(x) - 1], tf.int32), tf.shape(x)[-1:]], axis=0)
+        return Value(tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed, noise_shape=noise_shape),
+                     value.template, value.looped)
+
+    def _layer_seed(self, name: str) -> tf.Tensor:
+        return tf.random.experimental.stateless_fold_in(self.seed, list(self.net.spec).index(name))
+
+    def _all_steps(self, names: tuple[str, ...], batch: tf.Tensor) -> None:
+        """Layers moved out of the loop, on all steps at once."""
+        for name in _topological(self.net.spec, names):
+            if name in self.values:  # the choice: the target
+                continue
+            layer = self.net.spec[name]
+            resolve = lambda ref: self._whole(ref, batch)  # noqa: E731
+            self.values[name] = self._apply(name, [resolve(r) for r in layer.sources],
+                                            {k: resolve(r) for k, r in layer.options.items()}, True,
+                                            self._layer_seed(name))
+
+    def _whole(self, ref: Ref, batch: tf.Tensor) -> Value:
+        if ref.kind == "base":
+            return self.base[ref.name]
+        value = self.values[ref.name]
+        return self._shifted(ref.name, value, batch) if ref.kind == "prev" else value
+
+    def train(self, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
+        plan, spec = self.net.plan, self.net.spec
+        ids = self.values["output"].tensor
+        batch, steps = tf.shape(ids)[0], tf.shape(ids)[1]
+        self._all_steps(plan.inputs_moved_out, batch)
+        loop = _topological(spec, plan.in_loop)
+        if loop:
+            self._loop(loop, batch, steps)
+        self._all_steps(plan.outputs_moved_out, batch)
+        name = self.net.layer_name
+        results = {}
+        for unit_name, value in self.values.items():
+            results[f"{name}/{unit_name}"] = value.tensor
+            if unit_name in self.logits:
+                results[f"{name}/{unit_name}:logits"] = self.logits[unit_name]
+                results[f"{name}/{unit_name}:lengths"] = lengths
+        return tf.transpose(ids), lengths, results
+
+    def _loop(self, loop: list[str], batch: tf.Tensor, steps: tf.Tensor) -> None:
+        spec, units = self.net.spec, self.net.units
+        read_prev = sorted({r.name for n in loop for r in spec[n].sources + list(spec[n].options.values())
+                            if r.kind == "prev" and r.name in loop})
+        cells = [n for n in loop if units[n].stateful]
+        # what the layers behind the loop read of the loop's layers (and the loss layers' logits)
+        kept = [n for n in loop if any(r.name == n for m in self.net.plan.outputs_moved_out
+                                       for r in spec[m].sources + list(spec[m].options.values()))
+                or spec[n].opts.get("loss") or n == "output"]
+        prev0 = {n: self._initial(n, batch) for n in read_prev}
+        cells0 = {n: units[n].initial_state(batch) for n in cells}
+        prev0, cells0 = tf.nest.map_structure(loose_batch, (prev0, cells0))
+        arrays = {n: tf.TensorArray(tf.int32 if self.net.templates[n].sparse else tf.float32, size=steps)
+                  for n in kept}
+        logit_arrays = {n: tf.TensorArray(tf.float32, size=steps) for n in kept if self._is_softmax(n)}
+        # the layers moved in front, as the loop reads them (shifted once here, not at every step)
+        outside = {(r.kind, r.name): self._whole(r, batch) for n in loop
+                   for r in spec[n].sources + list(spec[n].options.values())
+                   if r.kind in ("cur", "prev") and r.name not in loop}
+
+        def body(t, prev, cell_states, arrays, logit_arrays):
+            frame: dict[str, Value] = {}
+            new_cells: dict = {}
+
+            def resolve(ref: Ref) -> Value:
+                if ref.kind == "base":
+                    return self.base[ref.name]
+                if ref.name in frame:
+                    return frame[ref.name]
+                if ref.kind == "prev" and ref.name in prev:
+                    return Value(prev[ref.name], self.net.templates[ref.name], looped=False)
+                return step_slice(outside[(ref.kind, ref.name)], t)  # a layer moved in front: step t
+
+            for name in loop:
+                frame[name] = self.step_layer(name, resolve, t, cell_states, new_cells)
+            arrays = {n: a.write(t, frame[n].tensor) for n, a in arrays.items()}
+            logit_arrays = {n: a.write(t, self.logits[n]) for n, a in logit_arrays.items()}
+            return t + 1, {n: frame[n].tensor for n in prev}, new_cells, arrays, logit_arrays
+
+        _, _, _, arrays, logit_arrays = tf.while_loop(
+            lambda t, *_: t < steps, body, (tf.constant(0), prev0, cells0, arrays, logit_arrays))
+        for name, array in arrays.items():
+            stacked = array.stack()  # (L, B, ...)
+            self.values[name] = Value(tf.transpose(stacked, [1, 0, *range(2, stacked.shape.rank)]),
+                                      self.net.templates[name], looped=True)
+        for name, array in logit_arrays.items():
+            stacked = array.stack()
+            self.logits[name] = tf.transpose(stacked, [1, 0, *range(2, stacked.shape.rank)])
+
+    def step_layer(self, name: str, resolve: Any, t: tf.Tensor, cell_states: dict, new_cells: dict) -> Value:
+        """Layer ``name`` at step ``t`` of the loop; ``resolve`` gives a reference's value at this step. An
+        LSTM cell's new state goes into ``new_cells``."""
+        layer, unit = self.net.spec[name], self.net.units[name]
+        inputs = [resolve(r) for r in layer.sources]
+        options = {k: resolve(r) for k, r in layer.options.items()}
+        seed = tf.random.experimental.stateless_fold_in(self._layer_seed(name), tf.cast(t, tf.int64))
+        if not unit.stateful:
+            return self._apply(name, inputs, options, False, seed)
+        if self.training and layer.opts.get("dropout"):
+            inputs = [self._dropout(v, float(layer.opts["dropout"]), seed) for v in inputs]
+        y, new_cells[name] = unit.step(inputs, cell_states[name])
+        return Value(y, self.net.templates[name], looped=False)
+
+    def _is_softmax(self, name: str) -> bool:
+        return self.net.spec[name].cls == "softmax"

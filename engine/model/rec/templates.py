@@ -1,0 +1,75 @@
+"""Each unit layer's ``Template`` before any parameter exists. A layer may read its own or another's
+previous step (``prev:x``) before x's template is known (``accum_att_weights`` reads itself, the decoder
+state reads the attention that reads the state): such a reference is left out where a layer's template
+does not need it (a linear layer's axes come from its other sources, an LSTM's from nothing), as
+RETURNN builds its templates around the uninitialised ones.
+"""
+from __future__ import annotations
+
+from engine.model.rec.frames import Template
+from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext
+from engine.model.rec.unit import Ref, UnitLayer
+from engine.runtime.errors import ConfigError
+
+
+def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx: UnitContext,
+                   training: bool) -> dict[str, Template]:
+    """The templates of all unit layers; ``base``: those of the network's layers the unit reads."""
+    templates: dict[str, Template] = {}
+
+    def of(ref: Ref) -> Template | None:
+        if ref.kind == "base":
+            return base[ref.name]
+        if ref.kind in ("cur", "prev"):
+            return templates.get(ref.name)
+        raise ConfigError(f"{ctx.where('?')}: '{ref}' is not provided inside a rec unit here.")
+
+    def attempt(layer: UnitLayer, relaxed: bool) -> Template | None:
+        if layer.cls == "choice":
+            return _choice_template(layer, ctx)
+        if layer.cls == "generic_attention":
+            weights, values = of(layer.options["weights"]), of(layer.options["base"])
+            if weights is None or values is None:
+                return None
+            return GenericAttention.attention_template(layer.name, weights, values, ctx)
+        if layer.cls == "eval" and "shape" in (layer.opts.get("out_type") or {}):
+            return EvalUnit.declared_template(layer.name, layer.opts, ctx)
+        sources = []
+        for ref in layer.sources:
+            template = of(ref)
+            if template is None and (ref.kind == "cur" or not relaxed):
+                return None
+            if template is not None:
+                sources.append(template)
+        if not sources and layer.cls != "rnn_cell":
+            return None
+        return CLASSES[layer.cls].out_template(layer.name, layer.opts, sources, ctx)
+
+    pending = list(layers)
+    while pending:
+        progress = False
+        for relaxed in (False, True):
+            for name in list(pending):
+                template = attempt(layers[name], relaxed)
+                if template is not None:
+                    templates[name] = template
+                    pending.remove(name)
+                    progress = True
+                    if relaxed:
+                        break  # back to strict: the others may now have all they need
+            if progress:
+                break
+        if not progress:
+            raise ConfigError(f"Network layer '{ctx.rec_name}': the shapes of unit layers {pending} cannot "
+                              "be "
+                              "derived (each reads another of them before it is known); give them 'n_out' "
+                              "or an 'out_type'.")
+    return templates
+
+
+def _choice_template(layer: UnitLayer, ctx: UnitContext) -> Template:
+    target = layer.opts.get("target")
+    if not isinstance(target, str) or target not in ctx.target_dims:
+        raise ConfigError(f"{ctx.where(layer.name)}: choice needs 'target', a data stream of class ids "
+                          f"(known: {sorted(ctx.target_dims)}), got {target!r}.")
+    return Template((), ctx.target_dims[target], sparse=True)
