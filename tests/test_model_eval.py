@@ -333,9 +333,6 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
     ("from TFNetworkLayer import LayerBase", "RETURNN's module 'TFNetworkLayer' is not provided by this"),
     ("import returnn.tf.layers.basic", "RETURNN's module 'returnn.tf.layers.basic' is not provided"),
     ("from returnn.tf.util.basic import nd_indices", "RETURNN's returnn.tf.util.basic.nd_indices is not"),
-    ("from Pretrain import WrapEpochValue\nx = {'a': WrapEpochValue(lambda epoch: 1)}",
-     r"line 2: ConfigError: RETURNN's Pretrain.WrapEpochValue \(a value that changes with RETURNN's "
-     "pretraining epochs; this engine has no pretraining\\) is not available in this engine"),
 ])
 def test_returnn_names_this_engine_lacks_are_named(tmp_path, line, match):
     with pytest.raises(ConfigError, match=match):

@@ -38,13 +38,23 @@ _section(
 )
 _section(
     "tasks",
-    ("task", "str", "train", "train | eval | forward"),
+    ("task", "str", "train", "train | eval | forward | search"),
     ("train", "any", None, 'train dataset: dict, "file1.hdf,file2.hdf", or "Class:kw=v,..."'),
     ("dev", "any", None, "dev dataset, scored after every epoch (same forms as train)"),
     ("eval", "any", None, "eval dataset (task eval and forward)"),
     ("output_file", "str", None, "forward task: HDF file to write"),
     ("forward_greedy_labels", "bool", False,
      "forward task, ctc output: also write the best-path labels (target key 'greedy')"),
+    ("search_data", "any", "eval",
+     "search task: 'train' | 'dev' | 'eval' (that dataset) or a dataset of its own"),
+    ("search_output_layer", "any", "output",
+     "search task: the decide layer whose best hypotheses are written"),
+    ("search_output_file", "str", "",
+     "search task: text file of the hypotheses, corpus order (.gz: gzipped)", "none"),
+    ("search_output_file_format", "str", "txt",
+     "search task: txt (a hypothesis a line) | py (dict seq tag -> hypothesis)"),
+    ("search_do_eval", "bool", True,
+     "search task: score the hypotheses against the target (WER, label error rate)"),
 )
 _section(
     "datasets",
@@ -67,6 +77,8 @@ _section(
 _section(
     "model",
     ("network", "any", None, "layer dict (linear, rec, softmax, dropout, copy)"),
+    ("optimize_move_layers_out", "bool", True,
+     "rec layers with a subnetwork unit: move the layers that allow it out of the decoder loop"),
     ("get_model", "any", None, "config function returning a Keras model or tf.Module"),
     ("get_network", "any", None, "config function get_network(epoch=...) returning a layer dict"),
     ("model_loss", "str", "ce", "get_model's loss against 'classes': ce | ctc"),
@@ -79,6 +91,24 @@ _section(
     ("tf_amp", "any", None, "mixed precision, RETURNN's name: 'bfloat16' | 'float16' (or {'dtype': ...}): "
      "layers compute in it, parameters, LSTM and loss stay float32; float16 with dynamic loss scaling",
      "off (float32)"),
+)
+_section(
+    "pretrain",
+    ("pretrain", "any", None, "RETURNN's pretraining: True, 'default' or a dict {construction_algo, "
+     "repetitions, copy_param_mode, copy_output_layer, output_layers, input_layers}; epochs 1..N train "
+     "growing networks", "off"),
+    ("pretrain_construction_algo", "any", None, "pretrain's construction_algo unless its dict sets one: "
+     "'from_output' | 'from_input' | 'no_network_modifications' | a function (idx, net_dict)", "from_output"),
+    ("pretrain_repetitions", "any", None, "pretrain's repetitions unless its dict sets them: epochs per "
+     "network (int, list or dict)", "1"),
+    ("pretrain_copy_output_layer", "any", None, "pretrain's copy_output_layer unless its dict sets it",
+     "copy_param_mode, else 'ifpossible'"),
+    ("pretrain_greedy", "bool", None, "pretrain's greedy; only False (RETURNN's TF engine has no greedy "
+     "pretraining)", "False"),
+    ("pretrain_learning_rate", "float", None, "the learning rate of the pretraining epochs (without "
+     "use_learning_rate_control_always)", "learning_rate"),
+    ("use_learning_rate_control_always", "bool", False, "pretraining epochs take their learning rate from "
+     "learning_rate_control (and '#config' may set it), not pretrain_learning_rate"),
 )
 _section(
     "tf_threads",

@@ -10,7 +10,7 @@ outside config files imports as before.
 
 - provided: ``PROVIDED`` (TensorFlow's own ``tf.compat.v1``; small functions of ``returnn_tf_util.py``);
 - importable, but an error when used: ``IMPORTABLE_ONLY`` (names configs import at the top and often
-  never use, such as ``WrapEpochValue``);
+  never use, such as ``DimensionTag``);
 - anything else of RETURNN's: a ConfigError naming the module and the name, at the import.
 
 This module does not import TensorFlow; the provided objects load it on first access.
@@ -82,14 +82,13 @@ PROVIDED: dict[str, dict[str, Callable[[], Any]]] = {
     "returnn.tf.util.basic": {name: _from(_TF_UTIL, name) for name in ("where_bc", "safe_log", "safe_exp",
                                                                        "get_shape")},
     "returnn.util.basic": {"cleanup_env_var_path": lambda: cleanup_env_var_path},
+    "returnn.pretrain": {"WrapEpochValue": _from("engine.config.epoch_value", "WrapEpochValue")},
 }
 
 _DIM_TAGS = ("RETURNN's tensor descriptions and dim tags; this engine's layers carry (time, batch, feature) "
              "tensors and take no dim tags")
 # RETURNN's module -> name -> what it is: importable, but a ConfigError once used
 IMPORTABLE_ONLY: dict[str, dict[str, str]] = {
-    "returnn.pretrain": {"WrapEpochValue": "a value that changes with RETURNN's pretraining epochs; this "
-                                           "engine has no pretraining"},
     "returnn.tf.util.basic": {"Data": _DIM_TAGS, "DimensionTag": _DIM_TAGS},
     "returnn.tf.util.data": {name: _DIM_TAGS
                              for name in ("Data", "Dim", "DimensionTag", "FeatureDim", "SpatialDim")},

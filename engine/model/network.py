@@ -290,6 +290,37 @@ class NetworkModel(SeqModel):
             x = tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed, noise_shape=noise_shape)
         return x
 
+    def layer_loss_sums(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
+                        target_lengths: dict[str, tf.Tensor],
+                        training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+        """Per loss layer (in training without the ``only_on_eval`` ones): its loss sum (unscaled), its error
+        sum and its count, as RETURNN's ``LossHolder`` gives them; a rec unit's as ``<rec>/<layer>``."""
+        sums = {}
+        for name in self.loss_layers:
+            layer = self.loss_objects[name]
+            if training and layer.only_on_eval:
+                continue
+            if layer.target not in targets or layer.target not in target_lengths:
+                raise DataError(
+                    f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
+                    f"{sorted(targets)}."
+                )
+            target, target_length = targets[layer.target], target_lengths[layer.target]
+            output, lengths = model_outputs[name], model_outputs[f"{name}:lengths"]
+            if isinstance(layer, Decide):
+                sums[name] = layer.sums(output, lengths, target, target_length)
+            elif layer.loss == "edit_distance":
+                sums[name] = layer.criterion.sums(output, lengths, target, target_length, layer=name,
+                                                  target=layer.target)
+            elif layer.loss == "ctc":
+                sums[name] = layer.criterion.sums(model_outputs[f"{name}:logits"], lengths, target,
+                                                  target_length, layer=name, target=layer.target,
+                                                  training=training)
+            else:
+                sums[name] = masked_ce_sums(model_outputs[f"{name}:logits"], target, target_length,
+                                            where=name, criterion=layer.criterion)
+        return sums
+
     def compute_losses(
         self,
         model_outputs: dict[str, tf.Tensor],
@@ -304,34 +335,9 @@ class NetworkModel(SeqModel):
             )
         loss = error = frames = None
         terms = []
-        for name in self.loss_layers:
+        sums = self.layer_loss_sums(model_outputs, targets, target_lengths, training)
+        for name, (value, err, n) in sums.items():
             layer = self.loss_objects[name]
-            if training and layer.only_on_eval:
-                continue
-            if layer.target not in targets or layer.target not in target_lengths:
-                raise DataError(
-                    f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
-                    f"{sorted(targets)}."
-                )
-            if isinstance(layer, Decide):
-                value, err, n = layer.sums(model_outputs[name], model_outputs[f"{name}:lengths"],
-                                           targets[layer.target], target_lengths[layer.target])
-            elif layer.loss == "edit_distance":
-                value, err, n = layer.criterion.sums(
-                    model_outputs[name], model_outputs[f"{name}:lengths"], targets[layer.target],
-                    target_lengths[layer.target], layer=name, target=layer.target)
-            elif layer.loss == "ctc":
-                value, err, n = layer.criterion.sums(
-                    model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"], targets[layer.target],
-                    target_lengths[layer.target], layer=name, target=layer.target, training=training)
-            else:
-                value, err, n = masked_ce_sums(
-                    model_outputs[f"{name}:logits"],
-                    targets[layer.target],
-                    target_lengths[layer.target],
-                    where=name,
-                    criterion=layer.criterion,
-                )
             if error is None:  # the main loss layer: its error and count are reported
                 error, frames = err, n
             if layer.loss == "edit_distance":

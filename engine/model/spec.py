@@ -57,7 +57,8 @@ _CLASS_OPTIONS = {
              "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }
 IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
-_SUBNETWORK_OPTIONS = {"target", "max_seq_len", "cheating"}  # of a rec layer with a dict unit (rec/)
+# options of a rec layer with a dict unit (engine/model/rec/)
+_SUBNETWORK_OPTIONS = {"target", "max_seq_len", "cheating", "optimize_move_layers_out"}
 _COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params"}
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
 RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",

@@ -13,6 +13,7 @@ from engine.config.key_check import (EXEMPT, IGNORED, IMPLEMENTED, NO_EFFECT, NO
                                      log_notes, merged)
 from engine.config.loader import Config
 from engine.datasets.factory import dataset_findings
+from engine.model.pretrain import pretrain_from_config
 from engine.model.spec import layer_findings, parse_network
 from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoints.preload_options import preload_entries
@@ -29,18 +30,29 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
     findings = config_findings(config)
     ignored = ignored_names(config)
     problems = []
-    network = config.value("network")
-    if isinstance(network, dict):
+    try:  # pretraining: the network of each of its epochs (WrapEpochValue resolved, '#config' read)
+        schedule = pretrain_from_config(config)
+    except EngineError as exc:
+        schedule = None
+        problems.append(str(exc))
+    network = config.value("network") if schedule is None and not config.value("pretrain") else None
+    networks = [network] if isinstance(network, dict) else []
+    if schedule is not None:
+        networks = [schedule.layers(epoch) for epoch in range(1, schedule.num_epochs + 1)]
+    for network in networks:
         try:
             findings += layer_findings(parse_network(network), ignored)
         except EngineError as exc:
             problems.append(str(exc))
+            break
     try:
         preload_entries(config)
     except EngineError as exc:
         problems.append(str(exc))
-    for key in DATASET_KEYS:
+    for key in DATASET_KEYS + ("search_data",):
         spec = config.typed(key)
+        if key == "search_data" and (not config.has(key) or spec in DATASET_KEYS):
+            continue  # the name of one of the datasets above (search.py)
         if spec and not callable(spec):
             try:
                 findings += dataset_findings(spec, key, ignored)

@@ -5,12 +5,14 @@ from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset, data_dims, dataset_from_config
 from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
 from engine.model import SeqModel, build_model
+from engine.model.pretrain import pretrain_from_config
 from engine.runtime import log
 from engine.runtime.device import select_device
 from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoints.file_format import checkpoint_to_load
 from engine.training.checkpoints.initial_params import load_for_inference
 from engine.training.loop import evaluate
+from engine.training.pretrain_switch import PretrainRun
 from engine.training.step import Steps
 
 
@@ -18,9 +20,12 @@ def load_model_for_inference(config: Config, comm: Communicator, dataset: Datase
     """Build the model for ``dataset``'s dims and load the checkpoint on rank 0; returns (model, epoch)."""
     select_device(config)
     dims = data_dims(config, dataset)
+    path, epoch = checkpoint_to_load(config, comm)
+    schedule = pretrain_from_config(config)  # pretraining: the network of the checkpoint's epoch
+    if schedule is not None:  # ('load', epoch 0: the full network, as RETURNN takes it then)
+        config = PretrainRun(config, schedule).epoch_config(epoch or schedule.num_epochs)
     model = build_model(config, input_dim=dims.input_dim, input_sparse=dims.input_sparse,
                         target_dims=dims.target_dims)
-    path, epoch = checkpoint_to_load(config, comm)
     if comm.rank == 0:
         load_for_inference(config, model, path, "load" if config.str("load") else "model")
         log.info(f"loaded model from {path}")

@@ -71,7 +71,11 @@ class RecSubnet(Layer):
             self.units[unit_name] = self._build(unit_name)
             for key, var in self.units[unit_name].params.items():
                 self.params[f"{unit_name}/{key}"] = var
-        self.plan: LoopPlan = plan_loop(self.spec, search=False)
+        self.optimize = opts.get("optimize_move_layers_out",
+                                 config.bool("optimize_move_layers_out", True) if config else True)
+        if not isinstance(self.optimize, bool):
+            raise ConfigError(f"Network layer '{name}': optimize_move_layers_out must be True or False.")
+        self.plan: LoopPlan = plan_loop(self.spec, search=False, optimize=self.optimize)
         for line in self.plan.log_lines(name, search=False, training=True):
             log.info(line)
         self.order = _topological(self.spec, tuple(self.spec))
@@ -110,6 +114,16 @@ class RecSubnet(Layer):
         return {name: unit.dense for name, unit in self.units.items()
                 if isinstance(unit, LinearUnit) and unit.opts.get("loss")}
 
+    def split_info(self, key: str) -> list[list[int]] | None:
+        """How RETURNN splits the unit parameter ``key`` ("<unit layer>/<name>") into blocks when its
+        pretraining copies a subset: a linear layer's weights by source and output (None: one block, as
+        RETURNN sets none for TensorFlow's LSTM cell)."""
+        layer, _, param = key.partition("/")
+        unit = self.units.get(layer)
+        if isinstance(unit, LinearUnit) and param == "W" and not unit.dense.sparse_input:
+            return [[s.dim for s in unit.sources], [unit.template.dim]]
+        return None
+
     # ----- running -----
     def run(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]], streams: dict[str, tf.Tensor] | None,
             stream_lengths: dict[str, tf.Tensor] | None, training: bool,
@@ -133,7 +147,7 @@ class RecSubnet(Layer):
 
     def _search(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]],
                 decide_by_length: bool) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
-        plan = plan_loop(self.spec, search=True)
+        plan = plan_loop(self.spec, search=True, optimize=self.optimize)
         if plan.inputs_moved_out or plan.outputs_moved_out:
             raise ConfigError(f"Network layer '{self.layer_name}': in search, layers "
                               f"{list(plan.inputs_moved_out + plan.outputs_moved_out)} do not depend on the "
@@ -262,7 +276,8 @@ class _Run:
         ids = self.values["output"].tensor
         batch, steps = tf.shape(ids)[0], tf.shape(ids)[1]
         self._all_steps(plan.inputs_moved_out, batch)
-        loop = _topological(spec, plan.in_loop)
+        # the choice is the target: never computed, also where the plan keeps it in the loop
+        loop = [n for n in _topological(spec, plan.in_loop) if n != "output"]
         if loop:
             self._loop(loop, batch, steps)
         self._all_steps(plan.outputs_moved_out, batch)

@@ -17,18 +17,19 @@ def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx:
     """The templates of all unit layers; ``base``: those of the network's layers the unit reads."""
     templates: dict[str, Template] = {}
 
-    def of(ref: Ref) -> Template | None:
+    def of(ref: Ref, reader: str) -> Template | None:
         if ref.kind == "base":
             return base[ref.name]
         if ref.kind in ("cur", "prev"):
             return templates.get(ref.name)
-        raise ConfigError(f"{ctx.where('?')}: '{ref}' is not provided inside a rec unit here.")
+        raise ConfigError(f"{ctx.where(reader)}: '{ref}' is not provided inside a rec unit here (the loop "
+                          "runs over output labels, the rec layer has no input frames: 'from': []).")
 
     def attempt(layer: UnitLayer, relaxed: bool) -> Template | None:
         if layer.cls == "choice":
             return _choice_template(layer, ctx)
         if layer.cls == "generic_attention":
-            weights, values = of(layer.options["weights"]), of(layer.options["base"])
+            weights, values = of(layer.options["weights"], layer.name), of(layer.options["base"], layer.name)
             if weights is None or values is None:
                 return None
             return GenericAttention.attention_template(layer.name, weights, values, ctx)
@@ -36,7 +37,7 @@ def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx:
             return EvalUnit.declared_template(layer.name, layer.opts, ctx)
         sources = []
         for ref in layer.sources:
-            template = of(ref)
+            template = of(ref, layer.name)
             if template is None and (ref.kind == "cur" or not relaxed):
                 return None
             if template is not None:

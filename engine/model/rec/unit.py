@@ -183,8 +183,12 @@ def needed_outputs(layers: dict[str, UnitLayer], search: bool) -> list[str]:
     return sorted(needed)
 
 
-def plan_loop(layers: dict[str, UnitLayer], search: bool) -> LoopPlan:
-    """RETURNN's move-out optimisation (see the module docstring) on the unit's dependency graph."""
+def plan_loop(layers: dict[str, UnitLayer], search: bool, optimize: bool = True) -> LoopPlan:
+    """RETURNN's move-out optimisation (see the module docstring) on the unit's dependency graph; without
+    ``optimize`` (RETURNN's ``optimize_move_layers_out`` False) every layer of the unit runs in the loop."""
+    if not optimize:
+        needed_outputs(layers, search)  # its checks
+        return LoopPlan((), (), tuple(sorted(layers)), ())
     training = not search
     deps = {name: [r.name for r in layer.refs(training) if r.kind in ("cur", "prev")]
             for name, layer in layers.items()}

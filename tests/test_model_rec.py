@@ -1,0 +1,218 @@
+"""RETURNN's rec layer with a subnetwork unit (engine/model/rec/): the loop plan, the decoder loop in
+training (the optimised plan computes what the all-in-loop one does), beam search (its score is the
+model's log-probability of its hypothesis), the refusals, and training through rnn.py on 1 and 2 ranks."""
+import copy
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from engine.model.network import NetworkModel
+from engine.model.rec.unit import parse_unit, plan_loop
+from engine.runtime.errors import ConfigError
+from helpers import ROOT, run_mpi, run_rnn
+
+CLASSES = 7
+# an LSTM attention decoder as RETURNN's 2019 LibriSpeech setup builds it (MLP attention with fertility,
+# rnn_cell state, maxout readout), small
+UNIT = {
+    "output": {"class": "choice", "target": "classes", "beam_size": 3, "from": ["output_prob"],
+               "initial_output": 0},
+    "end": {"class": "compare", "from": ["output"], "value": 0},
+    "target_embed": {"class": "linear", "activation": None, "with_bias": False, "from": ["output"], "n_out": 5,
+                     "initial_output": 0},
+    "weight_feedback": {"class": "linear", "activation": None, "with_bias": False,
+                        "from": ["prev:accum_att_weights"], "n_out": 6},
+    "s_transformed": {"class": "linear", "activation": None, "with_bias": False, "from": ["s"], "n_out": 6},
+    "energy_in": {"class": "combine", "kind": "add", "from": ["base:enc_ctx", "weight_feedback", "s_transformed"],
+                  "n_out": 6},
+    "energy_tanh": {"class": "activation", "activation": "tanh", "from": ["energy_in"]},
+    "energy": {"class": "linear", "activation": None, "with_bias": False, "from": ["energy_tanh"], "n_out": 1},
+    "att_weights": {"class": "softmax_over_spatial", "from": ["energy"]},
+    "accum_att_weights": {"class": "eval", "from": ["prev:accum_att_weights", "att_weights", "base:inv_fertility"],
+                          "eval": "source(0) + source(1) * source(2) * 0.5",
+                          "out_type": {"dim": 1, "shape": (None, 1)}},
+    "att0": {"class": "generic_attention", "weights": "att_weights", "base": "base:enc_value"},
+    "att": {"class": "merge_dims", "axes": "except_batch", "from": ["att0"]},
+    "s": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["prev:target_embed", "prev:att"], "n_out": 8},
+    "readout_in": {"class": "linear", "from": ["s", "prev:target_embed", "att"], "activation": None, "n_out": 8},
+    "readout": {"class": "reduce_out", "mode": "max", "num_pieces": 2, "from": ["readout_in"]},
+    "output_prob": {"class": "softmax", "from": ["readout"], "target": "classes", "loss": "ce"},
+}
+NETWORK = {
+    "fw": {"class": "rec", "unit": "nativelstm2", "n_out": 6, "direction": 1, "from": "data"},
+    "bw": {"class": "rec", "unit": "nativelstm2", "n_out": 6, "direction": -1, "from": "data"},
+    "encoder": {"class": "pool", "mode": "max", "padding": "same", "pool_size": (2,), "from": ["fw", "bw"]},
+    "enc_ctx": {"class": "linear", "activation": None, "from": ["encoder"], "n_out": 6},
+    "inv_fertility": {"class": "linear", "activation": "sigmoid", "with_bias": False, "from": ["encoder"],
+                      "n_out": 1},
+    "enc_value": {"class": "split_dims", "axis": "F", "dims": (1, 12), "from": ["encoder"]},
+    "output": {"class": "rec", "from": [], "unit": UNIT, "target": "classes",
+               "max_seq_len": "max_len_from('base:encoder') * 2"},
+    "decision": {"class": "decide", "from": ["output"], "loss": "edit_distance", "target": "classes"},
+}
+# RETURNN 1.20261022's log of this unit (_SubnetworkRecCell._move_outside_loop), training and search
+TRAIN_PLAN = (["output", "target_embed"], ["output_prob", "readout", "readout_in"],
+              ["s", "att", "att0", "att_weights", "energy", "energy_tanh", "energy_in", "weight_feedback",
+               "accum_att_weights", "s_transformed"])
+
+
+def model(network=NETWORK, **options):
+    return NetworkModel(copy.deepcopy(network), input_dim=4, input_sparse=False,
+                        target_dims={"classes": CLASSES}, random_seed=3, **options)
+
+
+def batch(seed=0):
+    rng = np.random.RandomState(seed)
+    data = rng.randn(3, 10, 4).astype(np.float32)
+    lengths = np.array([10, 8, 6], np.int32)
+    label_lengths = np.array([4, 3, 2], np.int32)
+    labels = rng.randint(1, CLASSES, size=(3, 4)).astype(np.int32)
+    for b, n in enumerate(label_lengths):
+        labels[b, n - 1:] = 0  # EOS 0 ends each, as RETURNN's BPE setups' seq_postfix [0]
+    return data, lengths, labels, label_lengths
+
+
+def test_the_plan_moves_out_what_returnn_moves_out():
+    unit = parse_unit("output", UNIT)
+    plan = plan_loop(unit, search=False)
+    assert (list(plan.inputs_moved_out), list(plan.outputs_moved_out), list(plan.in_loop)) == TRAIN_PLAN
+    assert plan.unused == ("end",)
+    search = plan_loop(unit, search=True)
+    assert search.inputs_moved_out == search.outputs_moved_out == () and set(search.in_loop) == set(UNIT)
+    assert plan_loop(unit, search=False, optimize=False).in_loop == tuple(sorted(UNIT))
+
+
+def scores_and_gradients(net):
+    data, lengths, labels, label_lengths = batch()
+    with tf.GradientTape() as tape:
+        out = net(data, lengths, streams={"classes": labels}, stream_lengths={"classes": label_lengths})
+        losses = net.compute_losses(out, {"classes": labels}, {"classes": label_lengths})
+    grads = tape.gradient(losses.objective, net.trainable_variables)
+    return losses, dict(zip(net.named_trainable_variables(), grads))
+
+
+def test_the_optimised_loop_computes_what_the_loop_of_every_layer_computes():
+    network = copy.deepcopy(NETWORK)
+    network["output"]["optimize_move_layers_out"] = False
+    optimised, plain = scores_and_gradients(model()), scores_and_gradients(model(network))
+    assert float(optimised[0].loss) > 0
+    np.testing.assert_allclose(float(optimised[0].loss), float(plain[0].loss), rtol=1e-6)
+    assert float(optimised[0].error) == float(plain[0].error) and float(optimised[0].num_frames) == 9
+    assert optimised[1].keys() == plain[1].keys()
+    for name, grad in optimised[1].items():
+        assert grad is not None, name
+        np.testing.assert_allclose(grad.numpy(), plain[1][name].numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_the_checkpoint_names_are_returnns():
+    names = set(model().named_variables())
+    assert {"output/s/rec/lstm_cell/kernel", "output/s/rec/lstm_cell/bias", "output/output_prob/W",
+            "output/target_embed/W", "output/energy/W"} <= names
+
+
+def sequence_log_prob(net, data, lengths, hyp, hyp_length):
+    """log p(hyp + EOS | data) by the model in scoring (the decoder fed the hypothesis)."""
+    labels = np.zeros((1, hyp_length + 1), np.int32)
+    labels[0, :hyp_length] = hyp[:hyp_length]
+    out = net(data[None], lengths[None], streams={"classes": labels},
+              stream_lengths={"classes": np.array([hyp_length + 1], np.int32)})
+    log_probs = tf.nn.log_softmax(out["output/output_prob:logits"])[0].numpy()
+    return float(sum(log_probs[t, labels[0, t]] for t in range(hyp_length + 1)))
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_searched_hypothesis_scores_its_log_probability(beam):
+    network = copy.deepcopy(NETWORK)
+    network["output"]["unit"]["output"].update(beam_size=beam, length_normalization=False)
+    net = model(network)
+    data, lengths, _, _ = batch()
+    found = {key: value.numpy() for key, value in net.search(data, lengths, "decision").items()}
+    for b in range(3):
+        length = int(found["hyp_lengths"][b])
+        if length == 2 * 5:  # no EOS within max_seq_len: the score has no EOS term
+            continue
+        expected = sequence_log_prob(net, data[b, :lengths[b]], lengths[b], found["hyps"][b], length)
+        np.testing.assert_allclose(found["scores"][b], expected, rtol=1e-4)
+
+
+def test_a_wider_beam_finds_no_worse_hypothesis():
+    network = copy.deepcopy(NETWORK)
+    data, lengths, _, _ = batch(seed=4)
+    scores = {}
+    for beam in (1, 4):
+        network["output"]["unit"]["output"].update(beam_size=beam, length_normalization=False)
+        scores[beam] = model(network).search(data, lengths, "decision")["scores"].numpy()
+    assert np.all(scores[4] >= scores[1] - 1e-5)
+
+
+def test_search_in_a_graph_gives_what_it_gives_eagerly():
+    net = model()
+    data, lengths, _, _ = batch()
+    eager = net.search(data, lengths, "decision")
+    graph = tf.function(lambda d, n: net.search(d, n, "decision"))(data, lengths)
+    for key in eager:
+        np.testing.assert_allclose(eager[key].numpy(), graph[key].numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"x": {"class": "dot", "from": "s"}}, "class 'dot' is not implemented inside a rec unit"),
+    ({"x": {"class": "linear", "from": "data:source", "n_out": 2}}, "unit layer 'x': 'data:source' is not provided"),
+    ({"x": {"class": "linear", "from": "y", "n_out": 2}, "y": {"class": "linear", "from": "x", "n_out": 2}},
+     "cycle within one step"),
+    ({"x": {"class": "linear", "from": "s", "n_out": 2, "L2": 0.1}}, "option(s) ['L2']"),
+    ({"s": {"class": "rnn_cell", "unit": "NativeLstm2", "from": ["prev:att"], "n_out": 8}},
+     "rnn_cell unit 'NativeLstm2'"),
+])
+def test_what_the_unit_refuses_is_named(change, message):
+    network = copy.deepcopy(NETWORK)
+    network["output"]["unit"].update(change)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        model(network)
+
+
+def test_a_decide_layer_reads_a_searched_rec_layer():
+    network = copy.deepcopy(NETWORK)
+    network["decision"]["from"] = ["encoder"]
+    with pytest.raises(ConfigError, match="a decide layer reads a rec layer with a subnetwork unit"):
+        model(network)
+
+
+def write_corpus(path, num_seqs, seed):
+    """Symbols held for 2-4 frames each; the target: the symbols + 1 and EOS 0."""
+    from engine.datasets import DataKeyInfo, HDFWriter
+
+    rng = np.random.RandomState(seed)
+    with HDFWriter(str(path), {"data": DataKeyInfo(dim=4), "classes": DataKeyInfo(dim=CLASSES, sparse=True)}) as w:
+        for i in range(num_seqs):
+            symbols = rng.randint(4, size=rng.randint(1, 4))
+            frames = np.concatenate([[s] * rng.randint(2, 5) for s in symbols])
+            x = np.eye(4, dtype=np.float32)[frames] + 0.2 * rng.randn(len(frames), 4).astype(np.float32)
+            w.insert(f"seq-{i}", {"data": x, "classes": np.append(symbols + 1, 0).astype(np.int32)})
+    return str(path)
+
+
+def config_file(tmp_path):
+    train, dev = write_corpus(tmp_path / "train.hdf", 60, 1), write_corpus(tmp_path / "dev.hdf", 20, 2)
+    path = tmp_path / "attention.py"
+    path.write_text(
+        f"train = {{'class': 'HDFDataset', 'files': [{train!r}]}}\n"
+        f"dev = {{'class': 'HDFDataset', 'files': [{dev!r}]}}\n"
+        f"network = {NETWORK!r}\n"
+        "adam = True\nlearning_rate = 0.01\nbatch_size = 300\nnum_epochs = 2\n"
+        f"model = {str(tmp_path / 'out' / 'model')!r}\n")
+    return str(path)
+
+
+@pytest.mark.slow
+def test_an_attention_decoder_trains_through_rnn_py_on_one_and_two_ranks(tmp_path):
+    config = config_file(tmp_path)
+    one = run_rnn([config], timeout=300)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "Output layers moved out of loop: (#: 3)" in one.stdout + one.stderr
+    scores = [float(s) for s in re.findall(r"^dev: score (\S+)", one.stdout, re.M)]
+    assert len(scores) == 2 and scores[1] < scores[0], one.stdout
+    two = run_mpi(2, [str(ROOT / "rnn.py"), config, "++use_horovod", "1", "++model", str(tmp_path / "two" / "model")], timeout=300)
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert len(re.findall(r"^dev: score", two.stdout, re.M)) == 2, two.stdout
