@@ -36,7 +36,7 @@ AUTO_RULE = {
     "train": "1 intra-op thread up to 2 cores, else cores - 1; inter-op threads: 1 on 1 core, else 2",
     "inference": "all cores intra-op, 1 inter-op thread",
 }
-INFERENCE_TASKS = ("forward", "eval")
+INFERENCE_TASKS = ("forward", "eval", "search")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Task dispatch: ``task = "train" | "eval" | "forward"``.
+"""Task dispatch: ``task = "train" | "eval" | "forward" | "search"``.
 
 Stage 7 (tasks): may import every stage below (runtime to training); imported by tools and main.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 from engine.config.loader import Config
 from engine.runtime.errors import ConfigError
 
-TASKS = ("train", "eval", "forward")
+TASKS = ("train", "eval", "forward", "search")
 
 
 def run_task(config: Config) -> None:
@@ -19,6 +19,8 @@ def run_task(config: Config) -> None:
         from engine.tasks.train import run_train as run
     elif task == "eval":
         from engine.tasks.evaluate import run_eval as run
+    elif task == "search":
+        from engine.tasks.search import run_search as run
     else:
         from engine.tasks.forward import run_forward as run
     run(config)

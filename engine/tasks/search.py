@@ -1,0 +1,262 @@
+"""``task = "search"``: beam search over the ``search_data``, the best hypotheses into one text file.
+
+The model searches with its rec layers' ``choice`` beams; ``search_output_layer`` names the ``decide``
+layer whose best hypothesis per sequence is written (``search_output.py``: formats and scores). As in
+RETURNN: ``search_data`` is ``"eval"`` by default (or ``"train"``/``"dev"``, or a dataset of its own),
+``batch_size`` defaults to 1, ``max_seq_length`` must be 0 (every sequence gets a hypothesis), an
+existing output file is not overwritten, and when a file is written the data is searched longest
+sequence first (``sorted_reverse``), the order RETURNN picks for that.
+
+Data-parallel (``mpirun -np N``): the batches are planned once, as on one rank, and rank r searches
+batches r, r + N, ... . A hypothesis can depend on the other sequences of its batch (a rec layer's
+``max_seq_len`` from the longest input of the batch), so this keeps every rank count's file the same as
+one rank's. Rank 0 gathers the hypotheses and their error counts (each rank scores its own), and writes
+the file under a temporary name beside ``search_output_file``, renamed when complete; after an error on
+any rank it is removed, and every rank ends with the failing rank's message.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.config.loader import Config
+from engine.datasets import BatchOptions, Dataset, dataset_from_config, generate_batches
+from engine.datasets.ordering import parse_seq_ordering
+from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
+from engine.model.base import SeqModel
+from engine.model.rec.decide import Decide
+from engine.model.rec.subnet import RecSubnet
+from engine.runtime import log
+from engine.runtime.atomic_file import commit, create_temp_beside, discard
+from engine.runtime.errors import ConfigError, DataError, EngineError
+from engine.tasks.evaluate import load_model_for_inference
+from engine.tasks.search_output import (HypothesisText, SeqResult, check_format, score_sequence,
+                                        write_hypotheses)
+from engine.training.compiled_step import CompiledStep
+from engine.training.report import EpochReport
+
+NAMED_DATASETS = ("train", "dev", "eval")
+
+
+@dataclass
+class SearchSetup:
+    dataset: Dataset
+    model: SeqModel
+    layer: str
+    target: str | None  # the reference stream, when scored (search_do_eval)
+    text: HypothesisText | None
+    batching: BatchOptions
+    step: CompiledStep
+    output_file: str
+    output_format: str
+
+
+def search_dataset(config: Config) -> Dataset:
+    """``search_data``: the name of the ``train``, ``dev`` or ``eval`` dataset, or a dataset of its own."""
+    spec = config.typed("search_data")
+    key = spec if isinstance(spec, str) and spec in NAMED_DATASETS else "search_data"
+    dataset = dataset_from_config(config, key)
+    if dataset is None:
+        raise ConfigError(f"Task 'search' searches the dataset search_data names ({spec!r}), but the config "
+                          f"has no {key!r} dataset.")
+    if dataset.chunking is not None:
+        raise ConfigError(f"Task 'search' needs whole sequences, but the {key!r} dataset is chunked (its own "
+                          "'chunking', or 'chunk_eval'); remove the chunking for searching.")
+    return dataset
+
+
+def output_layer(config: Config, model: SeqModel) -> str:
+    layer = config.typed("search_output_layer")
+    layers = getattr(model, "layers", {})
+    decides = [name for name, obj in layers.items() if isinstance(obj, Decide)]
+    if isinstance(layer, (list, tuple)):
+        raise ConfigError(f"search_output_layer {list(layer)} lists several layers (RETURNN's py format "
+                          "with a dict per sequence); this engine writes one decide layer's hypotheses: "
+                          "name one.")
+    if not isinstance(layer, str) or not isinstance(layers.get(layer), Decide):
+        what = "not a layer of the network" if layer not in layers else "not a decide layer"
+        if isinstance(layers.get(layer), RecSubnet):
+            what = "a rec layer, whose output keeps the whole beam (RETURNN writes a list of (score, " \
+                   "hypothesis) pairs per sequence for it; not implemented)"
+        raise ConfigError(f"search_output_layer {layer!r} is {what}; it must name a decide layer (the "
+                          f"network's decide layers: {decides or 'none'}).")
+    return layer
+
+
+def end_label(model: SeqModel, layer: str) -> int | None:
+    """The class id that ends a hypothesis: the value the rec unit's ``end`` layer compares the choice
+    with (None when it is not such a comparison)."""
+    specs = model.specs
+    unit = specs[specs[layer].sources[0]].opts.get("unit")
+    end = unit.get("end") if isinstance(unit, dict) else None
+    if not isinstance(end, dict) or end.get("class") != "compare" or end.get("kind", "equal") != "equal":
+        return None
+    sources = end.get("from", ["data"])
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    choice = unit.get(sources[0]) if len(sources) == 1 else None
+    value = end.get("value")
+    if not isinstance(choice, dict) or choice.get("class") != "choice" or not isinstance(value, int):
+        return None
+    return value
+
+
+def _prepare(config: Config, comm: Communicator) -> SearchSetup:
+    output_file = config.str("search_output_file") or ""
+    output_format = config.str("search_output_file_format")
+    check_format(output_file, output_format)
+    if config.typed("max_seq_length"):
+        raise ConfigError("Task 'search' needs max_seq_length = 0 (as RETURNN): a longer sequence would be "
+                          "left without a hypothesis. Set ++max_seq_length 0.")
+    dataset = search_dataset(config)
+    model, epoch = load_model_for_inference(config, comm, dataset)
+    if not hasattr(model, "search"):
+        raise ConfigError("Task 'search' needs a model from a 'network' dict with a decide layer; the "
+                          "config's get_model model has no beam search.")
+    layer = output_layer(config, model)
+    target = model.specs[layer].opts.get("target") or config.str("target")
+    do_eval = config.bool("search_do_eval")
+    if do_eval and target not in dataset.data_keys:
+        raise ConfigError(f"search_do_eval scores the hypotheses against target {target!r}, which the search "
+                          f"data does not have (its keys: {dataset.data_keys}); set search_do_eval = False.")
+    extern = config.typed("extern_data") or {}
+    entry = extern.get(target) if isinstance(extern, dict) else None
+    text = HypothesisText.of(entry.get("vocab") if isinstance(entry, dict) else None,
+                             dataset.labels.get(target, []), target, end_label(model, layer))
+    if output_file and text is None:
+        raise ConfigError(f"search_output_file: the hypotheses are class ids of {target!r}, but neither its "
+                          "extern_data entry has a 'vocab' nor the search data label names for it, so they "
+                          "cannot be written as text (RETURNN refuses too).")
+    if output_file:
+        dataset.seq_ordering = parse_seq_ordering("sorted_reverse", owner=dataset.name)
+    dataset.init_seq_order(max(epoch, 1))
+    if output_file and dataset.num_seqs != dataset.corpus_num_seqs:
+        raise ConfigError(f"search_output_file: epoch {max(epoch, 1)} of {dataset.name} holds "
+                          f"{dataset.num_seqs} of its {dataset.corpus_num_seqs} sequences (partition_epoch), "
+                          "but the file has one entry per sequence of the corpus; remove the partitioning "
+                          "for searching.")
+    batching = BatchOptions(config.int("batch_size", 1), config.int("max_seqs"), 0)
+    data_spec, lengths_spec = model.input_signature
+
+    def search_step(data, lengths):
+        found = model.search(data, lengths, layer)
+        return found["hyps"], found["hyp_lengths"], found["scores"]
+
+    step = CompiledStep(search_step, [data_spec, lengths_spec])
+    step.trace()
+    return SearchSetup(dataset, model, layer, target if do_eval else None, text, batching, step,
+                       output_file, output_format)
+
+
+def search_shard(setup: SearchSetup, rank: int, size: int) -> tuple[dict[int, SeqResult], int]:
+    """This rank's batches: corpus index -> its result; and the number of batches."""
+    keys = ["data"] + ([setup.target] if setup.target and setup.target != "data" else [])
+    dtype = setup.model.input_signature[0].dtype.as_numpy_dtype
+    report = EpochReport(f"search '{setup.layer}'")
+    results = {}
+    for batch in generate_batches(setup.dataset, setup.batching, shard_rank=rank, shard_size=size,
+                                  shard_by="batches", keys=keys):
+        with report.computing():
+            hyps, hyp_lengths, scores = (t.numpy() for t in setup.step(
+                np.asarray(batch.data["data"], dtype), np.asarray(batch.lengths["data"], np.int32)))
+        for i, corpus_idx in enumerate(batch.corpus_seq_idx.tolist()):
+            tag = batch.seq_tags[i]
+            if np.isnan(scores[i]):
+                raise DataError(f"search: the best hypothesis of sequence '{tag}' has score NaN: its input "
+                                "holds NaN or Inf values (or the model's outputs do); fix or drop it.")
+            ref = None
+            if setup.target:
+                ref = np.asarray(batch.data[setup.target][i, :batch.lengths[setup.target][i]])
+            results[corpus_idx] = score_sequence(tag, hyps[i, :hyp_lengths[i]], ref, setup.text)
+            if log.verbosity() >= log.DEBUG:  # RETURNN's lines at log_verbosity 4
+                _log_sequence(setup, tag, hyps[i, :hyp_lengths[i]], scores[i], ref)
+        report.steps += 1
+        report.scores.frames += float(batch.lengths["data"].sum())
+    report.finish()
+    return results, report.steps
+
+
+def _log_sequence(setup: SearchSetup, tag: str, hyp: np.ndarray, score: float,
+                  ref: np.ndarray | None) -> None:
+    log.debug(f"seq_tag: {tag!r}, output {setup.layer!r}: {hyp.tolist()!r}, score {score:f}")
+    if setup.text is not None:
+        if ref is not None:
+            log.debug(f"  ref: {setup.text.text(ref, tag)}")
+        log.debug(f"  hyp: {setup.text.text(hyp, tag)}")
+
+
+def summary(setup: SearchSetup, results: list[SeqResult], steps: int) -> list[str]:
+    """RETURNN's closing line of a search, then the word (or label) error rate of the hypotheses."""
+    if setup.target is None:
+        return [f"Search done. Num steps {steps}, Final: score None error None"]
+    label_errors, ref_labels = sum(r.label_errors for r in results), sum(r.ref_labels for r in results)
+    rate = label_errors / max(ref_labels, 1)
+    # RETURNN reports the decide layer's edit_distance loss: an error, no score
+    error = str(rate) if setup.model.specs[setup.layer].opts.get("loss") == "edit_distance" else "None"
+    lines = [f"Search done. Num steps {steps}, Final: score None error {error}"]
+    if setup.text is not None and setup.text.has_words:
+        errors, words = sum(r.word_errors for r in results), sum(r.ref_words for r in results)
+        lines.append(f"search: WER {errors / max(words, 1):.6f} ({errors} word errors / {words} reference "
+                     f"words, {len(results)} sequences)")
+    else:
+        lines.append(f"search: label error rate {rate:.6f} ({label_errors} label errors / {ref_labels} "
+                     f"reference labels, {len(results)} sequences)")
+    return lines
+
+
+def run_search(config: Config) -> None:
+    comm = start(config).comm
+    tmp = None
+    try:
+        setup, error = None, None
+        try:
+            setup = _prepare(config, comm)
+            if comm.rank == 0 and setup.output_file:  # an unwritable place fails now, not after the search
+                tmp = _create_temp(setup.output_file)
+        except EngineError as exc:
+            error = exc
+        agree_on_failure(comm, error)
+        broadcast_initial(comm, list(setup.model.variables))
+        log.info(f"search: {setup.dataset.num_seqs} sequences of {setup.dataset.name}, output layer "
+                 f"'{setup.layer}', on {comm.size} rank(s)" + (f", into {setup.output_file}" if tmp else ""))
+        results, steps = {}, 0
+        try:
+            results, steps = search_shard(setup, comm.rank, comm.size)
+        except EngineError as exc:
+            error = exc
+        agree_on_failure(comm, error)
+        parts = comm.gather_object((results, steps), root=0)
+        lines = None
+        if comm.rank == 0:
+            try:
+                lines = _write_and_score(setup, parts, tmp)
+            except EngineError as exc:
+                error = exc
+        agree_on_failure(comm, error)
+        for line in comm.broadcast_object(lines, root=0):
+            log.info(line)
+    finally:
+        if tmp is not None:  # unfinished (once renamed, nothing is left under this name)
+            discard(tmp)
+
+
+def _create_temp(output_file: str) -> str:
+    try:
+        return create_temp_beside(output_file)
+    except OSError as exc:
+        raise DataError(f"Cannot create the search output file '{output_file}': {exc.strerror}.") from None
+
+
+def _write_and_score(setup: SearchSetup, parts: list, tmp: str | None) -> list[str]:
+    """On rank 0: every rank's results in corpus order into the file; the summary lines."""
+    merged = {idx: result for part, _ in parts for idx, result in part.items()}
+    if len(merged) != setup.dataset.num_seqs or len(merged) != sum(len(part) for part, _ in parts):
+        raise EngineError(f"search: {len(merged)} hypotheses for {setup.dataset.num_seqs} sequences.")
+    ordered = [merged[idx] for idx in sorted(merged)]
+    if tmp is not None:
+        try:
+            write_hypotheses(tmp, setup.output_file, setup.output_format, ordered)
+            commit(tmp, setup.output_file)
+        except OSError as exc:
+            raise DataError(f"Cannot write the search output file '{setup.output_file}': {exc}.") from None
+    return summary(setup, ordered, sum(n for _, n in parts))

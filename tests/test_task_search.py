@@ -1,0 +1,242 @@
+"""``task = "search"``: an attention model's beam search over an HDF corpus with BPE labels, on 1 and on
+2 ranks (the same file, byte for byte), RETURNN's output formats, the scores it prints (recomputed here
+from the file), and a rank that fails (a sequence with a NaN frame) ending the job without a file."""
+import ast
+import gzip
+import re
+
+import h5py
+import numpy as np
+import pytest
+
+from engine.config.loader import Config
+from engine.datasets import DataKeyInfo, HDFWriter
+from engine.model.rec.decide import Decide
+from engine.model.rec.subnet import RecSubnet
+from engine.runtime.errors import ConfigError, DataError
+from engine.tasks.search import output_layer
+from engine.tasks.search_output import (HypothesisText, SeqResult, check_format, edit_distance,
+                                        score_sequence, vocabulary_from_labels, write_hypotheses)
+from helpers import ROOT, run_mpi, run_rnn
+
+LABELS = ["</s>", "HE@@", "LLO", "WOR@@", "LD", "A", "B@@", "C", "THE", "CAT", "DOG", "SAT"]
+ATTENTION = {  # the attention decoder of RETURNN's LibriSpeech setups, tiny
+    "source": {"class": "eval", "eval": "tf.clip_by_value(source(0), -3.0, 3.0)"},
+    "lstm0_fw": {"class": "rec", "unit": "nativelstm2", "n_out": 8, "direction": 1, "from": ["source"]},
+    "lstm0_bw": {"class": "rec", "unit": "nativelstm2", "n_out": 8, "direction": -1, "from": ["source"]},
+    "lstm0_pool": {"class": "pool", "mode": "max", "padding": "same", "pool_size": (2,),
+                   "from": ["lstm0_fw", "lstm0_bw"], "trainable": False},
+    "encoder": {"class": "copy", "from": ["lstm0_pool"]},
+    "enc_ctx": {"class": "linear", "activation": None, "with_bias": True, "from": ["encoder"], "n_out": 10},
+    "inv_fertility": {"class": "linear", "activation": "sigmoid", "with_bias": False, "from": ["encoder"],
+                      "n_out": 1},
+    "enc_value": {"class": "split_dims", "axis": "F", "dims": (1, 16), "from": ["encoder"]},
+    "output": {"class": "rec", "from": [], "target": "classes",
+               "max_seq_len": "max_len_from('base:encoder')", "unit": {
+                   "output": {"class": "choice", "target": "classes", "beam_size": 4, "from": ["output_prob"],
+                              "initial_output": 0},
+                   "end": {"class": "compare", "from": ["output"], "value": 0},
+                   "target_embed": {"class": "linear", "activation": None, "with_bias": False,
+                                    "from": ["output"], "n_out": 6, "initial_output": 0},
+                   "weight_feedback": {"class": "linear", "activation": None, "with_bias": False,
+                                       "from": ["prev:accum_att_weights"], "n_out": 10},
+                   "s_transformed": {"class": "linear", "activation": None, "with_bias": False,
+                                     "from": ["s"], "n_out": 10},
+                   "energy_in": {"class": "combine", "kind": "add",
+                                 "from": ["base:enc_ctx", "weight_feedback", "s_transformed"], "n_out": 10},
+                   "energy_tanh": {"class": "activation", "activation": "tanh", "from": ["energy_in"]},
+                   "energy": {"class": "linear", "activation": None, "with_bias": False,
+                              "from": ["energy_tanh"], "n_out": 1},
+                   "att_weights": {"class": "softmax_over_spatial", "from": ["energy"]},
+                   "accum_att_weights": {
+                       "class": "eval", "eval": "source(0) + source(1) * source(2) * 0.5",
+                       "from": ["prev:accum_att_weights", "att_weights", "base:inv_fertility"],
+                       "out_type": {"dim": 1, "shape": (None, 1)}},
+                   "att0": {"class": "generic_attention", "weights": "att_weights", "base": "base:enc_value"},
+                   "att": {"class": "merge_dims", "axes": "except_batch", "from": ["att0"]},
+                   "s": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["prev:target_embed", "prev:att"],
+                         "n_out": 8},
+                   "readout_in": {"class": "linear", "from": ["s", "prev:target_embed", "att"],
+                                  "activation": None, "n_out": 8},
+                   "readout": {"class": "reduce_out", "mode": "max", "num_pieces": 2, "from": ["readout_in"]},
+                   "output_prob": {"class": "softmax", "from": ["readout"], "dropout": 0.3,
+                                   "target": "classes", "loss": "ce",
+                                   "loss_opts": {"label_smoothing": 0.1}}}},
+    "decision": {"class": "decide", "from": ["output"], "loss": "edit_distance", "target": "classes"},
+    "ctc": {"class": "softmax", "from": ["encoder"], "loss": "ctc", "target": "classes",
+            "loss_opts": {"beam_width": 1, "ctc_opts": {"ignore_longer_outputs_than_inputs": True}}},
+}
+
+
+def write_corpus(path, num_seqs, seed, nan_seq=None):
+    rng = np.random.RandomState(seed)
+    keys = {"data": DataKeyInfo(dim=5), "classes": DataKeyInfo(dim=len(LABELS), sparse=True)}
+    with HDFWriter(str(path), keys, labels={"classes": LABELS}) as writer:
+        for i in range(num_seqs):
+            frames = rng.randn(rng.randint(6, 16), 5).astype(np.float32)
+            if i == nan_seq:
+                frames[2, 1] = np.nan
+            labels = np.concatenate([rng.randint(1, len(LABELS), size=rng.randint(1, 5)), [0]])
+            labels = labels.astype(np.int32)
+            writer.insert(f"corpus/seq-{i}", {"data": frames, "classes": labels})
+    return str(path)
+
+
+def references(path):
+    """seq tag -> its label ids, from the HDF file itself."""
+    with h5py.File(path) as f:
+        tags = [t.decode() if isinstance(t, bytes) else t for t in f["seqTags"][:]]
+        lengths, ids = f["seqLengths"][:, 1], f["targets/data/classes"][:]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return {tag: ids[s:s + n].tolist() for tag, s, n in zip(tags, starts, lengths)}
+
+
+def levenshtein(a, b):
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+    return d[len(a)][len(b)]
+
+
+def words(label_ids):
+    if label_ids and label_ids[-1] == 0:  # the end label ('end' compares the choice with 0): no word
+        label_ids = label_ids[:-1]
+    return " ".join(LABELS[i] for i in label_ids).replace("@@ ", "").split()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("search")
+    corpus = {name: write_corpus(folder / f"{name}.hdf", n, seed, nan) for name, n, seed, nan in
+              [("train", 12, 1, None), ("dev", 11, 2, None), ("bad", 11, 2, 9)]}
+    config = folder / "att.py"
+    config.write_text(f"network = {ATTENTION!r}\n"
+                      f"train = {{'class': 'HDFDataset', 'files': [{corpus['train']!r}]}}\n"
+                      f"eval = {{'class': 'HDFDataset', 'files': [{corpus['dev']!r}]}}\n"
+                      "batch_size = 60\n"
+                      f"model = {str(folder / 'out' / 'model')!r}\nsearch_output_layer = 'decision'\n")
+    from engine.model import build_model
+    from engine.training.checkpoints.file_format import checkpoint_path, save_checkpoint
+
+    # untrained: the search does not care, and training would take longer than all searches here
+    model = build_model(ATTENTION, input_dim=5, input_sparse=False, target_dims={"classes": len(LABELS)},
+                        random_seed=3)
+    save_checkpoint(checkpoint_path(str(folder / "out" / "model"), 1), model.named_variables(), [], epoch=1,
+                    global_step=0)
+    return folder, str(config), corpus
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_one_and_two_ranks_write_the_same_file_and_print_its_scores(trained):
+    folder, config, corpus = trained
+    one, two = folder / "one.py", folder / "two.py"
+    r1 = run_rnn([config, "++task", "search", "++search_output_file", str(one),
+                  "++search_output_file_format", "py"], timeout=300)
+    assert r1.returncode == 0, r1.stdout + r1.stderr
+    r2 = run_mpi(2, [str(ROOT / "rnn.py"), config, "++use_horovod", "1", "++task", "search",
+                     "++search_output_file", str(two), "++search_output_file_format", "py"], timeout=300)
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    assert one.read_bytes() == two.read_bytes()
+    text = one.read_text()
+    refs = references(corpus["dev"])
+    tags = re.findall(r"(?m)^'([^']*)': ", text)
+    assert sorted(tags) == sorted(refs) and len(tags) == len(set(tags))
+    assert text.startswith("{\n") and text.endswith(",\n}\n")
+    hyps = ast.literal_eval(text)
+    ids = {tag: [LABELS.index(label) for label in hyp.split()] for tag, hyp in hyps.items()}
+    word_errors = sum(levenshtein(words(ids[tag]), words(refs[tag])) for tag in refs)
+    ref_words = sum(len(words(refs[tag])) for tag in refs)
+    label_errors = sum(levenshtein(ids[tag], refs[tag]) for tag in refs)
+    ref_labels = sum(len(refs[tag]) for tag in refs)
+    for r in (r1, r2):
+        assert f"Final: score None error {label_errors / ref_labels}\n" in r.stdout
+        assert (f"search: WER {word_errors / ref_words:.6f} ({word_errors} word errors / {ref_words} "
+                f"reference words, {len(refs)} sequences)") in r.stdout, r.stdout
+    assert "on 2 rank(s)" in r2.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_job_with_its_message_and_leaves_no_file(trained):
+    folder, config, corpus = trained
+    out = folder / "bad.txt"
+    r = run_mpi(2, [str(ROOT / "rnn.py"), config, "++use_horovod", "1", "++task", "search",
+                    "++search_output_file", str(out), "++search_data",
+                    f"{{'class': 'HDFDataset', 'files': [{corpus['bad']!r}]}}"], timeout=300)
+    assert r.returncode != 0
+    message = "search: the best hypothesis of sequence 'corpus/seq-9' has score NaN"
+    assert r.stderr.count(message) == 1 and "Another rank failed" in r.stderr, r.stdout + r.stderr
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(("bad.txt", ".bad.txt"))]
+
+
+def test_edit_distance_is_levenshtein():
+    rng = np.random.RandomState(3)
+    for _ in range(200):
+        a, b = (rng.randint(0, 4, size=rng.randint(0, 9)).tolist() for _ in range(2))
+        assert edit_distance(a, b) == levenshtein(a, b)
+    assert edit_distance(["the", "cat"], ["a", "cat", "sat"]) == 2
+
+
+def test_text_and_words_of_each_kind_of_vocabulary():
+    bpe = HypothesisText(vocabulary_from_labels(LABELS), end_label=0)
+    assert bpe.has_words and bpe.text(np.array([1, 2, 3, 4]), "t") == "HE@@ LLO WOR@@ LD"
+    assert bpe.words(np.array([1, 2, 3, 4, 0]), "t") == ["HELLO", "WORLD"]
+    assert bpe.words(np.array([8, 6]), "t") == ["THE", "B"]  # a piece left open at the end
+    chars = HypothesisText(vocabulary_from_labels(list("abc ")), end_label=None)
+    assert chars.text(np.array([0, 1, 3, 2]), "t") == "ab c"
+    assert chars.words(np.array([0, 3, 2]), "t") == ["a", "c"]
+    assert not HypothesisText(vocabulary_from_labels(list("abc")), None).has_words
+    utf8 = HypothesisText(vocabulary_from_labels([chr(i) for i in range(256)]), None)
+    assert utf8.text(np.array(list("é a".encode())), "t") == "é a"
+    with pytest.raises(DataError, match="'t' is not UTF-8 text"):
+        utf8.text(np.array([0xC3]), "t")
+    with pytest.raises(DataError, match="outside the vocabulary's 12 labels"):
+        bpe.text(np.array([12]), "t")
+    assert HypothesisText.of(None, [], "classes", 0) is None  # no labels: no text (a file is refused)
+    result = score_sequence("t", np.array([1, 2, 7]), np.array([1, 2, 3, 4, 0]), bpe)
+    assert (result.text, result.label_errors, result.ref_labels, result.word_errors, result.ref_words) == \
+        ("HE@@ LLO C", 3, 5, 1, 2)
+
+
+@pytest.mark.parametrize("name", ["out.txt", "out.py", "out.py.gz"])
+def test_the_file_formats_are_returnns(tmp_path, name):
+    results = [SeqResult("a/1", "HE@@ LLO"), SeqResult("b'2", "")]
+    tmp = tmp_path / "tmp"
+    fmt = "txt" if ".txt" in name else "py"
+    write_hypotheses(str(tmp), str(tmp_path / name), fmt, results)
+    data = tmp.read_bytes()
+    text = (gzip.decompress(data) if name.endswith(".gz") else data).decode()
+    if fmt == "txt":
+        assert text == "HE@@ LLO\n\n"
+    else:
+        assert text == "{\n'a/1': 'HE@@ LLO',\n\"b'2\": '',\n}\n"
+        assert ast.literal_eval(text) == {"a/1": "HE@@ LLO", "b'2": ""}
+    if name.endswith(".gz"):  # no time stamp: the same hypotheses give the same bytes
+        write_hypotheses(str(tmp_path / "again"), str(tmp_path / name), fmt, results)
+        assert (tmp_path / "again").read_bytes() == data
+
+
+def test_refusals(tmp_path):
+    with pytest.raises(ConfigError, match="'json' is not one of txt, py"):
+        check_format("", "json")
+    (tmp_path / "old.txt").write_text("x")
+    with pytest.raises(ConfigError, match="exists already"):
+        check_format(str(tmp_path / "old.txt"), "txt")
+
+    class Model:
+        layers = {"output": RecSubnet.__new__(RecSubnet), "ctc": object(),
+                  "decision": Decide("decision", {}, 12, {"classes": 12})}
+
+    config = Config()
+    for value, message in [(["decision", "output"], "lists several layers"),
+                           ("output", "is a rec layer, whose output keeps the whole beam"),
+                           ("ctc", "is not a decide layer; it must name a decide layer"),
+                           ("nope", "is not a layer of the network; it must name a decide layer .the "
+                                    "network's decide layers: \\['decision'\\]")]:
+        config.set("search_output_layer", value)
+        with pytest.raises(ConfigError, match=message):
+            output_layer(config, Model())
+    config.set("search_output_layer", "decision")
+    assert output_layer(config, Model()) == "decision"
