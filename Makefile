@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install install-latest demo demo-speech demo-oggzip blstm sanity gpu-check lint test test-stable test-latest \
+.PHONY: install install-latest demo demo-speech demo-oggzip demo-attention blstm sanity gpu-check lint test test-stable test-latest \
 	test-quick test-schedulers bench clean
 
 # GPU=1 (make install GPU=1, make demo GPU=1, ...): the CUDA build of TensorFlow 2.15 and Horovod in
@@ -52,6 +52,17 @@ demo-oggzip: install
 	[ -f data/speech_oggzip/train.zip ] && [ -f data/speech_oggzip/bpe.vocab ] || \
 	  $(PY) demos/make_oggzip_corpus.py --out data/speech_oggzip
 	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/speech_ctc_oggzip.py ++use_horovod 1
+
+# An attention encoder-decoder (RETURNN's 2019 LibriSpeech attention network, small) on the same spoken
+# digits, labels ending in an end-of-sequence label: trains with 2 ranks, then searches dev with 2 ranks.
+demo-attention: install
+	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null; } || true
+	[ -f data/speech_eos/train.hdf ] && [ -f data/speech_eos/dev.hdf ] || \
+	  $(PY) demos/make_speech_corpus.py --out data/speech_eos --eos
+	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/speech_attention.py ++use_horovod 1
+	rm -f out/speech_attention/dev.hyps.txt
+	$(MPIRUN) -np 2 $(RANK_ENV) $(PY) rnn.py configs/speech_attention.py ++use_horovod 1 ++task search
 
 # A BLSTM on HDF corpora that hdf_dump writes, 2 ranks.
 blstm: install

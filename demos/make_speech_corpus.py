@@ -2,7 +2,7 @@
 """Synthesise a small spoken-digit corpus with espeak-ng and write it as HDF (log-mel ``data``, word
 ``classes`` with their own lengths) for the BLSTM-CTC demo (``configs/speech_ctc.py``, ``make demo-speech``).
 
-    python demos/make_speech_corpus.py [--out data/speech] [--num_train 400] [--num_dev 60] [--seed 1]
+    python demos/make_speech_corpus.py [--out data/speech] [--num_train 400] [--num_dev 60] [--seed 1] [--eos]
 
 Each utterance says 2-5 random digits ("three one four"). Voices, speeds and pitches vary; the
 (voice, speed, pitch) combinations are split, so the dev set is spoken only in combinations train never
@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from engine.runtime.errors import EngineError  # noqa: E402
 from engine.tools import audio_to_hdf  # noqa: E402
 
+EOS = "</s>"
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 VOICES = ["en+m1", "en+m3", "en+f2", "en+f3", "en-us+m2", "en-us+f4"]
 SPEEDS = [130, 155, 180]
@@ -79,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num_train", type=int, default=400)
     parser.add_argument("--num_dev", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--eos", action="store_true",
+                        help="label 0 is the end of sequence '</s>', which ends every label sequence (the "
+                             "attention demo's decoder stops at it); the digits are labels 1-10")
     args = parser.parse_args(argv)
     if shutil.which("espeak-ng") is None:
         print("make_speech_corpus: the program 'espeak-ng' is not installed (Debian/Ubuntu: "
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     vocab = os.path.join(args.out, "vocab.txt")
     with open(vocab, "w", encoding="utf-8") as f:
-        f.writelines(f"{d}\n" for d in DIGITS)
+        f.writelines(f"{d}\n" for d in ([EOS] if args.eos else []) + DIGITS)
     with tempfile.TemporaryDirectory(prefix=".wav-", dir=args.out) as folder:
         lists = {"train": synthesise(folder, "train", train_texts, train_styles, rng),
                  "dev": synthesise(folder, "dev", dev_texts, dev_styles, rng)}
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             out = os.path.join(args.out, f"{name}.hdf")
             try:
                 print(audio_to_hdf.convert(audio_to_hdf.build_parser().parse_args(
-                    [list_path, out, "--unit", "word", "--vocab", vocab, "--overwrite"])))
+                    [list_path, out, "--unit", "word", "--vocab", vocab, "--overwrite"]
+                    + (["--seq_postfix", EOS] if args.eos else []))))
             except EngineError as exc:
                 print(f"make_speech_corpus: {exc}", file=sys.stderr)
                 return exc.exit_code

@@ -163,6 +163,13 @@ def test_word_labels_from_a_vocabulary(corpus):
         assert [x.decode() for x in f["targets/labels/classes"][()]] == ["zero", "one", "two", "three"]
         assert f["targets/data/classes"][()].tolist() == [1, 2, 2, 2, 3]
         assert f["seqLengths"][:, 1].tolist() == [2, 2, 1] and f["inputs"].shape[1] == 80
+    assert convert(corpus / "list.tsv", corpus / "eos.hdf", "--unit", "word", "--vocab", corpus / "vocab.txt",
+                   "--seq_postfix", "zero") == 0  # an end-of-sequence label after every sequence
+    with h5py.File(corpus / "eos.hdf", "r") as f:
+        assert f["targets/data/classes"][()].tolist() == [1, 2, 0, 2, 2, 0, 3, 0]
+    assert convert(corpus / "list.tsv", corpus / "eos2.hdf", "--unit", "word", "--vocab",
+                   corpus / "vocab.txt", "--seq_postfix", "</s>") != 0
+    assert not os.path.exists(corpus / "eos2.hdf")
     (corpus / "vocab.txt").write_text("zero\none\nthree\n")
     assert convert(corpus / "list.tsv", corpus / "w2.hdf", "--unit", "word", "--vocab",
                    corpus / "vocab.txt") != 0

@@ -20,23 +20,28 @@ UNIT = {
     "output": {"class": "choice", "target": "classes", "beam_size": 3, "from": ["output_prob"],
                "initial_output": 0},
     "end": {"class": "compare", "from": ["output"], "value": 0},
-    "target_embed": {"class": "linear", "activation": None, "with_bias": False, "from": ["output"], "n_out": 5,
+    "target_embed": {"class": "linear", "activation": None, "with_bias": False, "from": ["output"],
+                     "n_out": 5,
                      "initial_output": 0},
     "weight_feedback": {"class": "linear", "activation": None, "with_bias": False,
                         "from": ["prev:accum_att_weights"], "n_out": 6},
     "s_transformed": {"class": "linear", "activation": None, "with_bias": False, "from": ["s"], "n_out": 6},
-    "energy_in": {"class": "combine", "kind": "add", "from": ["base:enc_ctx", "weight_feedback", "s_transformed"],
+    "energy_in": {"class": "combine", "kind": "add",
+                  "from": ["base:enc_ctx", "weight_feedback", "s_transformed"],
                   "n_out": 6},
     "energy_tanh": {"class": "activation", "activation": "tanh", "from": ["energy_in"]},
-    "energy": {"class": "linear", "activation": None, "with_bias": False, "from": ["energy_tanh"], "n_out": 1},
+    "energy": {"class": "linear", "activation": None, "with_bias": False, "from": ["energy_tanh"],
+               "n_out": 1},
     "att_weights": {"class": "softmax_over_spatial", "from": ["energy"]},
-    "accum_att_weights": {"class": "eval", "from": ["prev:accum_att_weights", "att_weights", "base:inv_fertility"],
+    "accum_att_weights": {"class": "eval",
+                          "from": ["prev:accum_att_weights", "att_weights", "base:inv_fertility"],
                           "eval": "source(0) + source(1) * source(2) * 0.5",
                           "out_type": {"dim": 1, "shape": (None, 1)}},
     "att0": {"class": "generic_attention", "weights": "att_weights", "base": "base:enc_value"},
     "att": {"class": "merge_dims", "axes": "except_batch", "from": ["att0"]},
     "s": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["prev:target_embed", "prev:att"], "n_out": 8},
-    "readout_in": {"class": "linear", "from": ["s", "prev:target_embed", "att"], "activation": None, "n_out": 8},
+    "readout_in": {"class": "linear", "from": ["s", "prev:target_embed", "att"], "activation": None,
+                   "n_out": 8},
     "readout": {"class": "reduce_out", "mode": "max", "num_pieces": 2, "from": ["readout_in"]},
     "output_prob": {"class": "softmax", "from": ["readout"], "target": "classes", "loss": "ce"},
 }
@@ -137,6 +142,22 @@ def test_a_searched_hypothesis_scores_its_log_probability(beam):
         np.testing.assert_allclose(found["scores"][b], expected, rtol=1e-4)
 
 
+def test_a_length_normalised_search_scores_its_log_probability_per_label():
+    # RETURNN's default length_normalization: an ended hypothesis' final score is log p / (length + 1)
+    net = model()
+    data, lengths, _, _ = batch()
+    found = {key: value.numpy() for key, value in net.search(data, lengths, "decision").items()}
+    checked = 0
+    for b in range(3):
+        length = int(found["hyps"].shape[1] and found["hyp_lengths"][b])
+        if length == 2 * 5:  # no EOS within max_seq_len
+            continue
+        expected = sequence_log_prob(net, data[b, :lengths[b]], lengths[b], found["hyps"][b], length)
+        np.testing.assert_allclose(found["scores"][b], expected / (length + 1), rtol=1e-4)
+        checked += 1
+    assert checked
+
+
 def test_a_wider_beam_finds_no_worse_hypothesis():
     network = copy.deepcopy(NETWORK)
     data, lengths, _, _ = batch(seed=4)
@@ -157,8 +178,9 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"x": {"class": "dot", "from": "s"}}, "class 'dot' is not implemented inside a rec unit"),
-    ({"x": {"class": "linear", "from": "data:source", "n_out": 2}}, "unit layer 'x': 'data:source' is not provided"),
+    ({"x": {"class": "conv", "from": "s"}}, "class 'conv' is not implemented inside a rec unit"),
+    ({"x": {"class": "linear", "from": "data:source", "n_out": 2}},
+     "unit layer 'x': 'data:source' is not provided"),
     ({"x": {"class": "linear", "from": "y", "n_out": 2}, "y": {"class": "linear", "from": "x", "n_out": 2}},
      "cycle within one step"),
     ({"x": {"class": "linear", "from": "s", "n_out": 2, "L2": 0.1}}, "option(s) ['L2']"),
@@ -184,7 +206,8 @@ def write_corpus(path, num_seqs, seed):
     from engine.datasets import DataKeyInfo, HDFWriter
 
     rng = np.random.RandomState(seed)
-    with HDFWriter(str(path), {"data": DataKeyInfo(dim=4), "classes": DataKeyInfo(dim=CLASSES, sparse=True)}) as w:
+    keys = {"data": DataKeyInfo(dim=4), "classes": DataKeyInfo(dim=CLASSES, sparse=True)}
+    with HDFWriter(str(path), keys) as w:
         for i in range(num_seqs):
             symbols = rng.randint(4, size=rng.randint(1, 4))
             frames = np.concatenate([[s] * rng.randint(2, 5) for s in symbols])
@@ -213,6 +236,7 @@ def test_an_attention_decoder_trains_through_rnn_py_on_one_and_two_ranks(tmp_pat
     assert "Output layers moved out of loop: (#: 3)" in one.stdout + one.stderr
     scores = [float(s) for s in re.findall(r"^dev: score (\S+)", one.stdout, re.M)]
     assert len(scores) == 2 and scores[1] < scores[0], one.stdout
-    two = run_mpi(2, [str(ROOT / "rnn.py"), config, "++use_horovod", "1", "++model", str(tmp_path / "two" / "model")], timeout=300)
+    two = run_mpi(2, [str(ROOT / "rnn.py"), config, "++use_horovod", "1", "++model",
+                      str(tmp_path / "two" / "model")], timeout=300)
     assert two.returncode == 0, two.stdout + two.stderr
     assert len(re.findall(r"^dev: score", two.stdout, re.M)) == 2, two.stdout

@@ -1,7 +1,7 @@
 """Audio files and their transcripts -> an HDF corpus: log-mel features as ``data``, labels as ``classes``.
 
-    audio-to-hdf LIST.tsv OUT.hdf [--vocab FILE] [--unit char|word] [--num_mel_bins 40] [--sample_rate 16000]
-                 [--window_ms 25] [--shift_ms 10] [--overwrite]
+    audio-to-hdf LIST.tsv OUT.hdf [--vocab FILE] [--unit char|word] [--num_mel_bins 40]
+                 [--sample_rate 16000] [--window_ms 25] [--shift_ms 10] [--overwrite] [--seq_postfix LABEL]
 
 (or ``python tools/audio_to_hdf.py ...``). LIST.tsv has one utterance a line, ``path<TAB>transcript``
 (a path relative to the list's folder; blank lines and lines starting with ``#`` are skipped). Audio:
@@ -10,9 +10,10 @@ transcript's characters (``--unit char``, the default; a space is the label " ")
 whitespace-separated words (``--unit word``). Without ``--vocab`` the label list is every unit seen,
 sorted; with it, the file's lines in order (one label a line) and any other unit is an error. The
 label list goes into the HDF (``targets/labels/classes``) and beside it as ``OUT.hdf.labels`` (one a
-line), which a second corpus (dev) takes as its ``--vocab``. Sequence tags are the audio paths as
-written in the list. The HDF is written under a temporary name and renamed at the end: after any error
-no file is left under OUT.hdf.
+line), which a second corpus (dev) takes as its ``--vocab``. ``--seq_postfix`` appends a label of the
+vocabulary to every sequence (RETURNN's ``seq_postfix``: the end-of-sequence label). Sequence tags are
+the audio paths as written in the list. The HDF is written under a temporary name and renamed at the
+end: after any error no file is left under OUT.hdf.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from engine.datasets.audio import read_audio
 from engine.datasets.log_mel import LogMelOptions, log_mel, mel_filterbank
 from engine.report.progress import Progress
 from engine.runtime.atomic_file import write_text_atomically
-from engine.runtime.errors import DataError, EngineError
+from engine.runtime.errors import ConfigError, DataError, EngineError
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,9 @@ def convert(args: argparse.Namespace) -> str:
 def _write(args: argparse.Namespace, utterances: list[Utterance], options: LogMelOptions,
            labels: list[str]) -> HDFWriter:
     index = {label: i for i, label in enumerate(labels)}
+    if args.seq_postfix is not None and args.seq_postfix not in index:
+        raise ConfigError(f"audio_to_hdf: --seq_postfix {args.seq_postfix!r} is not a label of the "
+                          f"vocabulary ({len(labels)} labels).")
     filterbank = mel_filterbank(options)
     keys = {"data": DataKeyInfo(dim=options.num_mel_bins),
             "classes": DataKeyInfo(dim=len(labels), sparse=True)}
@@ -137,8 +141,8 @@ def _write(args: argparse.Namespace, utterances: list[Utterance], options: LogMe
             if len(features) == 0:
                 raise DataError(f"Audio file '{utt.file}' ({utt.where}) is too short: {len(samples)} "
                                 f"samples at {options.sample_rate} Hz give no {options.window_ms} ms frame.")
-            writer.insert(utt.path, {"data": features,
-                                     "classes": np.array([index[u] for u in units], np.int32)})
+            ids = [index[u] for u in units] + ([index[args.seq_postfix]] if args.seq_postfix else [])
+            writer.insert(utt.path, {"data": features, "classes": np.array(ids, np.int32)})
             progress.update(done)
         # the label list beside the corpus appears only with it (written before the HDF's rename)
         write_text_atomically(args.out + ".labels", "".join(f"{label}\n" for label in labels))
@@ -156,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window_ms", type=float, default=25.0, help="frame length [25]")
     parser.add_argument("--shift_ms", type=float, default=10.0, help="frame shift [10]")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    parser.add_argument("--seq_postfix", default=None, metavar="LABEL",
+                        help="a label appended to every sequence (RETURNN's seq_postfix: the end-of-sequence "
+                             "label an attention decoder stops at)")
     return parser
 
 
