@@ -25,7 +25,6 @@ import numpy as np
 from engine.runtime.errors import ConfigError
 
 Split = Sequence[Sequence[int]]
-UNKNOWN_SPLIT: Split = ()  # a parameter whose blocks in RETURNN are not known here: "subset" is refused
 
 
 def split_for_shape(split: Split, shape: Sequence[int], name: str = "") -> list[list[int]]:
@@ -85,10 +84,6 @@ def carried_value(name: str, old: np.ndarray, new: np.ndarray, split: Split | No
     if old.ndim != new.ndim:
         raise ConfigError(f"copy_param_mode 'subset': parameter {name} changes rank from {old.shape} to "
                           f"{new.shape}; RETURNN copies only between equal ranks.")
-    if split is UNKNOWN_SPLIT:
-        raise ConfigError(f"copy_param_mode 'subset': parameter {name} changes shape from {old.shape} to "
-                          f"{new.shape}, and how RETURNN splits it into blocks is not known here (a rec "
-                          "layer's subnetwork); keep its shape across the pretraining networks.")
     if split is None:
         return copy_blocks([[d] for d in old.shape], [[d] for d in new.shape], old, new)
     return copy_blocks(split_for_shape(split, old.shape, name), split, old, new)

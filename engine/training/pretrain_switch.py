@@ -24,7 +24,7 @@ from engine.config.loader import Config
 from engine.model.pretrain import PretrainSchedule
 from engine.runtime import log
 from engine.training.checkpoints.returnn_format import LOW_MEM, LSTM_LAYOUTS, NATIVE, ReturnnView
-from engine.training.pretrain_copy import UNKNOWN_SPLIT, Split, carry
+from engine.training.pretrain_copy import Split, carry
 from engine.training.update.lr_control import EpochData, LearningRateControl
 
 _NO_BLOCKS_UNITS = ("vanillalstm",)  # a TF cell in RETURNN: its variables carry no split info
