@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 
-# the layer outputs compared where RETURNN can hand them out (layers of the decoder loop only when moved
-# out of it: RETURNN keeps the others inside its while loop)
+# the layer outputs compared where RETURNN can hand them out, unless a job names its own ("layers") (layers
+# of the decoder loop only when moved out of it: RETURNN keeps the others inside its while loop)
 LAYERS = ("encoder", "enc_ctx", "output/s", "output/att", "output/readout", "output/output_prob",
           "output/att_weights")
 # RETURNN's builds whose loop lists are recorded: (name, train_flag (None: RETURNN's train-flag tensor, as
@@ -153,7 +153,7 @@ def returnn_side(jobs_path: str) -> None:
             fetches = {k: v if isinstance(v, tf.Tensor) else tf.constant(float(v))
                        for k, v in fetches.items()}
             layers = {}
-            for name in LAYERS:
+            for name in job.get("layers", LAYERS):
                 try:
                     layer = net.get_layer(name)
                 except Exception as exc:  # noqa: BLE001 - a layer RETURNN keeps inside its loop

@@ -63,6 +63,22 @@ def broadcast_axes(templates: list[Template]) -> tuple[Axis, ...]:
     return tuple(axes)
 
 
+def pair_static(first: tuple[Axis, ...], second: tuple[Axis, ...]) -> dict[str, str]:
+    """Labels of ``second``'s static axes -> the label of the axis of ``first`` each pairs with, where the
+    label differs: the first unpaired static axis of ``first`` of the same size (RETURNN matches static
+    axes of two sources by size)."""
+    pairs: dict[str, str] = {}
+    free = [a for a in first if not a.dynamic and a.label not in [b.label for b in second]]
+    for axis in second:
+        if axis.dynamic or axis.label in [a.label for a in first]:
+            continue
+        match = next((a for a in free if a.size == axis.size), None)
+        if match is not None:
+            free.remove(match)
+            pairs[axis.label] = match.label
+    return pairs
+
+
 def aligned(value: Value, axes: tuple[Axis, ...], looped: bool) -> tf.Tensor:
     """The value's tensor laid out as (B, [L], *axes, [F]) with size-1 axes where it has none, so that
     values of different axes broadcast against each other."""

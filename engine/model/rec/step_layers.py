@@ -20,7 +20,7 @@ from engine.model.layers.base import positive_int
 from engine.model.layers.dense import ACTIVATIONS, Linear, Softmax, activation_option
 from engine.model.layers.elementwise import COMBINE_KINDS
 from engine.model.layers.eval import LayerView, NetworkView, _Code
-from engine.model.rec.frames import Axis, Template, Value, aligned, broadcast_axes
+from engine.model.rec.frames import Axis, Template, Value, aligned, broadcast_axes, pair_static
 from engine.runtime.errors import ConfigError
 
 # RETURNN's rnn_cell units that run TensorFlow's LSTMCell one step at a time (its get_rnn_cell_class with
@@ -169,7 +169,7 @@ class Elementwise(UnitLayer):
 
 class SoftmaxOverSpatial(UnitLayer):
     """``softmax_over_spatial``: softmax over the source's time axis (a base layer's frames), frames past a
-    sequence's length excluded."""
+    sequence's length excluded, the energies first times ``energy_factor`` where given."""
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
@@ -184,6 +184,9 @@ class SoftmaxOverSpatial(UnitLayer):
         super().__init__(name, opts, sources, template)
         self.axis = next(a for a in template.axes if a.dynamic)
         self.lengths: dict[str, tf.Tensor] = {}  # set per call by the unit: axis label -> (B,)
+        self.factor = opts.get("energy_factor")
+        if self.factor is not None and type(self.factor) not in (int, float):
+            raise ConfigError(f"{ctx.where(name)}: energy_factor must be a number, got {self.factor!r}.")
 
     def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
         value = values[0]
@@ -195,13 +198,14 @@ class SoftmaxOverSpatial(UnitLayer):
         mask = tf.reshape(mask, tf.stack([tf.shape(x)[0] if i == 0 else (s if i == axis else 1)
                                           for i, s in enumerate(shape)]))
         x = tf.where(mask, x, tf.fill(tf.shape(x), float("-inf")))
-        return tf.nn.softmax(x, axis=axis)
+        return tf.nn.softmax(x * float(self.factor) if self.factor else x, axis=axis)
 
 
 class GenericAttention(UnitLayer):
     """``generic_attention``: the base layer's frames weighted by ``weights`` and summed over its time axis;
     a weights' feature axis (heads) pairs with the base's static axis of that size, and a size of 1 with
-    none (RETURNN's auto_squeeze)."""
+    none (RETURNN's auto_squeeze); a static axis of the weights pairs with one of the base's (``pair_static``:
+    the heads of a Transformer's keys and values, split apart)."""
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
@@ -213,7 +217,8 @@ class GenericAttention(UnitLayer):
         if len(times) != 1 or times[0] not in weights.axes:
             raise ConfigError(f"{ctx.where(name)}: generic_attention needs a base with one time axis that "
                               f"the weights have too; weights {weights.describe()}, base {base.describe()}.")
-        rest = tuple(a for a in weights.axes if a != times[0])
+        pairs = pair_static(base.axes, weights.axes)
+        rest = tuple(a for a in weights.axes if a != times[0] and a.label not in pairs and a not in base.axes)
         return Template(rest + tuple(a for a in base.axes if not a.dynamic), base.dim)
 
     def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
@@ -229,7 +234,8 @@ class GenericAttention(UnitLayer):
 
     def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
         weights, base = options["weights"], options["base"]
-        w_axes = list(weights.template.axes)
+        pairs = pair_static(base.template.axes, weights.template.axes)
+        w_axes = [Axis(pairs.get(a.label, a.label), a.size) for a in weights.template.axes]
         w = weights.tensor
         if self.head is None:
             w = w[..., 0]  # one weight per frame

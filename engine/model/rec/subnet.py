@@ -17,11 +17,13 @@ import tensorflow as tf
 from engine.model.layers.base import Layer
 from engine.model.rec.frames import Template, Value, loose_batch, step_slice
 from engine.model.rec.search import BeamSearch, choice_options
-from engine.model.rec.step_layers import CLASSES, GenericAttention, LinearUnit, UnitContext, UnitLayer
-from engine.model.rec.templates import unit_templates
+from engine.model.rec.step_layers import GenericAttention, LinearUnit, UnitContext, UnitLayer
+from engine.model.rec.templates import UNIT_CLASSES, unit_templates
 from engine.model.rec.unit import LoopPlan, Ref, max_len_layers, parse_unit, plan_loop
 from engine.runtime import log
 from engine.runtime.errors import ConfigError, DataError
+
+OWN_DRAWS = 1 << 20  # folded into a layer's seed for its own draws (its inputs' dropout folds 0, 1, ...)
 
 
 def _topological(layers: dict, names: tuple[str, ...]) -> list[str]:
@@ -83,7 +85,7 @@ class RecSubnet(Layer):
     def _build(self, name: str) -> UnitLayer:
         layer = self.spec[name]
         sources = [self._template(ref) for ref in layer.sources]
-        cls = CLASSES[layer.cls]
+        cls = UNIT_CLASSES[layer.cls]
         if layer.cls == "generic_attention":
             return GenericAttention(name, layer.opts, sources, self.templates[name], self.ctx,
                                     self._template(layer.options["weights"]),
@@ -230,12 +232,14 @@ class _Run:
         unit = self.net.units[name]
         rate = float(self.net.spec[name].opts.get("dropout", 0.0))
         if self.training and rate > 0.0:
-            inputs = [self._dropout(v, rate, tf.random.experimental.stateless_fold_in(seed, i))
-                      for i, v in enumerate(inputs)]
+            inputs = [self._dropout(v, rate, tf.random.experimental.stateless_fold_in(seed, i),
+                                    getattr(unit, "full_noise", False)) for i, v in enumerate(inputs)]
         if hasattr(unit, "lengths"):
             unit.lengths = self.axis_lengths
         if hasattr(unit, "training"):
             unit.training = self.training
+        if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
+            unit.seed = tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
         y = unit(inputs, looped, options)
         if isinstance(unit, LinearUnit) and unit.opts["class"] == "softmax":
             self.logits[name] = y
@@ -243,11 +247,12 @@ class _Run:
         return Value(y, unit.template, looped)
 
     @staticmethod
-    def _dropout(value: Value, rate: float, seed: tf.Tensor) -> Value:
+    def _dropout(value: Value, rate: float, seed: tf.Tensor, full_noise: bool = False) -> Value:
         if value.template.sparse:
             return value
         x = value.tensor
         noise_shape = tf.concat([tf.ones([tf.rank(x) - 1], tf.int32), tf.shape(x)[-1:]], axis=0)
+        noise_shape = tf.shape(x) if full_noise else noise_shape
         return Value(tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed, noise_shape=noise_shape),
                      value.template, value.looped)
 
@@ -350,6 +355,9 @@ class _Run:
             return self._apply(name, inputs, options, False, seed)
         if self.training and layer.opts.get("dropout"):
             inputs = [self._dropout(v, float(layer.opts["dropout"]), seed) for v in inputs]
+        if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
+            unit.training = self.training
+            unit.seed = tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
         y, new_cells[name] = unit.step(inputs, cell_states[name])
         return Value(y, self.net.templates[name], looped=False)
 

@@ -7,9 +7,13 @@ RETURNN builds its templates around the uninitialised ones.
 from __future__ import annotations
 
 from engine.model.rec.frames import Template
+from engine.model.rec.step_attention import CLASSES as ATTENTION_CLASSES
 from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext
 from engine.model.rec.unit import Ref, UnitLayer
 from engine.runtime.errors import ConfigError
+
+# every class a unit layer can have (the Transformer's in step_attention.py)
+UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES}
 
 
 def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx: UnitContext,
@@ -44,7 +48,7 @@ def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx:
                 sources.append(template)
         if not sources and layer.cls != "rnn_cell":
             return None
-        return CLASSES[layer.cls].out_template(layer.name, layer.opts, sources, ctx)
+        return UNIT_CLASSES[layer.cls].out_template(layer.name, layer.opts, sources, ctx)
 
     pending = list(layers)
     while pending:

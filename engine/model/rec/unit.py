@@ -31,13 +31,20 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "combine": {"kind", "n_out", "initial_output"},
     "activation": {"activation", "initial_output"},
     "copy": {"initial_output"},
-    "softmax_over_spatial": {"initial_output"},
+    "softmax_over_spatial": {"energy_factor", "initial_output"},
     "generic_attention": {"weights", "base", "initial_output"},
     "merge_dims": {"axes", "keep_order", "initial_output"},
     "split_dims": {"axis", "dims", "initial_output"},
     "rnn_cell": {"unit", "n_out", "initial_output", "unit_opts"},
     "reduce_out": {"mode", "num_pieces", "initial_output"},
     "eval": {"eval", "out_type", "n_out", "initial_output"},
+    # the Transformer decoder's (step_attention.py)
+    "layer_norm": {"epsilon", "initial_output"},
+    "dropout": {"dropout_noise_shape", "initial_output"},
+    "dot": {"red1", "red2", "var1", "var2", "add_var2_if_empty", "initial_output"},
+    "self_attention": {"num_heads", "total_key_dim", "n_out", "attention_dropout", "attention_left_only",
+                       "forward_weights_init", "initial_output"},
+    "positional_encoding": {"add_to_input", "n_out", "initial_output"},
 }
 _COMMON = {"class", "from", "dropout", "is_output_layer"}
 # classes that carry state from step to step of their own, beyond their output (RETURNN's rec_vars_outputs)
