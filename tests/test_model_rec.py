@@ -242,3 +242,14 @@ def test_an_attention_decoder_trains_through_rnn_py_on_one_and_two_ranks(tmp_pat
                       str(tmp_path / "two" / "model")], timeout=300)
     assert two.returncode == 0, two.stdout + two.stderr
     assert len(re.findall(r"^dev: score", two.stdout, re.M)) == 2, two.stdout
+
+
+def test_trainable_and_param_device_in_a_unit():
+    network = copy.deepcopy(NETWORK)
+    network["output"]["unit"]["target_embed"].update(trainable=False, param_device="CPU")
+    net = model(network)
+    assert "output/target_embed/W" in net.named_variables()
+    assert "output/target_embed/W" not in net.named_trainable_variables()
+    network["output"]["unit"]["target_embed"]["trainable"] = "no"
+    with pytest.raises(ConfigError, match="'trainable' must be True or False"):
+        model(network)

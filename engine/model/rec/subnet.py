@@ -71,7 +71,11 @@ class RecSubnet(Layer):
             if layer.cls == "choice":
                 continue
             self.units[unit_name] = self._build(unit_name)
-            for key, var in self.units[unit_name].params.items():
+            params = self.units[unit_name].params
+            if layer.opts.get("trainable", True) is False:  # kept at their initial or loaded values
+                params.update({key: tf.Variable(var, trainable=False, name=var.name.split(":")[0])
+                               for key, var in params.items()})
+            for key, var in params.items():
                 self.params[f"{unit_name}/{key}"] = var
         self.optimize = opts.get("optimize_move_layers_out",
                                  config.bool("optimize_move_layers_out", True) if config else True)

@@ -9,14 +9,14 @@ from __future__ import annotations
 from engine.model.rec.frames import Template
 from engine.model.rec.step_attention import CLASSES as ATTENTION_CLASSES
 from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext
-from engine.model.rec.unit import Ref, UnitLayer
+from engine.model.rec.unit import Ref, UnitLayerSpec
 from engine.runtime.errors import ConfigError
 
 # every class a unit layer can have (the Transformer's in step_attention.py)
 UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES}
 
 
-def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx: UnitContext,
+def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], ctx: UnitContext,
                    training: bool) -> dict[str, Template]:
     """The templates of all unit layers; ``base``: those of the network's layers the unit reads."""
     templates: dict[str, Template] = {}
@@ -29,7 +29,7 @@ def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx:
         raise ConfigError(f"{ctx.where(reader)}: '{ref}' is not provided inside a rec unit here (the loop "
                           "runs over output labels, the rec layer has no input frames: 'from': []).")
 
-    def attempt(layer: UnitLayer, relaxed: bool) -> Template | None:
+    def attempt(layer: UnitLayerSpec, relaxed: bool) -> Template | None:
         if layer.cls == "choice":
             return _choice_template(layer, ctx)
         if layer.cls == "generic_attention":
@@ -72,7 +72,7 @@ def unit_templates(layers: dict[str, UnitLayer], base: dict[str, Template], ctx:
     return templates
 
 
-def _choice_template(layer: UnitLayer, ctx: UnitContext) -> Template:
+def _choice_template(layer: UnitLayerSpec, ctx: UnitContext) -> Template:
     target = layer.opts.get("target")
     if not isinstance(target, str) or target not in ctx.target_dims:
         raise ConfigError(f"{ctx.where(layer.name)}: choice needs 'target', a data stream of class ids "

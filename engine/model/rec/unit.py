@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
 # classes of the unit, with the options each takes beyond the common ones (engine/model/rec/step_layers.py)
@@ -46,7 +47,9 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
                        "forward_weights_init", "initial_output"},
     "positional_encoding": {"add_to_input", "n_out", "initial_output"},
 }
-_COMMON = {"class", "from", "dropout", "is_output_layer"}
+_COMMON = {"class", "from", "dropout", "is_output_layer", "trainable"}
+# options RETURNN's layers take that change nothing computed: accepted with an info line
+NO_EFFECT = {"param_device": "where RETURNN places the layer's parameters; a placement, not a computation"}
 # classes that carry state from step to step of their own, beyond their output (RETURNN's rec_vars_outputs)
 STATEFUL_CLASSES = {"rnn_cell"}
 # options naming other layers of the unit (or base:/prev: ones), besides 'from'
@@ -81,7 +84,7 @@ class Ref:
 
 
 @dataclass
-class UnitLayer:
+class UnitLayerSpec:
     name: str
     cls: str
     sources: list[Ref]
@@ -96,7 +99,7 @@ class UnitLayer:
         return self.sources + list(self.options.values())
 
 
-def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayer]:
+def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
     """The unit's layers; ConfigError names the rec layer and the sublayer."""
     layers = {}
     for name, opts in unit.items():
@@ -109,7 +112,11 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayer]:
         if cls not in UNIT_CLASS_OPTIONS:
             raise ConfigError(f"{where}: class {cls!r} is not implemented inside a rec unit here; the unit "
                               f"takes {', '.join(sorted(UNIT_CLASS_OPTIONS))}.")
-        unknown = sorted(set(opts) - _COMMON - UNIT_CLASS_OPTIONS[cls])
+        for key in sorted(set(opts) & set(NO_EFFECT)):
+            log.info(f"{where}: option '{key}' has no effect here ({NO_EFFECT[key]}).")
+        if not isinstance(opts.get("trainable", True), bool):
+            raise ConfigError(f"{where}: 'trainable' must be True or False, got {opts['trainable']!r}.")
+        unknown = sorted(set(opts) - _COMMON - set(NO_EFFECT) - UNIT_CLASS_OPTIONS[cls])
         if unknown:
             raise ConfigError(f"{where}: option(s) {unknown} of a {cls} layer are not implemented inside a "
                               "rec unit here.")
@@ -118,7 +125,7 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayer]:
         if not isinstance(sources, (list, tuple)) or not all(isinstance(s, str) for s in sources):
             raise ConfigError(f"{where}: 'from' must be a layer name or a list of names, got {sources!r}.")
         options = {key: Ref.parse(opts[key]) for key in LAYER_OPTIONS.get(cls, ()) if key in opts}
-        layers[name] = UnitLayer(name, cls, [Ref.parse(s) for s in sources], dict(opts), options)
+        layers[name] = UnitLayerSpec(name, cls, [Ref.parse(s) for s in sources], dict(opts), options)
     if "output" not in layers:
         raise ConfigError(f"Network layer '{rec_name}': the unit has no layer 'output' (RETURNN's rec layer "
                           "outputs it).")
@@ -135,7 +142,7 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayer]:
     return layers
 
 
-def _check_cycles(rec_name: str, layers: dict[str, UnitLayer]) -> None:
+def _check_cycles(rec_name: str, layers: dict[str, UnitLayerSpec]) -> None:
     """A cycle of current-step references has no order to compute in (prev: ones break cycles)."""
     state: dict[str, int] = {}
 
@@ -176,7 +183,7 @@ class LoopPlan:
         return lines
 
 
-def needed_outputs(layers: dict[str, UnitLayer], search: bool) -> list[str]:
+def needed_outputs(layers: dict[str, UnitLayerSpec], search: bool) -> list[str]:
     """What the loop must give: 'output', the loss layers (not in search), is_output_layer ones, and in
     search (where the length is unknown) 'end'."""
     needed = {"output"} | {n for n, layer in layers.items() if layer.opts.get("is_output_layer")}
@@ -190,7 +197,7 @@ def needed_outputs(layers: dict[str, UnitLayer], search: bool) -> list[str]:
     return sorted(needed)
 
 
-def plan_loop(layers: dict[str, UnitLayer], search: bool, optimize: bool = True) -> LoopPlan:
+def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = True) -> LoopPlan:
     """RETURNN's move-out optimisation (see the module docstring) on the unit's dependency graph; without
     ``optimize`` (RETURNN's ``optimize_move_layers_out`` False) every layer of the unit runs in the loop."""
     if not optimize:
