@@ -13,6 +13,8 @@ from engine.model.rec.unit import parse_unit, plan_loop
 from engine.runtime.errors import ConfigError
 from helpers import ROOT, run_mpi, run_rnn
 
+pytestmark = pytest.mark.tf_latest  # plain TensorFlow ops: the newest TensorFlow runs them too
+
 CLASSES = 7
 # an LSTM attention decoder as RETURNN's 2019 LibriSpeech setup builds it (MLP attention with fertility,
 # rnn_cell state, maxout readout), small
@@ -231,6 +233,7 @@ def config_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.mpi
 def test_an_attention_decoder_trains_through_rnn_py_on_one_and_two_ranks(tmp_path):
     config = config_file(tmp_path)
     one = run_rnn([config], timeout=300)
