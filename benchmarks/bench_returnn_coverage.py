@@ -38,11 +38,15 @@ from returnn_setups import SETUP_YEARS, Setup, read_setup, setup_paths
 from timing import ROOT, child_env
 from engine.config.loader import Config
 from engine.datasets import DataKeyInfo, HDFWriter
+from engine.model.rec.unit import UNIT_CLASS_OPTIONS
 from engine.model.spec import IMPLEMENTED_CLASSES
 from engine.runtime import log
 from engine.runtime.errors import EngineError
 from engine.tasks.check import collect, stop_reason
 
+# a class counts as built where the network or a rec unit builds it (the layer dicts are walked without
+# telling a unit's layers from the network's)
+BUILT_CLASSES = IMPLEMENTED_CLASSES | set(UNIT_CLASS_OPTIONS)
 DIM_KEYS = ("extern_data", "num_inputs", "num_outputs", "target")
 TRAIN_SECONDS = 600
 
@@ -194,7 +198,7 @@ def main() -> int:
         networks += 1
         classes = {layer.get("class") for layer in layer_dicts(setup.network)}
         # a dict without 'class' (a network nested in an option) is no layer class to count
-        missing_classes.update(str(c) for c in classes if c is not None and c not in IMPLEMENTED_CLASSES)
+        missing_classes.update(str(c) for c in classes if c is not None and c not in BUILT_CLASSES)
         dims = streams(setup.namespace)
         if dims is None:
             refused_by["dims: extern_data / num_outputs missing or not literal"] += 1
