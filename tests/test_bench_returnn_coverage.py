@@ -65,7 +65,7 @@ def test_the_check_accepts_the_setup_and_names_each_refusal(tmp_path):
     assert coverage.check(setup, corpus) == ["layer class 'dot'"]
     setup.namespace["network"]["decision"] = {"class": "rec", "from": [], "unit": {
         "output": {"class": "choice", "target": "classes", "beam_size": 4, "from": "x"},
-        "x": {"class": "dot", "from": "prev:output"}}}
-    assert coverage.check(setup, corpus) == ["unit layer class 'dot'"]
+        "x": {"class": "twod_lstm", "from": "prev:output"}}}
+    assert coverage.check(setup, corpus) == ["unit layer class 'twod_lstm'"]
     setup.namespace["network"]["decision"] = {"class": "linear", "n_out": 3, "spatial_smoothing": 0.1}
     assert coverage.check(setup, corpus) == ["layer option linear:spatial_smoothing"]
