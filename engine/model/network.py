@@ -254,8 +254,9 @@ class NetworkModel(SeqModel):
 
     def search(self, data: tf.Tensor, lengths: tf.Tensor, layer: str) -> dict[str, tf.Tensor]:
         """RETURNN's search: the hypotheses of ``layer`` (a decide layer or a rec layer with a subnetwork
-        unit): "hyps" (B, L) class ids, "hyp_lengths" (B,), "scores" (B,) (the decided hypothesis' log
-        score, as the beam kept it)."""
+        unit): "hyps" (B, L) class ids, "hyp_lengths" (B,), "scores" (B,) (the decided hypothesis' score as
+        RETURNN gives it: its log probability, end label included, divided by its length + 1 with the
+        choice's ``length_normalization``)."""
         source = self.specs[layer].sources[0] if isinstance(self.layers.get(layer), Decide) else layer
         if not isinstance(self.layers.get(source), RecSubnet):
             raise ConfigError(f"search_output_layer {layer!r} must be a decide layer or a rec layer with a "

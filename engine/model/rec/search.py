@@ -14,6 +14,8 @@ then follows its hypothesis to its new row, and the layers after the choice run 
 (RETURNN's ``include_eos`` False). The loop stops when every hypothesis ended or at ``max_seq_len``. The
 labels are traced back from the last step through each step's source beams; the decision is the
 hypothesis with the best score (divided by its length with the decide layer's ``length_normalization``).
+With the choice's ``length_normalization`` the final scores are divided by the longest length of the
+batch + 1, as RETURNN ends it: an ended hypothesis' score is then its log probability over its length + 1.
 """
 from __future__ import annotations
 
@@ -116,6 +118,11 @@ class BeamSearch:
         steps, _, _, scores, _, lengths, labels, sources = tf.while_loop(
             cond, body, (tf.constant(0), prev0, cells0, scores0, ended0, lengths0, labels0, sources0))
         hyps = self._trace_back(labels.stack(), sources.stack(), steps)  # (B, K, T)
+        if self.exponent:
+            # RETURNN's choice ends its length normalisation so: each ended hypothesis' score was grown by
+            # steps / (its length + 1), so dividing by the steps (the longest length of the batch + 1, the
+            # end included) leaves every ended score divided by its own length + 1
+            scores = scores / tf.cast(tf.reduce_max(lengths) + 1, tf.float32)
         lengths = tf.reshape(lengths, [self.batch, self.beam])
         final = scores / tf.cast(tf.maximum(lengths, 1), tf.float32) if decide_by_length else scores
         best = tf.argmax(final, axis=1, output_type=tf.int32)

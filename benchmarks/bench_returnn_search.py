@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""RETURNN's LSTM attention system (reduced), trained by RETURNN for some epochs on a synthetic corpus, then
+searched with beam 12 by RETURNN's ``task = "search"`` and by this engine from the same checkpoint: the
+hypotheses, their label error rates and their scores compared.
+
+    RETURNN_PYTHON=/tmp/returnn-venv/bin/python \\
+        .venv/bin/python benchmarks/bench_returnn_search.py CHECKOUT
+        [--config 2019-librispeech-system/attention/base2.config] [--epochs 20] [--train-seqs 400]
+        [--dev-seqs 200] [--classes 20] [--scale 0.0625] [--learning-rate 0.002] [--batch-size 1000]
+
+CHECKOUT is a checkout of ``rwth-i6/returnn-experiments``. The config's network is reduced as
+``bench_returnn_attention.py`` reduces it (every width times ``--scale``, ``--classes`` labels); its
+``pretrain`` is not run, its dropout is kept as written.
+
+The corpus (``make_corpus``, HDF files written by the engine's ``HDFWriter``, read by both programs) says
+a short label sequence in its features: each label (ids 1..C-1, no two equal neighbours) is a random 40-dim
+prototype held for 12 or 18 frames, with Gaussian noise; the labels end with EOS 0 (as the BPE
+vocabulary's ``seq_postfix [0]``). Every length is a multiple of 6 (the encoder's pooling 3 * 2). The label
+names (``w1``.., ``</s>`` for 0) go into the files, so both programs write hypotheses as text, one word a
+label: the WER is the label error rate without the EOS.
+
+RETURNN trains ``--epochs`` epochs (its ``python -m returnn``, adam, constant learning rate) and searches the
+dev corpus with its last checkpoint: ``search_output_layer`` ["decision", "output"] in the ``py`` format
+gives per sequence the decided hypothesis and the rec layer's whole beam with RETURNN's beam scores. The
+engine loads that checkpoint (as ``bench_returnn_attention.py`` does) and calls ``model.search`` on the same
+batches (``search_batches``: longest first, as RETURNN's search with an output file orders them, cut by
+``batch_size`` padded frames and ``max_seqs``). Compared: the share of sequences with the identical
+hypothesis (target ``TARGET_SAME``), both WERs against the references, and the score of each equal
+hypothesis (RETURNN's beam score of it, relative ``SCORE_TOLERANCE``). Differences are listed.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from bench_returnn_attention import engine_model
+from bench_returnn_ctc_demo import RETURNN_HEAD
+from returnn_attention_side import reduced
+from returnn_side import no_returnn, returnn_python
+
+DEFAULT_CONFIG = "2019-librispeech-system/attention/base2.config"
+TARGET_SAME = 0.99
+SCORE_TOLERANCE = 1e-4
+BEAM = 12
+HOLD = (12, 18)  # frames a label is held: multiples of the encoder's time reduction 6
+SEARCH_BATCH = {"batch_size": 4000, "max_seqs": 20}
+OPTIMIZER = {"adam": True, "optimizer_epsilon": 1e-8, "gradient_clip": 0}
+
+
+def label_names(classes: int) -> list[str]:
+    return ["</s>"] + [f"w{i}" for i in range(1, classes)]
+
+
+def synthetic_sequence(rng: np.random.RandomState, prototypes: np.ndarray, noise: float = 0.5,
+                       labels: tuple[int, int] = (3, 8)) -> tuple[np.ndarray, np.ndarray]:
+    """(features (T, D), labels ending in EOS 0): ``labels`` (min, max) non-EOS labels, each label's
+    prototype held 12 or 18 frames plus Gaussian noise."""
+    classes, dim = prototypes.shape
+    ids: list[int] = []
+    for _ in range(rng.randint(labels[0], labels[1] + 1)):
+        label = rng.randint(1, classes)
+        while ids and label == ids[-1]:
+            label = rng.randint(1, classes)
+        ids.append(label)
+    frames = np.concatenate([np.repeat(prototypes[i][None], HOLD[rng.randint(len(HOLD))], axis=0)
+                             for i in ids])
+    frames = frames + noise * rng.standard_normal(frames.shape)
+    return frames.astype(np.float32), np.array(ids + [0], np.int32)
+
+
+def make_corpus(path: str, num_seqs: int, seed: int, classes: int,
+                dim: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """An HDF corpus of ``synthetic_sequence``s (the prototypes drawn with seed 0, alike in every corpus);
+    returns its (tag, features, labels)."""
+    from engine.datasets import DataKeyInfo, HDFWriter
+
+    prototypes = np.random.RandomState(0).standard_normal((classes, dim))
+    rng = np.random.RandomState(seed)
+    keys = {"data": DataKeyInfo(dim=dim), "classes": DataKeyInfo(dim=classes, sparse=True)}
+    seqs = []
+    with HDFWriter(path, keys, labels={"classes": label_names(classes)}) as writer:
+        for i in range(num_seqs):
+            features, labels = synthetic_sequence(rng, prototypes)
+            writer.insert(f"seq-{i}", {"data": features, "classes": labels})
+            seqs.append((f"seq-{i}", features, labels))
+    return seqs
+
+
+def search_batches(lengths: np.ndarray, batch_size: int, max_seqs: int) -> list[list[int]]:
+    """Sequence indices, longest first (ties by index), cut into batches whose padded frames (seqs *
+    longest) stay within ``batch_size`` and whose sequences within ``max_seqs`` (a longer sequence alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = max([int(lengths[j]) for j in current] + [int(lengths[i])])
+        if current and ((len(current) + 1) * longest > batch_size or len(current) >= max_seqs):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def edit_distance(a: list, b: list) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def error_rate(hyps: list[list], refs: list[list]) -> float:
+    """Summed edit distances over summed reference lengths."""
+    return sum(edit_distance(h, r) for h, r in zip(hyps, refs)) / max(sum(len(r) for r in refs), 1)
+
+
+def parse_search_output(text: str) -> dict[str, dict]:
+    """RETURNN's ``py`` search output of several layers: seq tag -> {layer: hypothesis text, or its beam as
+    [(score, text)]}. Its scores may be written as numpy scalars (``np.float32(-1.5)``)."""
+    return ast.literal_eval(re.sub(r"(?:np|numpy)\.float\d+\(([^()]*)\)", r"\1", text))
+
+
+def compare(ours: dict[str, tuple[str, float]], theirs: dict[str, dict],
+            refs: dict[str, str]) -> dict:
+    """Per tag the engine's (hypothesis, score) against RETURNN's decided hypothesis and the beam score
+    RETURNN gave that hypothesis: the share of equal hypotheses, both WERs, the largest relative score
+    difference over the equal ones, and the differing tags."""
+    tags = sorted(theirs)
+    same = [t for t in tags if t in ours and ours[t][0] == theirs[t]["decision"]]
+    score_diffs = []
+    for tag in same:
+        beam = {text: score for score, text in theirs[tag]["output"]}
+        if ours[tag][0] in beam:
+            theirs_score = beam[ours[tag][0]]
+            score_diffs.append(abs(ours[tag][1] - theirs_score) / max(abs(theirs_score), 1e-12))
+    ref_words = [refs[t].split() for t in tags]
+    return {"seqs": len(tags), "same": len(same), "share": len(same) / max(len(tags), 1),
+            "wer engine": error_rate([ours.get(t, ("", 0.0))[0].split() for t in tags], ref_words),
+            "wer returnn": error_rate([theirs[t]["decision"].split() for t in tags], ref_words),
+            "score diff": max(score_diffs, default=float("nan")), "scored": len(score_diffs),
+            "differing": [t for t in tags if t not in same]}
+
+
+def training_lines(network: dict, extern_data: dict, train_hdf: str, model: str, epochs: int,
+                   learning_rate: float, batch_size: int = 1000) -> list[str]:
+    """The config lines both programs train with (RETURNN's head apart)."""
+    dataset = {"class": "HDFDataset", "files": [train_hdf], "seq_ordering": "random"}
+    keys = {**OPTIMIZER, "learning_rate": learning_rate, "learning_rate_control": "constant",
+            "batch_size": batch_size, "max_seqs": 40, "batching": "random", "num_epochs": epochs,
+            "target": "classes", "log_verbosity": 3, "model": model}
+    return [f"network = {network!r}", f"extern_data = {extern_data!r}", f"train = {dataset!r}",
+            "cache_size = '0'", *(f"{k} = {v!r}" for k, v in keys.items())]
+
+
+def search_lines(network: dict, extern_data: dict, dev_hdf: str, load: str, output_file: str,
+                 layers: list[str] | str, do_eval: bool = True) -> list[str]:
+    keys = {"task": "search", "load": load, "search_output_layer": layers, "search_output_file": output_file,
+            "search_output_file_format": "py", "search_do_eval": do_eval, "max_seq_length": 0,
+            "target": "classes", "log_verbosity": 3, **SEARCH_BATCH}
+    dataset = {"class": "HDFDataset", "files": [dev_hdf]}
+    return [f"network = {network!r}", f"extern_data = {extern_data!r}", f"search_data = {dataset!r}",
+            *(f"{k} = {v!r}" for k, v in keys.items())]
+
+
+def write_config(path: str, lines: list[str], head: str = "") -> str:
+    with open(path, "w") as f:
+        f.write(head + "\n".join(lines) + "\n")
+    return path
+
+
+def returnn_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(DISABLE_CUDA="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_returnn(python: str, config: str, log_path: str) -> None:
+    with open(log_path, "w") as log_file:
+        done = subprocess.run([python, "-m", "returnn", config], stdout=log_file, stderr=subprocess.STDOUT,
+                              env=returnn_env())
+    if done.returncode:
+        with open(log_path) as f:
+            sys.exit(f"bench_returnn_search: RETURNN failed (exit {done.returncode}):\n{f.read()[-4000:]}")
+
+
+def engine_search(model, tags: list[str], features: list[np.ndarray], classes: int,
+                  layer: str = "decision") -> dict[str, tuple[str, float]]:
+    """The engine's decided hypothesis (text) and score per tag, batched as ``search_batches``."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, features[0].shape[1]], tf.float32),
+                                  tf.TensorSpec([None], tf.int32)], autograph=False)
+    def step(data, lengths):
+        found = model.search(data, lengths, layer)
+        return found["hyps"], found["hyp_lengths"], found["scores"]
+
+    names = label_names(classes)
+    lengths = np.array([len(f) for f in features], np.int32)
+    results = {}
+    for batch in search_batches(lengths, **SEARCH_BATCH):
+        data = np.zeros((len(batch), lengths[batch].max(), features[0].shape[1]), np.float32)
+        for row, i in enumerate(batch):
+            data[row, :lengths[i]] = features[i]
+        hyps, hyp_lengths, scores = (t.numpy() for t in step(data, lengths[batch]))
+        for row, i in enumerate(batch):
+            results[tags[i]] = (" ".join(names[k] for k in hyps[row, :hyp_lengths[row]]), float(scores[row]))
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkout", help="a checkout of rwth-i6/returnn-experiments")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the setup's config, under the checkout")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--train-seqs", type=int, default=400)
+    parser.add_argument("--dev-seqs", type=int, default=200)
+    parser.add_argument("--classes", type=int, default=20, help="labels, EOS 0 included")
+    parser.add_argument("--scale", type=float, default=0.0625)
+    parser.add_argument("--learning-rate", type=float, default=0.002)
+    parser.add_argument("--batch-size", type=int, default=1000, help="training batch size (frames)")
+    parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its files (default: a temp dir)")
+    args = parser.parse_args()
+    python = returnn_python()
+    if python is None:
+        return no_returnn("bench_returnn_search", "nothing is compared")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from engine.runtime import log
+    from returnn_setups import read_setup
+
+    log.init(verbosity=log.WARNING)
+    setup = read_setup(args.checkout, args.config)
+    dim = int(setup.namespace.get("num_inputs", 40))
+    network = reduced(setup.network, args.scale)
+    extern_data = {"data": {"dim": dim}, "classes": {"dim": args.classes, "sparse": True}}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or tmp
+        os.makedirs(folder, exist_ok=True)
+        train_hdf, dev_hdf = os.path.join(folder, "train.hdf"), os.path.join(folder, "dev.hdf")
+        frames = sum(len(f) for _, f, _ in make_corpus(train_hdf, args.train_seqs, 1, args.classes, dim))
+        dev = make_corpus(dev_hdf, args.dev_seqs, 2, args.classes, dim)
+        model_path = os.path.join(folder, "returnn", "epoch")
+        print(f"{args.config} at scale {args.scale:g}, {args.classes} classes, dropout as written; corpus "
+              f"{args.train_seqs} seqs ({frames} frames), dev {args.dev_seqs} seqs; RETURNN trains "
+              f"{args.epochs} epochs at lr {args.learning_rate:g}", flush=True)
+        run_returnn(python, write_config(os.path.join(folder, "train.config"), training_lines(
+            network, extern_data, train_hdf, model_path, args.epochs, args.learning_rate, args.batch_size),
+            RETURNN_HEAD),
+            os.path.join(folder, "returnn-train.log"))
+        checkpoint = f"{model_path}.{args.epochs:03d}"
+        output = os.path.join(folder, "returnn-search.py")
+        if os.path.exists(output):
+            os.remove(output)
+        run_returnn(python, write_config(os.path.join(folder, "search.config"), search_lines(
+            network, extern_data, dev_hdf, checkpoint, output, ["decision", "output"]), RETURNN_HEAD),
+            os.path.join(folder, "returnn-search.log"))
+        with open(output) as f:
+            theirs = parse_search_output(f.read())
+        job = {"updater": OPTIMIZER, "learning_rate": args.learning_rate, "checkpoint": checkpoint,
+               "extern_data": {"data": {"dim": dim, "sparse": False},
+                               "classes": {"dim": args.classes, "sparse": True}}}
+        model, _ = engine_model(job, folder, network)
+        names = label_names(args.classes)
+        refs = {tag: " ".join(names[k] for k in labels if k != 0) for tag, _, labels in dev}
+        ours = engine_search(model, [t for t, _, _ in dev], [f for _, f, _ in dev], args.classes)
+    return report(compare(ours, theirs, refs), ours, theirs, refs)
+
+
+def report(result: dict, ours: dict, theirs: dict, refs: dict) -> int:
+    print(f"beam {BEAM}, {result['seqs']} dev sequences: identical hypotheses {result['same']} "
+          f"({100 * result['share']:.1f} %, target >= {100 * TARGET_SAME:g} %)")
+    print(f"WER (= label error rate, EOS excluded): RETURNN {100 * result['wer returnn']:.2f} %, engine "
+          f"{100 * result['wer engine']:.2f} %")
+    print(f"scores of the {result['scored']} equal hypotheses: largest relative difference "
+          f"{result['score diff']:.2e} (at most {SCORE_TOLERANCE:g})")
+    for tag in result["differing"][:20]:
+        beam = {text: score for score, text in theirs[tag]["output"]}
+        mine, score = ours.get(tag, ("(none)", float("nan")))
+        print(f"  {tag}: ref '{refs[tag]}'\n    RETURNN '{theirs[tag]['decision']}' "
+              f"{beam.get(theirs[tag]['decision'], float('nan')):.5f}\n    engine  '{mine}' {score:.5f} "
+              f"(RETURNN's beam: {beam.get(mine, 'not in it')})")
+    ok = result["share"] >= TARGET_SAME and result["score diff"] <= SCORE_TOLERANCE \
+        and result["wer engine"] == result["wer returnn"]
+    print(f"{'PASS' if ok else 'FAIL'}: search equal to RETURNN's")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The pure functions of ``benchmarks/bench_returnn_search.py`` (corpus, batching, scoring, RETURNN's search
+output) and of ``bench_returnn_attention_speed.py`` (the search span)."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_returnn_attention_speed as speed  # noqa: E402
+import bench_returnn_search as bench  # noqa: E402
+from timing import Output  # noqa: E402
+
+
+def test_synthetic_sequence_holds_each_label_and_ends_in_eos():
+    prototypes = np.random.RandomState(0).standard_normal((6, 4))
+    features, labels = bench.synthetic_sequence(np.random.RandomState(3), prototypes, noise=0.0)
+    assert labels[-1] == 0 and 3 <= len(labels) - 1 <= 8
+    assert np.all(labels[:-1] > 0) and np.all(labels[1:-1] != labels[:-2])
+    assert len(features) % 6 == 0
+    # without noise, the frames are the labels' prototypes in order, each held 12 or 18 frames
+    starts = [0] + [t for t in range(1, len(features)) if not np.array_equal(features[t], features[t - 1])]
+    holds = np.diff(starts + [len(features)])
+    assert set(holds.tolist()) <= {12, 18}
+    np.testing.assert_allclose(features[starts], prototypes[labels[:-1]], rtol=1e-6)
+
+
+def test_search_batches_longest_first_within_the_limits():
+    lengths = np.array([30, 60, 60, 10, 90, 20])
+    assert bench.search_batches(lengths, batch_size=180, max_seqs=2) == [[4, 1], [2, 0], [5, 3]]
+    assert bench.search_batches(lengths, batch_size=100, max_seqs=10) == [[4], [1], [2], [0, 5, 3]]
+    assert bench.search_batches(lengths, batch_size=50, max_seqs=10)[0] == [4]  # too long: alone
+
+
+def test_edit_distance_and_error_rate():
+    assert bench.edit_distance(list("kitten"), list("sitting")) == 3
+    assert bench.edit_distance([], [1, 2]) == 2
+    assert bench.error_rate([["a", "b"], ["c"]], [["a", "c"], ["c", "d", "e"]]) == pytest.approx(3 / 5)
+
+
+def test_parse_search_output_reads_numpy_scalars():
+    text = ("{\n'seq-0': {\n'decision': 'w1 w2',\n'output': [\n(np.float32(-1.5), 'w1 w2'),\n"
+            "(-2.25, 'w1'),\n],\n},\n}\n")
+    assert bench.parse_search_output(text) == {"seq-0": {"decision": "w1 w2",
+                                                         "output": [(-1.5, "w1 w2"), (-2.25, "w1")]}}
+
+
+def test_compare_counts_equal_hypotheses_scores_and_wers():
+    theirs = {"a": {"decision": "w1 w2", "output": [(-1.0, "w1 w2"), (-2.0, "w1")]},
+              "b": {"decision": "w3", "output": [(-0.5, "w3"), (-0.7, "w4")]}}
+    ours = {"a": ("w1 w2", -1.00005), "b": ("w4", -0.7)}
+    result = bench.compare(ours, theirs, {"a": "w1 w2", "b": "w3"})
+    assert (result["same"], result["seqs"], result["differing"]) == (1, 2, ["b"])
+    assert result["score diff"] == pytest.approx(5e-5)
+    assert result["wer returnn"] == 0.0 and result["wer engine"] == pytest.approx(1 / 3)
+
+
+def test_search_rate_between_each_programs_lines():
+    engine = Output("", [(1.0, "search: 300 sequences of dev"),
+                         (7.0, "search 'decision', finished after 9 steps")])
+    returnn = Output("", [(2.0, "Will write outputs to: x"), (5.0, "epoch 3 search, finished after 9 steps")])
+    assert speed.search_rate(engine, "engine", 300) == pytest.approx(50.0)
+    assert speed.search_rate(returnn, "returnn", 300) == pytest.approx(100.0)
