@@ -184,7 +184,7 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
 @pytest.mark.parametrize("change, message", [
     ({"x": {"class": "conv", "from": "s"}}, "class 'conv' is not implemented inside a rec unit"),
     ({"x": {"class": "linear", "from": "data:source", "n_out": 2}},
-     "unit layer 'x': 'data:source' is not provided"),
+     "unit layer 'x': 'data:source' is the rec layer's input frame, but the rec layer has no sources"),
     ({"x": {"class": "linear", "from": "y", "n_out": 2}, "y": {"class": "linear", "from": "x", "n_out": 2}},
      "cycle within one step"),
     ({"x": {"class": "linear", "from": "s", "n_out": 2, "L2": 0.1}}, "option(s) ['L2']"),
@@ -256,3 +256,40 @@ def test_trainable_and_param_device_in_a_unit():
     network["output"]["unit"]["target_embed"]["trainable"] = "no"
     with pytest.raises(ConfigError, match="'trainable' must be True or False"):
         model(network)
+
+
+FRAME_LOOP = {
+    "proj": {"class": "linear", "n_out": 3, "activation": None, "from": "data"},
+    "rnn": {"class": "rec", "from": "proj", "unit": {
+        "x": {"class": "linear", "from": "data:source", "n_out": 4, "with_bias": False},
+        "output": {"class": "eval", "from": ["x", "prev:output"],
+                   "eval": "tf.tanh(source(0) + 0.5 * source(1))"},
+    }},
+    "output": {"class": "softmax", "loss": "ce", "from": "rnn"},
+}
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_a_unit_loops_over_its_sources_frames(optimize):
+    network = copy.deepcopy(FRAME_LOOP)
+    network["rnn"]["optimize_move_layers_out"] = optimize
+    net = NetworkModel(network, input_dim=5, input_sparse=False, target_dims={"classes": 4}, random_seed=1)
+    plan = net.layers["rnn"].plan
+    expected_plan = (("x",), ("output",)) if optimize else ((), ("output", "x"))
+    assert (plan.inputs_moved_out, plan.in_loop) == expected_plan
+    x = np.random.RandomState(0).randn(2, 6, 5).astype(np.float32)
+    out = net(x, np.array([6, 4], np.int32))
+    weights = net.layers["rnn"].params["x/W"].numpy()
+    state, expected = np.zeros((2, 4)), []
+    for t in range(6):  # the recurrence by hand
+        state = np.tanh(out["proj"].numpy()[:, t] @ weights + 0.5 * state)
+        expected.append(state)
+    np.testing.assert_allclose(out["rnn"].numpy(), np.stack(expected, 1), rtol=1e-5, atol=1e-6)
+    assert out["rnn:lengths"].numpy().tolist() == [6, 4]
+
+
+def test_a_frame_loop_needs_a_dense_output_and_no_choice():
+    network = copy.deepcopy(FRAME_LOOP)
+    network["rnn"]["unit"]["output"] = {"class": "choice", "target": "classes", "beam_size": 2, "from": "x"}
+    with pytest.raises(ConfigError, match="a choice in a loop over the rec layer's input frames"):
+        NetworkModel(network, input_dim=5, input_sparse=False, target_dims={"classes": 4}, random_seed=1)

@@ -107,9 +107,16 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
         _check_dense_input(name, spec, options.input_sparse)
         _check_sparse_sources(name, spec, layers)
         if spec.subnetwork:
+            source = None
+            if spec.sources:  # a loop over the sources' frames
+                layout = input_layout(name, spec, layouts)
+                if layout.spatial:
+                    raise ConfigError(f"Network layer '{name}': its input {layout.describe()} has static "
+                                      "axes besides the features; a rec unit takes frames of features.")
+                source = Template((), layout.feature)
             layers[name] = RecSubnet(name, spec.opts, _base_templates(spec, layouts),
                                      target_dims=options.target_dims, random_seed=options.random_seed,
-                                     config=options.config)
+                                     config=options.config, source=source)
             layouts[name] = Layout((), layers[name].n_out)
             continue
         layout = input_layout(name, spec, layouts)
@@ -147,10 +154,12 @@ def _base_templates(spec: LayerSpec, layouts: dict[str, Layout]) -> dict[str, Te
 def _check_sparse_sources(name: str, spec: LayerSpec, layers: dict[str, Layer]) -> None:
     """A subnetwork's output is class ids, which only a decide layer reads here."""
     for source in spec.sources:
-        if isinstance(layers.get(source), RecSubnet) and (spec.cls != "decide" or len(spec.sources) > 1):
+        searched = isinstance(layers.get(source), RecSubnet) and layers[source].choice
+        if searched and (spec.cls != "decide" or len(spec.sources) > 1):
             raise ConfigError(f"Network layer '{name}' reads '{source}', a rec layer whose unit's output is "
                               "class ids; here only a 'decide' layer (with that one source) reads it.")
-    if spec.cls == "decide" and not all(isinstance(layers.get(s), RecSubnet) for s in spec.sources):
+    if spec.cls == "decide" and not all(isinstance(layers.get(s), RecSubnet) and layers[s].choice
+                                        for s in spec.sources):
         raise ConfigError(f"Network layer '{name}': a decide layer reads a rec layer with a subnetwork unit "
                           f"(its search's hypotheses), got {list(spec.sources)}.")
 

@@ -94,13 +94,14 @@ class NetworkModel(SeqModel):
 
     @property
     def loss_targets(self) -> set[str]:
-        loops = {layer.target for layer in self.layers.values() if isinstance(layer, RecSubnet)}
+        loops = {layer.target for layer in self.layers.values()
+                 if isinstance(layer, RecSubnet) and layer.choice}
         return {self.loss_objects[name].target for name in self.loss_layers} | loops
 
     @property
     def reads_streams(self) -> bool:
         """Whether a call needs the target streams (``streams``): a decoder loop runs over them."""
-        return any(isinstance(layer, RecSubnet) for layer in self.layers.values())
+        return any(isinstance(layer, RecSubnet) and layer.choice for layer in self.layers.values())
 
     @property
     def normalized_loss_layers(self) -> list[str]:
@@ -119,8 +120,9 @@ class NetworkModel(SeqModel):
     def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
         seq_lengths = {"data": tf.cast(lengths, tf.int32)}
         for name, layer in self.layers.items():
-            if isinstance(layer, (RecSubnet, Decide)):  # the target's labels, or the search's
-                seq_lengths[name] = None
+            if isinstance(layer, (RecSubnet, Decide)):  # the target's labels, or the search's, or the input's
+                looped = isinstance(layer, RecSubnet) and not layer.choice
+                seq_lengths[name] = seq_lengths[self.specs[name].sources[0]] if looped else None
                 continue
             source = self.specs[name].sources[0]
             if isinstance(layer, TimeChunking):  # chunks are no sequences; check_time_axes keeps
@@ -201,14 +203,18 @@ class NetworkModel(SeqModel):
             layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
             if isinstance(layer, RecSubnet):
                 base = {b: (outs[b], seq_lengths[b]) for b in layer.base_layers}
+                source = None
+                if self.specs[name].sources:  # a loop over its sources' frames
+                    source = (self._layer_input(name, outs, training, layer_seed),
+                              seq_lengths[self.specs[name].sources[0]])
                 deciders = [self.layers[n] for n in self.layers if self.specs[n].sources == (name,)
                             and isinstance(self.layers[n], Decide)]
                 y, seq_lengths[name], unit_outputs = layer.run(
                     base, streams, stream_lengths, training, layer_seed, search=search,
-                    decide_by_length=any(d.length_normalization for d in deciders))
+                    decide_by_length=any(d.length_normalization for d in deciders), source=source)
                 outs[name] = y
                 result.update(unit_outputs)
-                result[name], result[f"{name}:lengths"] = tf.transpose(y), seq_lengths[name]
+                result[name], result[f"{name}:lengths"] = _batch_major(y), seq_lengths[name]
                 continue
             if isinstance(layer, Decide):  # without search: the rec layer's one sequence per batch entry
                 source = self.specs[name].sources[0]

@@ -142,13 +142,10 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
             raise ConfigError(f"Network layer '{name}': {_class_problem(cls)}; this engine implements the "
                               f"classes {', '.join(_CLASS_OPTIONS)}.")
         unit = opts.get("unit", "lstm")
-        if cls == "rec" and isinstance(unit, dict):
+        if cls == "rec" and isinstance(unit, dict):  # a loop over its sources' frames, or over labels
             parse_unit(name, unit)
-            if opts.get("from", []) not in ([], ()):
-                raise ConfigError(f"Network layer '{name}': a rec layer with a subnetwork unit and 'from' "
-                                  "sources (a loop over input frames) is not implemented; the decoder loop "
-                                  "over output labels ('from': []) is.")
-            specs[name] = LayerSpec(cls, (), opts)
+            sources = opts.get("from", "data")  # RETURNN's default source, as for every layer
+            specs[name] = LayerSpec(cls, _sources(name, sources) if sources not in ([], ()) else (), opts)
             continue
         if cls == "rec" and (not isinstance(unit, str) or unit.lower() not in LSTM_UNITS + (NORM_LSTM_UNIT,)):
             raise ConfigError(f"Network layer '{name}': unit {unit!r} is not supported; supported: "

@@ -96,7 +96,7 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
     axes: dict[str, tuple[str, ...]] = {"data": ()}  # the chunking/resampling layers a layer's frames passed
     for name in order:
         cls, sources, opts = specs[name]
-        if specs[name].subnetwork:  # a decoder loop runs over its target's labels
+        if specs[name].subnetwork and not sources:  # a decoder loop runs over its target's labels
             unit_target = opts.get("target") or opts["unit"]["output"].get("target", "classes")
             axes[name] = (f"data:{unit_target}",)
             continue

@@ -6,7 +6,9 @@ loop (``prev:x`` of such a layer is x shifted by one step, ``initial_output`` fi
 the loop run step by step in a ``tf.while_loop`` (carrying the previous step of every layer something
 reads as ``prev:``, and an LSTM cell's state), and the layers moved behind run on all steps after it.
 The rec layer's output is its ``output`` layer's (B, L) class ids; the unit's loss layers come back as
-``<rec>/<layer>:logits`` and ``:lengths`` for the network's losses.
+``<rec>/<layer>:logits`` and ``:lengths`` for the network's losses. A rec layer with sources instead
+loops over their frames (``data:source`` is the frame), and its output is the unit's dense ``output`` on
+every frame.
 """
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ class RecSubnet(Layer):
     takes_spatial = True
 
     def __init__(self, name: str, opts: dict, base: dict[str, Template], *, target_dims: dict[str, int],
-                 random_seed: int, config: Any = None) -> None:
+                 random_seed: int, config: Any = None, source: Template | None = None) -> None:
+        """``source``: one frame of the rec layer's input (its sources concatenated), which the loop runs
+        over (``data:source``); None: the loop runs over the labels of its choice's target."""
         self.spec = parse_unit(name, opts["unit"])
         super().__init__(0)
         self.layer_name = name
@@ -58,12 +62,19 @@ class RecSubnet(Layer):
                               "implemented.")
         self.ctx = UnitContext(name, target_dims, random_seed, config)
         self.base_templates = base
-        self.templates = unit_templates(self.spec, base, self.ctx, training=True)
+        self.source = source
+        self.templates = unit_templates(self.spec, base, self.ctx, source)
         output = self.templates["output"]
-        if self.spec["output"].cls != "choice" or not output.sparse:
-            raise ConfigError(f"Network layer '{name}': its unit's 'output' must be a choice layer (class "
-                              "ids) here; a rec unit with a dense output is not implemented.")
-        self.target = opts.get("target", self.spec["output"].opts.get("target"))
+        self.choice = self.spec["output"].cls == "choice"
+        if self.choice and source is not None:
+            raise ConfigError(f"Network layer '{name}': a choice in a loop over the rec layer's input frames "
+                              "(a transducer's search) is not implemented; a decoder loop over labels has "
+                              "'from': [].")
+        if not self.choice and (source is None or output.axes or output.sparse):
+            raise ConfigError(f"Network layer '{name}': its unit's 'output' is {output.describe()}; a loop "
+                              "over labels needs a choice layer as 'output', a loop over input frames (the "
+                              "rec layer's 'from') a dense output of one frame.")
+        self.target = opts.get("target", self.spec["output"].opts.get("target")) if self.choice else None
         self.opts_max_seq_len = opts.get("max_seq_len")
         self.n_out = output.dim
         self.units: dict[str, UnitLayer] = {}
@@ -99,12 +110,9 @@ class RecSubnet(Layer):
     def _template(self, ref: Ref) -> Template:
         if ref.kind == "base":
             return self.base_templates[ref.name]
-        if ref.kind in ("cur", "prev"):
-            return self.templates[ref.name]
-        raise ConfigError(f"Network layer '{self.layer_name}': '{ref}' is not provided inside a rec unit "
-                          "here "
-                          "(a rec layer with a subnetwork reads 'base:...' layers; 'data:source' and ':i' "
-                          "are not implemented).")
+        if ref.kind == "data":  # unit_templates has refused it where the rec layer has no sources
+            return self.source
+        return self.templates[ref.name]
 
     @property
     def base_layers(self) -> list[str]:
@@ -133,14 +141,19 @@ class RecSubnet(Layer):
     # ----- running -----
     def run(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]], streams: dict[str, tf.Tensor] | None,
             stream_lengths: dict[str, tf.Tensor] | None, training: bool,
-            seed: tf.Tensor, search: bool = False,
-            decide_by_length: bool = False) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
+            seed: tf.Tensor, search: bool = False, decide_by_length: bool = False,
+            source: tuple[tf.Tensor, tf.Tensor] | None = None) -> tuple[tf.Tensor, tf.Tensor, dict]:
         """``base``: layer -> (its time-major output, its lengths). Returns the output's (L, B) ids, their
         lengths (B,), and the unit layers' outputs (batch-major, ``<rec>/<layer>``; loss layers also
         ``:logits`` and ``:lengths``). With ``search``: the beam search's decided hypotheses (by score,
-        divided by length with ``decide_by_length``) and their scores (``<rec>:scores``)."""
-        if search:
+        divided by length with ``decide_by_length``) and their scores (``<rec>:scores``). ``source``: the
+        rec layer's input (time-major, its lengths) for a loop over its frames: then the output is the unit's
+        ``output`` on every frame, (T, B, F), with the input's lengths."""
+        if search and self.choice:
             return self._search(base, decide_by_length)
+        if source is not None:  # a loop over the input frames
+            run = _Run(self, base, training, seed, source)
+            return run.train(tf.cast(source[1], tf.int32))
         if not streams or self.target not in streams:
             raise DataError(f"Network layer '{self.layer_name}': the decoder loop runs over the labels of "
                             f"target {self.target!r}, which this run does not read (search, which runs "
@@ -194,8 +207,11 @@ class _Run:
     """One call of a ``RecSubnet``: the values of its layers by name as they are computed."""
 
     def __init__(self, subnet: RecSubnet, base: dict[str, tuple[tf.Tensor, tf.Tensor]], training: bool,
-                 seed: tf.Tensor) -> None:
+                 seed: tf.Tensor, source: tuple[tf.Tensor, tf.Tensor] | None = None) -> None:
         self.net = subnet
+        self.source = None  # the rec layer's input, batch-major (B, T, F): ``data:source`` on every frame
+        if source is not None:
+            self.source = Value(tf.transpose(source[0], [1, 0, 2]), subnet.source, looped=True)
         self.training = training
         self.seed = seed
         self.base: dict[str, Value] = {}
@@ -208,7 +224,6 @@ class _Run:
             self.base[name] = Value(x, template, looped=False)
             time = template.axes[0]
             self.axis_lengths[time.label], self.axis_sizes[time.label] = lengths, tf.shape(x)[1]
-        self.batch = next(iter(self.base.values())).tensor.shape[0] if self.base else None
         self.values: dict[str, Value] = {}  # computed on all steps (in front, behind, or stacked)
         self.logits: dict[str, tf.Tensor] = {}
 
@@ -277,16 +292,18 @@ class _Run:
     def _whole(self, ref: Ref, batch: tf.Tensor) -> Value:
         if ref.kind == "base":
             return self.base[ref.name]
+        if ref.kind == "data":
+            return self.source
         value = self.values[ref.name]
         return self._shifted(ref.name, value, batch) if ref.kind == "prev" else value
 
     def train(self, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
         plan, spec = self.net.plan, self.net.spec
-        ids = self.values["output"].tensor
-        batch, steps = tf.shape(ids)[0], tf.shape(ids)[1]
+        frames = self.values["output"] if self.net.choice else self.source  # what the loop runs over
+        batch, steps = tf.shape(frames.tensor)[0], tf.shape(frames.tensor)[1]
         self._all_steps(plan.inputs_moved_out, batch)
-        # the choice is the target: never computed, also where the plan keeps it in the loop
-        loop = [n for n in _topological(spec, plan.in_loop) if n != "output"]
+        # a choice is the target: never computed, also where the plan keeps it in the loop
+        loop = [n for n in _topological(spec, plan.in_loop) if n not in self.values]
         if loop:
             self._loop(loop, batch, steps)
         self._all_steps(plan.outputs_moved_out, batch)
@@ -297,7 +314,8 @@ class _Run:
             if unit_name in self.logits:
                 results[f"{name}/{unit_name}:logits"] = self.logits[unit_name]
                 results[f"{name}/{unit_name}:lengths"] = lengths
-        return tf.transpose(ids), lengths, results
+        output = self.values["output"].tensor
+        return tf.transpose(output, [1, 0, *range(2, output.shape.rank)]), lengths, results
 
     def _loop(self, loop: list[str], batch: tf.Tensor, steps: tf.Tensor) -> None:
         spec, units = self.net.spec, self.net.units
@@ -317,7 +335,7 @@ class _Run:
         # the layers moved in front, as the loop reads them (shifted once here, not at every step)
         outside = {(r.kind, r.name): self._whole(r, batch) for n in loop
                    for r in spec[n].sources + list(spec[n].options.values())
-                   if r.kind in ("cur", "prev") and r.name not in loop}
+                   if r.kind == "data" or (r.kind in ("cur", "prev") and r.name not in loop)}
 
         def body(t, prev, cell_states, arrays, logit_arrays):
             frame: dict[str, Value] = {}
@@ -326,11 +344,11 @@ class _Run:
             def resolve(ref: Ref) -> Value:
                 if ref.kind == "base":
                     return self.base[ref.name]
-                if ref.name in frame:
+                if ref.kind == "cur" and ref.name in frame:
                     return frame[ref.name]
                 if ref.kind == "prev" and ref.name in prev:
                     return Value(prev[ref.name], self.net.templates[ref.name], looped=False)
-                return step_slice(outside[(ref.kind, ref.name)], t)  # a layer moved in front: step t
+                return step_slice(outside[(ref.kind, ref.name)], t)  # moved in front, or the input: step t
 
             for name in loop:
                 frame[name] = self.step_layer(name, resolve, t, cell_states, new_cells)

@@ -17,8 +17,9 @@ UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES}
 
 
 def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], ctx: UnitContext,
-                   training: bool) -> dict[str, Template]:
-    """The templates of all unit layers; ``base``: those of the network's layers the unit reads."""
+                   source: Template | None = None) -> dict[str, Template]:
+    """The templates of all unit layers; ``base``: those of the network's layers the unit reads;
+    ``source``: one frame of the rec layer's input (``data:source``), None where it has no sources."""
     templates: dict[str, Template] = {}
 
     def of(ref: Ref, reader: str) -> Template | None:
@@ -26,8 +27,12 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
             return base[ref.name]
         if ref.kind in ("cur", "prev"):
             return templates.get(ref.name)
-        raise ConfigError(f"{ctx.where(reader)}: '{ref}' is not provided inside a rec unit here (the loop "
-                          "runs over output labels, the rec layer has no input frames: 'from': []).")
+        if ref.kind == "data" and source is not None:
+            return source
+        if ref.kind == "data":
+            raise ConfigError(f"{ctx.where(reader)}: '{ref}' is the rec layer's input frame, but the rec "
+                              "layer has no sources ('from': []): its loop runs over output labels.")
+        raise ConfigError(f"{ctx.where(reader)}: '{ref}' (the step) is not provided inside a rec unit here.")
 
     def attempt(layer: UnitLayerSpec, relaxed: bool) -> Template | None:
         if layer.cls == "choice":
