@@ -220,43 +220,46 @@ def print_numbers(theirs: dict, ours: dict) -> float:
     return worst
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("checkout", nargs="?", help="a checkout of rwth-i6/returnn-experiments")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the setup's config, under the checkout")
+def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the batch and the comparison, shared with ``bench_returnn_trafo.py``."""
     parser.add_argument("--seqs", type=int, default=3)
     parser.add_argument("--frames", type=int, default=36, help="frames of each sequence (a multiple of 6)")
-    parser.add_argument("--scale", type=float, default=0.0625, help="factor of every n_out and split dim")
     parser.add_argument("--classes", type=int, default=60, help="the label vocabulary (EOS 0 included)")
     parser.add_argument("--no-update", action="store_true", help="compare at initialisation only")
     parser.add_argument("--returnn-side", metavar="JOBS", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.returnn_side:
-        returnn_side(args.returnn_side)
-        return 0
+
+
+def read_checked_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str) -> tuple:
+    """(RETURNN's python, the config's setup, its input dim, its first learning rate) after the checks of
+    the arguments; None where RETURNN is missing (``no_returnn`` has said so: exit status 2)."""
     if not args.checkout:
         parser.error("CHECKOUT is required")
     if args.frames % 6 or args.frames < 12:
         parser.error("--frames must be a multiple of 6, at least 12")
     python = returnn_python()
     if python is None:
-        return no_returnn("bench_returnn_attention", "nothing is compared")
+        no_returnn(name, "nothing is compared")
+        return None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from engine.runtime import log
-
-    log.init(verbosity=log.WARNING)
     from returnn_setups import read_setup
 
+    log.init(verbosity=log.WARNING)
     setup = read_setup(args.checkout, args.config)
-    if setup.network is None:
-        sys.exit(f"bench_returnn_attention: {args.config} leaves no network dict")
-    dim = int(setup.namespace.get("num_inputs", 40))
     rates = setup.namespace.get("learning_rates")
     learning_rate = float(rates[0] if rates else setup.namespace.get("learning_rate", 0.001))
+    return python, setup, int(setup.namespace.get("num_inputs", 40)), learning_rate
+
+
+def compare(args: argparse.Namespace, checked: tuple, network: dict, title: str, script: str,
+            layers: tuple[str, ...] | None = None) -> int:
+    """Both sides on one random batch; the table and the verdicts; the exit code. ``script`` runs the
+    RETURNN side (``--returnn-side``); ``layers``: the outputs compared (default ``LAYERS``)."""
+    python, setup, dim, learning_rate = checked
     with tempfile.TemporaryDirectory() as folder:
         batch = os.path.join(folder, "batch.npz")
         np.savez(batch, **make_batch(args.seqs, args.frames, dim, args.classes))
-        job = {"network": repr(reduced(setup.network, args.scale)), "batch": batch, "seed": 42,
+        job = {"network": repr(network), "batch": batch, "seed": 42,
                "extern_data": {"data": {"dim": dim, "sparse": False},
                                "classes": {"dim": args.classes, "sparse": True}},
                "checkpoint": os.path.join(folder, "returnn-init"), "results": os.path.join(folder, "r.json"),
@@ -264,14 +267,15 @@ def main() -> int:
                "after": None if args.no_update else os.path.join(folder, "returnn-after"),
                "updater": {k: setup.namespace[k] for k in UPDATER_KEYS if k in setup.namespace},
                "learning_rate": learning_rate}
+        if layers is not None:
+            job["layers"] = list(layers)
         with open(os.path.join(folder, "job.json"), "w") as f:
             json.dump(job, f)
-        run_returnn_side(python, __file__, os.path.join(folder, "job.json"))
+        run_returnn_side(python, script, os.path.join(folder, "job.json"))
         with open(job["results"]) as f:
             theirs = json.load(f)
-        print(f"{args.config} at scale {args.scale:g}, {args.classes} classes: {args.seqs} sequences of "
-              f"{args.frames} frames, labels {np.load(batch)['label_lengths'].tolist()}; "
-              f"RETURNN {returnn_versions(python)}")
+        print(f"{title}: {args.seqs} sequences of {args.frames} frames, labels "
+              f"{np.load(batch)['label_lengths'].tolist()}; RETURNN {returnn_versions(python)}")
         ours = {"numbers": {}, "outputs": {}, "numbers after the update": {}, "failures": []}
         try:
             engine_side(job, folder, ours)
@@ -281,6 +285,26 @@ def main() -> int:
     for failure in dict.fromkeys(ours["failures"]):  # the same failure before and after the update once
         print(f"FAIL the engine side:\n{failure}")
     return 0 if all(verdicts) and not ours["failures"] else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkout", nargs="?", help="a checkout of rwth-i6/returnn-experiments")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the setup's config, under the checkout")
+    parser.add_argument("--scale", type=float, default=0.0625, help="factor of every n_out and split dim")
+    add_batch_arguments(parser)
+    args = parser.parse_args()
+    if args.returnn_side:
+        returnn_side(args.returnn_side)
+        return 0
+    checked = read_checked_setup(parser, args, "bench_returnn_attention")
+    if checked is None:
+        return 2  # no RETURNN (said on stderr)
+    setup = checked[1]
+    if setup.network is None:
+        sys.exit(f"bench_returnn_attention: {args.config} leaves no network dict")
+    return compare(args, checked, reduced(setup.network, args.scale),
+                   f"{args.config} at scale {args.scale:g}, {args.classes} classes", __file__)
 
 
 def report(theirs: dict, ours: dict, job: dict) -> list[bool]:

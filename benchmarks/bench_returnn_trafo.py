@@ -24,17 +24,10 @@ scores in eval at initialisation (1e-5) and one Adam update with every dropout 0
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-import traceback
 
-import numpy as np
-
-from bench_returnn_attention import UPDATER_KEYS, engine_side, report
-from returnn_attention_side import make_batch, returnn_side
-from returnn_side import no_returnn, returnn_python, returnn_versions, run_returnn_side
+from bench_returnn_attention import add_batch_arguments, compare, read_checked_setup
+from returnn_attention_side import returnn_side
 
 DEFAULT_CONFIG = "2019-asr-e2e-trafo-vs-lstm/librispeech/trafo.12l.ffdim4.pretrain3.config"
 # outputs compared (RETURNN hands out those of the decoder only where its plan moves them out of the loop)
@@ -59,64 +52,20 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ff-dim", type=int, default=64)
     parser.add_argument("--lstm-dim", type=int, default=32)
-    parser.add_argument("--seqs", type=int, default=3)
-    parser.add_argument("--frames", type=int, default=36, help="frames of each sequence (a multiple of 6)")
-    parser.add_argument("--classes", type=int, default=60, help="the label vocabulary (EOS 0 included)")
-    parser.add_argument("--no-update", action="store_true", help="compare at initialisation only")
-    parser.add_argument("--returnn-side", metavar="JOBS", help=argparse.SUPPRESS)
+    add_batch_arguments(parser)
     args = parser.parse_args()
     if args.returnn_side:
         returnn_side(args.returnn_side)
         return 0
-    if not args.checkout:
-        parser.error("CHECKOUT is required")
-    if args.frames % 6 or args.frames < 12:
-        parser.error("--frames must be a multiple of 6, at least 12")
-    python = returnn_python()
-    if python is None:
-        return no_returnn("bench_returnn_trafo", "nothing is compared")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from engine.runtime import log
-
-    log.init(verbosity=log.WARNING)
-    from returnn_setups import read_setup
-
-    setup = read_setup(args.checkout, args.config)
-    if "TransformerNetwork" not in setup.namespace:
+    checked = read_checked_setup(parser, args, "bench_returnn_trafo")
+    if checked is None:
+        return 2  # no RETURNN (said on stderr)
+    namespace = checked[1].namespace
+    if "TransformerNetwork" not in namespace:
         sys.exit(f"bench_returnn_trafo: {args.config} defines no TransformerNetwork")
-    dim = int(setup.namespace.get("num_inputs", 40))
-    rates = setup.namespace.get("learning_rates")
-    learning_rate = float(rates[0] if rates else setup.namespace.get("learning_rate", 0.001))
-    with tempfile.TemporaryDirectory() as folder:
-        batch = os.path.join(folder, "batch.npz")
-        np.savez(batch, **make_batch(args.seqs, args.frames, dim, args.classes))
-        job = {"network": repr(trafo_network(setup.namespace, args)), "batch": batch, "seed": 42,
-               "layers": list(LAYERS),
-               "extern_data": {"data": {"dim": dim, "sparse": False},
-                               "classes": {"dim": args.classes, "sparse": True}},
-               "checkpoint": os.path.join(folder, "returnn-init"), "results": os.path.join(folder, "r.json"),
-               "outputs": os.path.join(folder, "outputs.npz"), "gradients": os.path.join(folder, "grads.npz"),
-               "after": None if args.no_update else os.path.join(folder, "returnn-after"),
-               "updater": {k: setup.namespace[k] for k in UPDATER_KEYS if k in setup.namespace},
-               "learning_rate": learning_rate}
-        with open(os.path.join(folder, "job.json"), "w") as f:
-            json.dump(job, f)
-        run_returnn_side(python, __file__, os.path.join(folder, "job.json"))
-        with open(job["results"]) as f:
-            theirs = json.load(f)
-        print(f"{args.config}: {args.blocks} + {args.blocks} blocks, dim {args.dim}, {args.heads} heads, "
-              f"ff {args.ff_dim}, LSTMs {args.lstm_dim}, {args.classes} classes: {args.seqs} sequences of "
-              f"{args.frames} frames, labels {np.load(batch)['label_lengths'].tolist()}; "
-              f"RETURNN {returnn_versions(python)}")
-        ours = {"numbers": {}, "outputs": {}, "numbers after the update": {}, "failures": []}
-        try:
-            engine_side(job, folder, ours)
-        except Exception:  # noqa: BLE001 - RETURNN's reference and what the engine gave are still printed
-            ours["failures"].append(traceback.format_exc())
-    verdicts = report(theirs, ours, job)
-    for failure in dict.fromkeys(ours["failures"]):
-        print(f"FAIL the engine side:\n{failure}")
-    return 0 if all(verdicts) and not ours["failures"] else 1
+    title = (f"{args.config}: {args.blocks} + {args.blocks} blocks, dim {args.dim}, {args.heads} heads, ff "
+             f"{args.ff_dim}, LSTMs {args.lstm_dim}, {args.classes} classes")
+    return compare(args, checked, trafo_network(namespace, args), title, __file__, LAYERS)
 
 
 if __name__ == "__main__":

@@ -264,7 +264,7 @@ class NetworkModel(SeqModel):
         RETURNN gives it: its log probability, end label included, divided by its length + 1 with the
         choice's ``length_normalization``)."""
         source = self.specs[layer].sources[0] if isinstance(self.layers.get(layer), Decide) else layer
-        if not isinstance(self.layers.get(source), RecSubnet):
+        if not (isinstance(self.layers.get(source), RecSubnet) and self.layers[source].choice):
             raise ConfigError(f"search_output_layer {layer!r} must be a decide layer or a rec layer with a "
                               f"subnetwork unit; the network's are {self._searchable()}.")
         result = self(data, lengths, training=False, search=True)
@@ -272,7 +272,8 @@ class NetworkModel(SeqModel):
                 "scores": result[f"{source}:scores"]}
 
     def _searchable(self) -> list[str]:
-        return [n for n, layer in self.layers.items() if isinstance(layer, (RecSubnet, Decide))]
+        return [n for n, layer in self.layers.items()
+                if isinstance(layer, Decide) or (isinstance(layer, RecSubnet) and layer.choice)]
 
     def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
                      seed: tf.Tensor) -> tf.Tensor | list[tf.Tensor]:
