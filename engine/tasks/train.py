@@ -61,6 +61,8 @@ class Trainer:
         self.lr_control = LearningRateControl.from_config(config)
         self.lr_control.resolve_layer_keys(self.model.score_layers())
         self.monitor = RunMonitor(config, self.comm, self.lr_control)
+        # traced after the monitor exists: its timeline wraps the collectives the graph is built with
+        self.steps.trace("train")
         self.checkpoints = Checkpointer(config, strategy, self.model, self.updater, self.lr_control)
         self.num_epochs = config.int("num_epochs")
         self.save_interval = config.int("save_interval")
@@ -85,7 +87,8 @@ class Trainer:
                            check_numerics=config.bool("debug_add_check_numerics_ops"),
                            accum_steps=config.int("accum_grad_multiple_step"),
                            stop_on_nonfinite=config.bool("stop_on_nonfinite_train_score"))
-        self.steps.trace("train")
+        if hasattr(self, "monitor"):  # a network switch (the first build is traced in __init__)
+            self.steps.trace("train")
         if self.pretrain is not None:  # #config may change the batching
             self.pretrain.built = self.pretrain.schedule.net_dict(epoch)
             ReturnnView(self.model)  # the copy rule works on RETURNN's names: refused now if there are none
