@@ -13,8 +13,6 @@ from engine.model.rec.unit import parse_unit, plan_loop
 from engine.runtime.errors import ConfigError
 from helpers import ROOT, run_mpi, run_rnn
 
-pytestmark = pytest.mark.tf_latest  # plain TensorFlow ops: the newest TensorFlow runs them too
-
 CLASSES = 7
 # an LSTM attention decoder as RETURNN's 2019 LibriSpeech setup builds it (MLP attention with fertility,
 # rnn_cell state, maxout readout), small
@@ -100,6 +98,7 @@ def scores_and_gradients(net):
     return losses, dict(zip(net.named_trainable_variables(), grads))
 
 
+@pytest.mark.tf_latest  # the loop's ops: the newest TensorFlow runs them too
 def test_the_optimised_loop_computes_what_the_loop_of_every_layer_computes():
     network = copy.deepcopy(NETWORK)
     network["output"]["optimize_move_layers_out"] = False
@@ -129,6 +128,7 @@ def sequence_log_prob(net, data, lengths, hyp, hyp_length):
     return float(sum(log_probs[t, labels[0, t]] for t in range(hyp_length + 1)))
 
 
+@pytest.mark.tf_latest
 @pytest.mark.parametrize("beam", [1, 3])
 def test_a_searched_hypothesis_scores_its_log_probability(beam):
     network = copy.deepcopy(NETWORK)
@@ -269,6 +269,7 @@ FRAME_LOOP = {
 }
 
 
+@pytest.mark.tf_latest
 @pytest.mark.parametrize("optimize", [True, False])
 def test_a_unit_loops_over_its_sources_frames(optimize):
     network = copy.deepcopy(FRAME_LOOP)
