@@ -5,7 +5,8 @@ side: training frames/s and beam-12 search sequences/s.
     RETURNN_PYTHON=/tmp/returnn-venv/bin/python \\
         .venv/bin/python benchmarks/bench_returnn_attention_speed.py CHECKOUT
         [--config 2019-librispeech-system/attention/base2.config] [--train-seqs 1200] [--dev-seqs 1000]
-        [--epochs 3] [--runs 3] [--classes 20] [--scale 0.0625]
+        [--epochs 3] [--runs 3] [--classes 20] [--scale 0.0625] [--ranks 2] [--no-search]
+        [--network trafo]
 
 The network, the corpus and the training keys are ``bench_returnn_search.py``'s (the config's network with
 every width times ``--scale``, dropout as written, ``pretrain`` not run; adam at a constant learning rate,
@@ -22,37 +23,117 @@ sequences/s from the line that starts the search (after graph building and loadi
 it. Each row's median of ``--runs`` runs taking turns, with the range; each program with its
 default threading (both cores). Verdicts: training at least ``TRAIN_TARGET`` times RETURNN's frames/s,
 search at least ``SEARCH_TARGET`` times its sequences/s.
+
+``--ranks N`` (N > 1) adds training rows, every process with 1 intra-op and 1 inter-op thread: the engine
+on N ranks (``mpirun -np N`` of its venv, ``++use_horovod 1``), RETURNN + Horovod on N ranks (the
+``mpirun`` beside RETURNN's Python, ``use_horovod = True``; both with their defaults: summed gradients,
+``shard``: rank r takes batches r, r+N, ...), and each program's ceiling: N single processes at once,
+no MPI, each training the whole corpus (the sum of their frames/s: what N ranks could reach on this
+machine). Reported beside them: each program's N ranks over its ceiling, the engine's N ranks over
+RETURNN's (verdict at ``TRAIN_TARGET``), and the share of the engine's epochs 2..E its ranks spent in
+collectives (its epoch lines: mostly waiting in the gradient allreduce for the slower rank). RETURNN +
+Horovod ends an epoch when its first rank runs out of batches, so with an odd number of batches it trains
+one batch fewer than the frames counted (under 1 % here).
+
+``--network trafo``: RETURNN's Transformer setup instead (``--config`` default
+``bench_returnn_trafo.DEFAULT_CONFIG``), the network its own ``TransformerNetwork`` builds with
+``bench_returnn_trafo.py``'s reduced sizes (``TRAFO_SIZES``: 2 + 2 blocks of 32, 4 heads, feed-forward 64,
+front-end LSTMs 32), on the same corpus, keys and rows.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
+import statistics
 import sys
 import tempfile
+import threading
+from typing import Callable, Sequence
 
 from bench_returnn import rate, returnn_version
 from bench_returnn_ctc_demo import RETURNN_HEAD
 from bench_returnn_search import DEFAULT_CONFIG, make_corpus, search_lines, training_lines, write_config
 from returnn_attention_side import reduced
 from returnn_side import no_returnn, returnn_python
-from timing import Row, Side, child_env, compare, interleaved, rnn_command, run_stamped
+from timing import Output, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped
 
 TRAIN_TARGET = 1.5
 SEARCH_TARGET = 1.0
 # the lines between which each program searches (after its graph is built and the checkpoint loaded)
 SEARCH_SPAN = {"engine": (r"^search: \d+ sequences of", r"^search 'decision', finished after"),
                "returnn": (r"^Will write outputs to", r" search, finished after")}
+# 1 thread per process wherever several train at once (2 cores)
+ONE_THREAD = 'tf_session_opts = {"intra_op_parallelism_threads": 1, "inter_op_parallelism_threads": 1}\n'
+# bench_returnn_trafo.py's defaults
+TRAFO_SIZES = {"blocks": 2, "dim": 32, "heads": 4, "ff_dim": 64, "lstm_dim": 32}
+COLLECTIVES = re.compile(r"^train epoch (\d+): [\d.]+ frames/sec .*?; ([\d.]+)% in collectives", re.M)
 
 
 def search_rate(output, program: str, seqs: int) -> float:
     return seqs / output.seconds_between(*SEARCH_SPAN[program])
 
 
+def returnn_command(python: str, config: str, ranks: int) -> list[str]:
+    """RETURNN's main program; on several ranks under the ``mpirun`` beside its Python (its Horovod is
+    built against that Open MPI, not the engine's)."""
+    command = [python, "-m", "returnn", config]
+    if ranks == 1:
+        return command
+    mpirun = os.path.join(os.path.dirname(python), "mpirun")
+    return [mpirun, "--oversubscribe", "--bind-to", "none", "--map-by", "slot", "-np", str(ranks), *command]
+
+
+def summed_rate(results: Sequence[Output | BaseException | None],
+                rate_of: Callable[[Output], float]) -> float:
+    """The frames/s of processes that ran at once, summed; RowFailed naming every process that failed (an
+    exception, no result, a non-zero exit, no rate in its output): a sum over fewer processes is no figure."""
+    failures, rates = [], []
+    for number, result in enumerate(results, 1):
+        if not isinstance(result, Output):
+            failures.append(f"process {number}: {result!r}")
+        elif result.returncode != 0:
+            failures.append(f"process {number} exited with {result.returncode}")
+        else:
+            try:
+                rates.append(rate_of(result))
+            except (RowFailed, RuntimeError) as exc:
+                failures.append(f"process {number}: {str(exc).splitlines()[0]}")
+    if failures:
+        raise RowFailed(f"{len(failures)} of {len(results)} processes failed: {'; '.join(failures)}")
+    return sum(rates)
+
+
+def at_once(commands: Sequence[list[str]], env: dict) -> list[Output | BaseException | None]:
+    """Run ``commands`` at the same time (a thread each); their outputs, or what each raised."""
+    results: list[Output | BaseException | None] = [None] * len(commands)
+
+    def one(index: int) -> None:
+        try:
+            results[index] = run_stamped(commands[index], env, timeout=3600, check=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by summed_rate, in the main thread
+            results[index] = exc
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(commands))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def collective_shares(text: str, first_epoch: int = 2) -> list[float]:
+    """The '% in collectives' of every epoch line (of every rank that prints one) from ``first_epoch`` on."""
+    return [float(share) for epoch, share in COLLECTIVES.findall(text) if int(epoch) >= first_epoch]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkout", help="a checkout of rwth-i6/returnn-experiments")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the setup's config, under the checkout")
+    parser.add_argument("--network", choices=("attention", "trafo"), default="attention",
+                        help="the LSTM attention system (base2) or the Transformer (bench_returnn_trafo.py)")
+    parser.add_argument("--config", help="the setup's config, under the checkout (default: the network's: "
+                        f"{DEFAULT_CONFIG} or bench_returnn_trafo.DEFAULT_CONFIG)")
     parser.add_argument("--train-seqs", type=int, default=1200)
     parser.add_argument("--dev-seqs", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=3)
@@ -61,6 +142,10 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=0.0625)
     parser.add_argument("--learning-rate", type=float, default=0.002)
     parser.add_argument("--no-search", action="store_true", help="time the training only")
+    parser.add_argument("--ceilings", choices=("both", "engine"), default="both",
+                        help="with --ranks: measure both programs' ceilings or the engine's only")
+    parser.add_argument("--ranks", type=int, default=1, help="above 1: add the rows of both programs on this "
+                        "many ranks and their ceilings (that many single processes at once), 1 thread each")
     parser.add_argument("--checkpoint", help="search with this RETURNN checkpoint of the same network (e.g. "
                         "DIR/returnn/epoch.020 of bench_returnn_search.py --keep DIR) instead of the last "
                         "training row's")
@@ -70,9 +155,19 @@ def main() -> int:
         return no_returnn("bench_returnn_attention_speed", "nothing is compared")
     from returnn_setups import read_setup
 
-    setup = read_setup(args.checkout, args.config)
+    if args.network == "trafo":
+        from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, trafo_network
+
+        args.config = args.config or TRAFO_CONFIG
+        setup = read_setup(args.checkout, args.config)
+        network = trafo_network(setup.namespace, argparse.Namespace(**TRAFO_SIZES))
+        reduction = "reduced to " + ", ".join(f"{k} {v}" for k, v in TRAFO_SIZES.items())
+    else:
+        args.config = args.config or DEFAULT_CONFIG
+        setup = read_setup(args.checkout, args.config)
+        network = reduced(setup.network, args.scale)
+        reduction = f"at scale {args.scale:g}"
     dim = int(setup.namespace.get("num_inputs", 40))
-    network = reduced(setup.network, args.scale)
     extern_data = {"data": {"dim": dim}, "classes": {"dim": args.classes, "sparse": True}}
     with tempfile.TemporaryDirectory() as tmp:
         train_hdf, dev_hdf = os.path.join(tmp, "train.hdf"), os.path.join(tmp, "dev.hdf")
@@ -95,11 +190,57 @@ def main() -> int:
         engine = Row("engine, 1 rank", train("engine", rnn_command(configs["engine"], 1), env))
         theirs = Row("RETURNN, 1 process", train("returnn", [python, "-m", "returnn", configs["returnn"]],
                                                  returnn_env))
-        print(f"{args.config} at scale {args.scale:g}, {args.classes} classes, dropout as written; corpus "
+        parallel: list[Row] = []
+        shares: list[float] = []
+        if args.ranks > 1:
+            n = args.ranks
+            one_env = child_env(1)
+            # RETURNN's mpirun finds its own daemons and Open MPI first on the PATH
+            returnn_one_env = dict(one_env, DISABLE_CUDA="1",
+                                   PATH=os.path.dirname(python) + os.pathsep + one_env["PATH"])
+            returnn_one_env.pop("PYTHONPATH", None)
+
+            def config_of(program: str, name: str, horovod: bool) -> str:
+                models[name] = os.path.join(tmp, name)
+                head = RETURNN_HEAD + ONE_THREAD if program == "returnn" else ""
+                return write_config(os.path.join(tmp, f"{name}.config"), training_lines(
+                    network, extern_data, train_hdf, os.path.join(models[name], "epoch"), args.epochs,
+                    args.learning_rate) + (["use_horovod = True"] if horovod else []), head)
+
+            def ranks_row(program: str, name: str, command: list[str], program_env: dict) -> Row:
+                def run() -> float:
+                    shutil.rmtree(models[program + "-ranks"], ignore_errors=True)
+                    output = run_stamped(command, program_env, timeout=3600)
+                    if program == "engine":
+                        shares.extend(collective_shares(output.text))
+                    return rate(output, frames, args.epochs)
+                return Row(name, run)
+
+            def ceiling_row(program: str, name: str, commands: list[list[str]], program_env: dict) -> Row:
+                def run() -> float:
+                    for i in range(n):
+                        shutil.rmtree(models[f"{program}-ceiling{i}"], ignore_errors=True)
+                    return summed_rate(at_once(commands, program_env), lambda o: rate(o, frames, args.epochs))
+                return Row(name, run)
+
+            engine_config = config_of("engine", "engine-ranks", True)
+            returnn_config = config_of("returnn", "returnn-ranks", True)
+            parallel = [
+                ranks_row("engine", f"engine, {n} ranks", rnn_command(
+                    engine_config, n, ["++use_horovod", "1"], one_env), one_env),
+                ranks_row("returnn", f"RETURNN + Horovod, {n} ranks", returnn_command(
+                    python, returnn_config, n), returnn_one_env),
+                ceiling_row("engine", f"engine, {n} processes at once", [rnn_command(
+                    config_of("engine", f"engine-ceiling{i}", False), 1) for i in range(n)], one_env)]
+            if args.ceilings == "both":
+                parallel.append(ceiling_row("returnn", f"RETURNN, {n} processes at once", [returnn_command(
+                    python, config_of("returnn", f"returnn-ceiling{i}", False), 1) for i in range(n)],
+                    returnn_one_env))
+        print(f"{args.config} {reduction}, {args.classes} classes, dropout as written; corpus "
               f"{args.train_seqs} seqs, {frames} frames; dev {args.dev_seqs} seqs; "
               f"{returnn_version(python, returnn_env)}; epochs 2..{args.epochs} timed, {args.runs} runs per "
               "row, taking turns", flush=True)
-        interleaved([engine, theirs], args.runs)
+        interleaved([engine, theirs, *parallel], args.runs)
         rows = [("training", "frames/s", engine, theirs, TRAIN_TARGET)]
         if not args.no_search:
             checkpoint = args.checkpoint or os.path.join(models["returnn"], f"epoch.{args.epochs:03d}")
@@ -125,13 +266,28 @@ def main() -> int:
             rows.append(("search, beam 12", "seqs/s", engine_search, returnn_search, SEARCH_TARGET))
     verdicts = []
     for what, unit, ours, other, target in rows:
-        print(f"\n{what:<24} {unit:>9} {'range':>15}")
-        for row in (ours, other):
+        print(f"\n{what:<32} {unit:>9} {'range':>15}")
+        for row in (ours, other, *(parallel if what == "training" else [])):
             fmt = "{:.0f}" if unit == "frames/s" else "{:.1f}"
-            print(f"{row.name:<24} {fmt.format(row.median):>9} {row.spread(fmt):>15}")
+            print(f"{row.name:<32} {fmt.format(row.median):>9} {row.spread(fmt):>15}")
         verdicts.append(compare(Side.of(ours), Side.of(other), f"{what}: engine = "
                                 f"{ours.median / other.median:.2f}x RETURNN, {unit} (target >= {target}x)",
                                 better="higher", factor=target, fmt="{:.1f}", failed=[ours, other]))
+    if parallel:
+        ours, other, our_ceiling = parallel[:3]
+        verdicts.append(compare(Side.of(ours), Side.of(other), f"training on {args.ranks} ranks: engine = "
+                                f"{ours.median / other.median:.2f}x RETURNN + Horovod, frames/s (target >= "
+                                f"{TRAIN_TARGET}x)", better="higher", factor=TRAIN_TARGET, fmt="{:.1f}",
+                                failed=parallel))
+        their_ceiling = parallel[3] if len(parallel) > 3 else our_ceiling
+        verdicts.append(f"info: {args.ranks} ranks / the program's ceiling: engine "
+                        f"{ours.median / our_ceiling.median:.2f}x, RETURNN + Horovod "
+                        f"{other.median / their_ceiling.median:.2f}x ('{their_ceiling.name}'); the engine's "
+                        f"ceiling = {our_ceiling.median / their_ceiling.median:.2f}x that")
+        if shares:
+            verdicts.append(f"info: the engine's {args.ranks}-rank epochs 2..{args.epochs}, % in collectives "
+                            f"(every rank's epoch line, every run): {min(shares):.1f}-{max(shares):.1f}, "
+                            f"median {statistics.median(shares):.1f}")
     print("\n" + "\n".join(verdicts))
     return 0
 
