@@ -95,7 +95,6 @@ class RecSubnet(Layer):
         self.plan: LoopPlan = plan_loop(self.spec, search=False, optimize=self.optimize)
         for line in self.plan.log_lines(name, search=False, training=True):
             log.info(line)
-        self.order = _topological(self.spec, tuple(self.spec))
 
     def _build(self, name: str) -> UnitLayer:
         layer = self.spec[name]
