@@ -294,3 +294,11 @@ def test_a_frame_loop_needs_a_dense_output_and_no_choice():
     network["rnn"]["unit"]["output"] = {"class": "choice", "target": "classes", "beam_size": 2, "from": "x"}
     with pytest.raises(ConfigError, match="a choice in a loop over the rec layer's input frames"):
         NetworkModel(network, input_dim=5, input_sparse=False, target_dims={"classes": 4}, random_seed=1)
+
+
+def test_base_layers_of_other_frames_are_named():
+    network = copy.deepcopy(NETWORK)
+    network["inv_fertility"]["from"] = ["fw"]  # before the pooling: twice the encoder's frames
+    data, lengths, labels, label_lengths = batch()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="base:.* lengths differ"):
+        model(network)(data, lengths, streams={"classes": labels}, stream_lengths={"classes": label_lengths})

@@ -222,6 +222,11 @@ class _Run:
             template = subnet.base_templates[name]
             self.base[name] = Value(x, template, looped=False)
             time = template.axes[0]
+            if time.label in self.axis_lengths:  # the base layers a unit reads share their time axis
+                tf.debugging.assert_equal(
+                    lengths, self.axis_lengths[time.label], message=(
+                        f"Network layer '{subnet.layer_name}': the base layers its unit reads must have the "
+                        f"same frames, but base:{name}'s lengths differ from those of the others"))
             self.axis_lengths[time.label], self.axis_sizes[time.label] = lengths, tf.shape(x)[1]
         self.values: dict[str, Value] = {}  # computed on all steps (in front, behind, or stacked)
         self.logits: dict[str, tf.Tensor] = {}
