@@ -188,6 +188,8 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
     ({"x": {"class": "linear", "from": "y", "n_out": 2}, "y": {"class": "linear", "from": "x", "n_out": 2}},
      "cycle within one step"),
     ({"x": {"class": "linear", "from": "s", "n_out": 2, "L2": 0.1}}, "option(s) ['L2']"),
+    ({"target_embed": {"class": "linear", "from": "output", "n_out": 5, "dropout": 0.1}},
+     "'dropout' on class ids"),
     ({"s": {"class": "rnn_cell", "unit": "NativeLstm2", "from": ["prev:att"], "n_out": 8}},
      "rnn_cell unit 'NativeLstm2'"),
 ])

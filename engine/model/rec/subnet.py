@@ -99,6 +99,9 @@ class RecSubnet(Layer):
     def _build(self, name: str) -> UnitLayer:
         layer = self.spec[name]
         sources = [self._template(ref) for ref in layer.sources]
+        if layer.opts.get("dropout") and any(s.sparse for s in sources):
+            raise ConfigError(f"{self.ctx.where(name)}: 'dropout' on class ids (a sparse source such as the "
+                              "choice's labels) is not implemented; put it on a layer of features.")
         cls = UNIT_CLASSES[layer.cls]
         if layer.cls == "generic_attention":
             return GenericAttention(name, layer.opts, sources, self.templates[name], self.ctx,
@@ -271,9 +274,7 @@ class _Run:
 
     @staticmethod
     def _dropout(value: Value, rate: float, seed: tf.Tensor, full_noise: bool = False) -> Value:
-        if value.template.sparse:
-            return value
-        x = value.tensor
+        x = value.tensor  # dense: _build refuses dropout on a sparse source
         noise_shape = tf.concat([tf.ones([tf.rank(x) - 1], tf.int32), tf.shape(x)[-1:]], axis=0)
         noise_shape = tf.shape(x) if full_noise else noise_shape
         return Value(tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed, noise_shape=noise_shape),
