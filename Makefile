@@ -126,6 +126,7 @@ bench: install
 	$(PY) benchmarks/bench_returnn.py
 	$(PY) benchmarks/bench_ctc.py
 	$(PY) benchmarks/bench_forward.py
+	$(PY) benchmarks/bench_search_ranks.py
 	$(PY) benchmarks/bench_wire_sum.py
 	$(PY) benchmarks/bench_wire_guard.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/bench_chaos.py

@@ -29,6 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from typing import Sequence
 
 import h5py
 
@@ -79,11 +80,12 @@ tf_session_opts = {{"intra_op_parallelism_threads": {threads}, "inter_op_paralle
 DEV_ERROR = re.compile(r"^dev: score \S+ error (\S+)", re.M)
 
 
-def corpus_files(folder: str) -> tuple[str, str]:
+def corpus_files(folder: str, options: Sequence[str] = ()) -> tuple[str, str]:
+    """The corpus in ``folder``, made when missing (``options``: more arguments of make_speech_corpus.py)."""
     train, dev = os.path.join(folder, "train.hdf"), os.path.join(folder, "dev.hdf")
     if not (os.path.exists(train) and os.path.exists(dev)):
         script = os.path.join(ROOT, "demos", "make_speech_corpus.py")
-        subprocess.run([sys.executable, script, "--out", folder], check=True)
+        subprocess.run([sys.executable, script, "--out", folder, *options], check=True)
     return train, dev
 
 

@@ -37,8 +37,8 @@ one batch fewer than the frames counted (under 1 % here).
 
 ``--network trafo``: RETURNN's Transformer setup instead (``--config`` default
 ``bench_returnn_trafo.DEFAULT_CONFIG``), the network its own ``TransformerNetwork`` builds with
-``bench_returnn_trafo.py``'s reduced sizes (``TRAFO_SIZES``: 2 + 2 blocks of 32, 4 heads, feed-forward 64,
-front-end LSTMs 32), on the same corpus, keys and rows.
+``bench_returnn_trafo.py``'s reduced sizes and options (default 2 + 2 blocks of 32, 4 heads, feed-forward
+64, front-end LSTMs 32), on the same corpus, keys and rows.
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ from typing import Callable, Sequence
 from bench_returnn import rate, returnn_version
 from bench_returnn_ctc_demo import RETURNN_HEAD
 from bench_returnn_search import DEFAULT_CONFIG, make_corpus, search_lines, training_lines, write_config
+from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, add_size_arguments, trafo_network
 from returnn_attention_side import reduced
 from returnn_side import no_returnn, returnn_python
 from timing import Output, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped
@@ -66,8 +67,6 @@ SEARCH_SPAN = {"engine": (r"^search: \d+ sequences of", r"^search 'decision', fi
                "returnn": (r"^Will write outputs to", r" search, finished after")}
 # 1 thread per process wherever several train at once (2 cores)
 ONE_THREAD = 'tf_session_opts = {"intra_op_parallelism_threads": 1, "inter_op_parallelism_threads": 1}\n'
-# bench_returnn_trafo.py's defaults
-TRAFO_SIZES = {"blocks": 2, "dim": 32, "heads": 4, "ff_dim": 64, "lstm_dim": 32}
 COLLECTIVES = re.compile(r"^train epoch (\d+): [\d.]+ frames/sec .*?; ([\d.]+)% in collectives", re.M)
 
 
@@ -139,7 +138,8 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--classes", type=int, default=20, help="labels, EOS 0 included")
-    parser.add_argument("--scale", type=float, default=0.0625)
+    parser.add_argument("--scale", type=float, default=0.0625, help="attention: factor of every width")
+    add_size_arguments(parser)
     parser.add_argument("--learning-rate", type=float, default=0.002)
     parser.add_argument("--no-search", action="store_true", help="time the training only")
     parser.add_argument("--ceilings", choices=("both", "engine"), default="both",
@@ -156,12 +156,11 @@ def main() -> int:
     from returnn_setups import read_setup
 
     if args.network == "trafo":
-        from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, trafo_network
-
         args.config = args.config or TRAFO_CONFIG
         setup = read_setup(args.checkout, args.config)
-        network = trafo_network(setup.namespace, argparse.Namespace(**TRAFO_SIZES))
-        reduction = "reduced to " + ", ".join(f"{k} {v}" for k, v in TRAFO_SIZES.items())
+        network = trafo_network(setup.namespace, args)
+        reduction = (f"reduced to {args.blocks} + {args.blocks} blocks of {args.dim}, {args.heads} heads, "
+                     f"feed-forward {args.ff_dim}, front-end LSTMs {args.lstm_dim}")
     else:
         args.config = args.config or DEFAULT_CONFIG
         setup = read_setup(args.checkout, args.config)

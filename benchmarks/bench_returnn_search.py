@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""RETURNN's LSTM attention system (reduced), trained by RETURNN for some epochs on a synthetic corpus, then
-searched with beam 12 by RETURNN's ``task = "search"`` and by this engine from the same checkpoint: the
-hypotheses, their label error rates and their scores compared.
+"""RETURNN's LSTM attention system or its Transformer ASR system (reduced), trained by RETURNN for some epochs
+on a synthetic corpus, then searched with beam 12 by RETURNN's ``task = "search"`` and by this engine from
+the same checkpoint: the hypotheses, their label error rates and their scores compared.
 
     RETURNN_PYTHON=/tmp/returnn-venv/bin/python \\
-        .venv/bin/python benchmarks/bench_returnn_search.py CHECKOUT
-        [--config 2019-librispeech-system/attention/base2.config] [--epochs 20] [--train-seqs 400]
-        [--dev-seqs 200] [--classes 20] [--scale 0.0625] [--learning-rate 0.002] [--batch-size 1000]
+        .venv/bin/python benchmarks/bench_returnn_search.py CHECKOUT [--network attention|trafo]
+        [--config CONFIG] [--epochs E] [--train-seqs 400] [--dev-seqs 200] [--classes 20]
+        [--learning-rate LR] [--batch-size 1000] [--keep DIR]
+        [--scale 0.0625]  (attention)  [--blocks 2] [--dim 32] [--heads 4] [--ff-dim 64] [--lstm-dim 32]
 
-CHECKOUT is a checkout of ``rwth-i6/returnn-experiments``. The config's network is reduced as
-``bench_returnn_attention.py`` reduces it (every width times ``--scale``, ``--classes`` labels); its
-``pretrain`` is not run, its dropout is kept as written.
+CHECKOUT is a checkout of ``rwth-i6/returnn-experiments``. ``--network attention`` (the default): the config
+(default ``2019-librispeech-system/attention/base2.config``) has its network reduced as
+``bench_returnn_attention.py`` reduces it (every width times ``--scale``); 20 epochs at learning rate 0.002.
+``--network trafo``: the config (default ``bench_returnn_trafo.DEFAULT_CONFIG``,
+``2019-asr-e2e-trafo-vs-lstm/librispeech/trafo.12l.ffdim4.pretrain3.config``) has its network built by its
+own ``TransformerNetwork`` with ``bench_returnn_trafo.py``'s reduced sizes (``--blocks`` encoder and
+decoder blocks, model dim ``--dim``, ``--heads``, feed-forward ``--ff-dim``, front-end LSTMs
+``--lstm-dim``); 40 epochs (20 leave a WER near 20 %, 40 near 11 %) at learning rate 0.001 (the config's
+warm-up to 0.0008 is not used: the rate is constant).
+Both have ``--classes`` labels, a ``decision`` layer deciding the rec layer ``output`` whose ``choice``
+is also named ``output``, the front end's time reduction 6 (max pooling 3 * 2) and 40 input dims
+(``num_inputs``); their ``pretrain`` is not run, their dropout and label smoothing are kept as written.
 
 The corpus (``make_corpus``, HDF files written by the engine's ``HDFWriter``, read by both programs) says
 a short label sequence in its features: each label (ids 1..C-1, no two equal neighbours) is a random 40-dim
@@ -42,6 +52,7 @@ import numpy as np
 
 from bench_returnn_attention import engine_model
 from bench_returnn_ctc_demo import RETURNN_HEAD
+from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, add_size_arguments, trafo_network
 from returnn_attention_side import reduced
 from returnn_side import no_returnn, returnn_python
 
@@ -52,6 +63,9 @@ BEAM = 12
 HOLD = (12, 18)  # frames a label is held: multiples of the encoder's time reduction 6
 SEARCH_BATCH = {"batch_size": 4000, "max_seqs": 20}
 OPTIMIZER = {"adam": True, "optimizer_epsilon": 1e-8, "gradient_clip": 0}
+# per --network: its default config, epochs and (constant) learning rate
+NETWORKS = {"attention": {"config": DEFAULT_CONFIG, "epochs": 20, "learning_rate": 0.002},
+            "trafo": {"config": TRAFO_CONFIG, "epochs": 40, "learning_rate": 0.001}}
 
 
 def label_names(classes: int) -> list[str]:
@@ -220,16 +234,22 @@ def engine_search(model, tags: list[str], features: list[np.ndarray], classes: i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkout", help="a checkout of rwth-i6/returnn-experiments")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the setup's config, under the checkout")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--network", choices=tuple(NETWORKS), default="attention",
+                        help="the LSTM attention system (base2) or the Transformer (bench_returnn_trafo.py)")
+    parser.add_argument("--config", help="the setup's config, under the checkout (default: the network's)")
+    parser.add_argument("--epochs", type=int, help="default: 20 (attention), 40 (trafo)")
     parser.add_argument("--train-seqs", type=int, default=400)
     parser.add_argument("--dev-seqs", type=int, default=200)
     parser.add_argument("--classes", type=int, default=20, help="labels, EOS 0 included")
-    parser.add_argument("--scale", type=float, default=0.0625)
-    parser.add_argument("--learning-rate", type=float, default=0.002)
+    parser.add_argument("--scale", type=float, default=0.0625, help="attention: factor of every width")
+    add_size_arguments(parser)
+    parser.add_argument("--learning-rate", type=float, help="default: 0.002 (attention), 0.001 (trafo)")
     parser.add_argument("--batch-size", type=int, default=1000, help="training batch size (frames)")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its files (default: a temp dir)")
     args = parser.parse_args()
+    for key, value in NETWORKS[args.network].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     python = returnn_python()
     if python is None:
         return no_returnn("bench_returnn_search", "nothing is compared")
@@ -240,7 +260,12 @@ def main() -> int:
     log.init(verbosity=log.WARNING)
     setup = read_setup(args.checkout, args.config)
     dim = int(setup.namespace.get("num_inputs", 40))
-    network = reduced(setup.network, args.scale)
+    if args.network == "trafo":
+        network = trafo_network(setup.namespace, args)
+        sizes = (f"{args.blocks} + {args.blocks} blocks, dim {args.dim}, {args.heads} heads, "
+                 f"ff {args.ff_dim}, LSTMs {args.lstm_dim}")
+    else:
+        network, sizes = reduced(setup.network, args.scale), f"at scale {args.scale:g}"
     extern_data = {"data": {"dim": dim}, "classes": {"dim": args.classes, "sparse": True}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or tmp
@@ -249,7 +274,7 @@ def main() -> int:
         frames = sum(len(f) for _, f, _ in make_corpus(train_hdf, args.train_seqs, 1, args.classes, dim))
         dev = make_corpus(dev_hdf, args.dev_seqs, 2, args.classes, dim)
         model_path = os.path.join(folder, "returnn", "epoch")
-        print(f"{args.config} at scale {args.scale:g}, {args.classes} classes, dropout as written; corpus "
+        print(f"{args.config} {sizes}, {args.classes} classes, dropout as written; corpus "
               f"{args.train_seqs} seqs ({frames} frames), dev {args.dev_seqs} seqs; RETURNN trains "
               f"{args.epochs} epochs at lr {args.learning_rate:g}", flush=True)
         run_returnn(python, write_config(os.path.join(folder, "train.config"), training_lines(

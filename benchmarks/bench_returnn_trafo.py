@@ -43,15 +43,20 @@ def trafo_network(namespace: dict, args: argparse.Namespace) -> dict:
     return namespace["TransformerNetwork"](**kwargs).build()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("checkout", nargs="?", help="a checkout of rwth-i6/returnn-experiments")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the setup's config, under the checkout")
+def add_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """The reduced sizes ``trafo_network`` takes, shared with ``bench_returnn_search.py``."""
     parser.add_argument("--blocks", type=int, default=2, help="encoder and decoder blocks each")
     parser.add_argument("--dim", type=int, default=32, help="the model dim (keys, values)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ff-dim", type=int, default=64)
     parser.add_argument("--lstm-dim", type=int, default=32)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkout", nargs="?", help="a checkout of rwth-i6/returnn-experiments")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the setup's config, under the checkout")
+    add_size_arguments(parser)
     add_batch_arguments(parser)
     args = parser.parse_args()
     if args.returnn_side:

@@ -90,3 +90,32 @@ def test_a_killed_client_takes_its_rank_with_it(server, tmp_path):
     while Path(f"/proc/{rank}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{rank}").exists(), f"rank {rank} outlived its client"
+
+
+def test_a_client_started_while_its_server_imports_tensorflow_waits_and_runs_warm(tmp_path):
+    """The suite's first ranks on a worker start while its server still imports TensorFlow: they wait
+    for it instead of importing TensorFlow themselves."""
+    folder = tmp_path / "server"
+    folder.mkdir()
+    process, path = warm_start.start_server(str(folder))
+    try:
+        assert not os.path.exists(path)  # importing TensorFlow takes seconds
+        proc = client(path, tmp_path, REPORT, env={"MARK": "m5"})
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 7, err
+        assert out.startswith("warm [] ") and "m5" in out
+    finally:
+        warm_start.stop_server(process, str(folder))
+
+
+def test_a_client_whose_server_ended_before_it_accepted_runs_cold(tmp_path):
+    folder = tmp_path / "server"
+    folder.mkdir()
+    process, path = warm_start.start_server(str(folder))
+    warm_start.stop_server(process, str(folder))
+    folder.mkdir()
+    (folder / "server.pid").write_text(str(process.pid))  # a pid that has ended
+    proc = client(path, tmp_path, REPORT, env={"MARK": "m6"})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 7, err
+    assert out.startswith("cold [] ") and "m6" in out

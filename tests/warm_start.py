@@ -2,8 +2,8 @@
 
 ``command([sys.executable, SCRIPT, ARGS...])`` returns the command that runs the same through this pytest
 worker's warm-start server, which it starts on first use; mpirun then starts the small client in each
-rank's place. Until the server has imported TensorFlow (a few seconds), and for any command that is not
-``python SCRIPT ...`` of a script in ``WARM_SCRIPTS``, the command runs as given.
+rank's place, which waits while the server imports TensorFlow (a few seconds). A command that is not
+``python SCRIPT ...`` of a script in ``WARM_SCRIPTS`` runs as given.
 ENGINE_TESTS_WARM_START=0 turns it off: every process starts cold, as a user's does.
 """
 from __future__ import annotations
@@ -50,13 +50,17 @@ def _socket() -> str:
 
 
 def start_server(folder: str) -> tuple[subprocess.Popen, str]:
-    """A warm-start server whose socket (``FOLDER/socket``) appears once it accepts; its log beside it."""
+    """A warm-start server whose socket (``FOLDER/socket``) appears once it accepts; its log and its pid
+    (``server.pid``, which clients read to wait for it) beside it."""
     from helpers import child_env
 
     path = os.path.join(folder, "socket")
     with open(os.path.join(folder, "server.log"), "w") as log:
         process = subprocess.Popen([sys.executable, str(FOLDER / "server.py"), path], env=child_env(),
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    with open(os.path.join(folder, "server.pid.tmp"), "w") as f:  # clients wait while it imports TensorFlow
+        f.write(str(process.pid))
+    os.replace(os.path.join(folder, "server.pid.tmp"), os.path.join(folder, "server.pid"))
     return process, path
 
 

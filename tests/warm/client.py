@@ -4,9 +4,11 @@
 
 Sends the command, the environment, the working directory, the umask, the CPU affinity (mpirun's binding)
 and descriptors 0-2 to the server at SOCKET, forwards the signals it receives to the child the server
-made, and ends as that child ended (its exit status, or killed by the same signal). Where the server is
-not there (not started yet, or gone) or answers "cold", it runs ``python SCRIPT ARGS`` itself, by exec:
-the same command without the warm start.
+made, and ends as that child ended (its exit status, or killed by the same signal). While the server is
+still importing TensorFlow (its pid in ``server.pid`` beside SOCKET is alive, the socket not there yet),
+it waits for it, up to ``WAIT_S``: a cold start would import TensorFlow too, at the same CPU cost. Where
+the server is gone, or answers "cold", it runs ``python SCRIPT ARGS`` itself, by exec: the same command
+without the warm start.
 Imports nothing heavy: it costs a Python start-up, not TensorFlow's.
 """
 import array
@@ -16,7 +18,9 @@ import signal
 import socket
 import struct
 import sys
+import time
 
+WAIT_S = 120  # for a server that imports TensorFlow on a loaded machine
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -30,6 +34,25 @@ def note(start: str) -> None:
     if os.environ.get("ENGINE_TESTS_WARM_LOG"):
         with open(os.environ["ENGINE_TESTS_WARM_LOG"], "a") as log:
             log.write(f"{start}\n")
+
+
+def wait_for_server(path: str) -> None:
+    """Returns once the socket exists, or the server that will make it has ended, or after WAIT_S. A signal
+    meanwhile ends the client as it would end a process started at once, before its handlers."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "server.pid")) as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":  # ended, not yet reaped by its parent
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 def receive_int(sock: socket.socket) -> int | None:
@@ -47,6 +70,7 @@ def receive_int(sock: socket.socket) -> int | None:
 
 def main() -> None:
     path, *command = sys.argv[1:]
+    wait_for_server(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
