@@ -130,7 +130,8 @@ def test_no_effect_keys_give_one_info_line_each(tmp_path, capsys):
 def test_the_no_effect_tables_name_only_returnn_names_this_engine_does_not_read():
     assert set(no_effect.CONFIG_KEYS) <= returnn_keys.CONFIG_KEYS
     assert not set(no_effect.CONFIG_KEYS) & set(keys.KEYS)
-    layer_options = returnn_keys.LAYER_COMMON_OPTIONS | returnn_keys.LAYER_OPTIONS["rec"]
+    layer_options = returnn_keys.LAYER_COMMON_OPTIONS | returnn_keys.LAYER_OPTIONS["rec"] | \
+        returnn_keys.LAYER_OPTIONS["conv"] | returnn_keys.LAYER_OPTIONS["pool"]
     assert set(no_effect.LAYER_OPTIONS) <= layer_options
     assert set(no_effect.DATASET_OPTIONS) <= returnn_keys.DATASET_COMMON_OPTIONS | \
         returnn_keys.DATASET_OPTIONS["HDFDataset"]
@@ -151,6 +152,18 @@ def test_layer_options(tmp_path):
     text = str(info.value)
     assert "layer 'output' (softmax) option 'batch_norm'" in text and "'n_ot' (did you mean 'n_out'?)" in text
     assert "ignore_keys = ['layer:batch_norm', 'layer:max_seq_len']" in text
+
+
+def test_channels_first_has_no_effect_on_conv_and_pool_only():
+    network = {"conv": {"class": "conv", "from": "data", "filter_size": (3,), "padding": "same", "n_out": 4,
+                        "auto_use_channel_first": True},
+               "pool": {"class": "pool", "mode": "max", "pool_size": (2,), "padding": "same", "from": "conv",
+                        "use_channel_first": True},
+               "output": {"class": "softmax", "loss": "ce", "from": "pool", "auto_use_channel_first": True}}
+    found = verdicts(Config(dict(BASE, network=network)))
+    assert found[("layer", "conv.auto_use_channel_first")][0] == NO_EFFECT
+    assert found[("layer", "pool.use_channel_first")][0] == NO_EFFECT
+    assert found[("layer", "output.auto_use_channel_first")][0] == NOT_IMPLEMENTED
 
 
 def test_an_ignored_layer_option_lets_the_network_build(capsys):

@@ -192,6 +192,8 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
      "'dropout' on class ids"),
     ({"s": {"class": "rnn_cell", "unit": "NativeLstm2", "from": ["prev:att"], "n_out": 8}},
      "rnn_cell unit 'NativeLstm2'"),
+    ({"x": {"class": "linear", "from": "s", "n_out": 2, "reuse_params": "readout_in"}},
+     "'reuse_params' 'readout_in' is not implemented inside a rec unit"),
 ])
 def test_what_the_unit_refuses_is_named(change, message):
     network = copy.deepcopy(NETWORK)
@@ -249,9 +251,9 @@ def test_an_attention_decoder_trains_through_rnn_py_on_one_and_two_ranks(tmp_pat
     assert len(re.findall(r"^dev: score", two.stdout, re.M)) == 2, two.stdout
 
 
-def test_trainable_and_param_device_in_a_unit():
+def test_trainable_param_device_and_no_reuse_params_in_a_unit():
     network = copy.deepcopy(NETWORK)
-    network["output"]["unit"]["target_embed"].update(trainable=False, param_device="CPU")
+    network["output"]["unit"]["target_embed"].update(trainable=False, param_device="CPU", reuse_params=None)
     net = model(network)
     assert "output/target_embed/W" in net.named_variables()
     assert "output/target_embed/W" not in net.named_trainable_variables()

@@ -71,8 +71,16 @@ LAYER_OPTIONS: dict[str, NoEffect] = {
                             "also stops on a longer sequence, this engine trains it)",
                             lambda value, context: bool(context.get("unroll")), "with 'unroll'"),
     "param_device": NoEffect("where RETURNN places the layer's parameters; a placement, not a computation"),
-    "optimize_move_layers_out": NoEffect("RETURNN's graph optimisation of rec subnetworks; a rec layer here "
-                                         "is a unit, not a subnetwork"),
+    "optimize_move_layers_out": NoEffect("RETURNN's graph optimisation of rec subnetworks; a rec layer with "
+                                         "a unit name has nothing to move (a subnetwork honours it)"),
+    "auto_use_channel_first": NoEffect(
+        "RETURNN puts a conv layer's channels first only when a GPU is in its session: a memory layout of "
+        "the output; layers here address axes by their role, so the values are the same",
+        lambda value, context: context.get("class") == "conv", "on a conv layer"),
+    "use_channel_first": NoEffect(
+        "RETURNN puts a pool layer's channels first only when a GPU is in its session: a memory layout of "
+        "the output; layers here address axes by their role, so the values are the same",
+        lambda value, context: context.get("class") == "pool", "on a pool layer"),
     "batch_norm": NoEffect("RETURNN's default: no batch norm of the layer's output (a batch norm is a "
                            "'batch_norm' layer here)", _is(False), "False"),
 }

@@ -116,7 +116,11 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
             log.info(f"{where}: option '{key}' has no effect here ({NO_EFFECT[key]}).")
         if not isinstance(opts.get("trainable", True), bool):
             raise ConfigError(f"{where}: 'trainable' must be True or False, got {opts['trainable']!r}.")
-        unknown = sorted(set(opts) - _COMMON - set(NO_EFFECT) - UNIT_CLASS_OPTIONS[cls])
+        if opts.get("reuse_params") is not None:  # None: RETURNN's default (tied_params False in its setups)
+            raise ConfigError(f"{where}: 'reuse_params' {opts['reuse_params']!r} is not implemented inside a "
+                              "rec unit here: its layers do not share parameters (None, the default, is "
+                              "accepted).")
+        unknown = sorted(set(opts) - _COMMON - {"reuse_params"} - set(NO_EFFECT) - UNIT_CLASS_OPTIONS[cls])
         if unknown:
             raise ConfigError(f"{where}: option(s) {unknown} of a {cls} layer are not implemented inside a "
                               "rec unit here.")
