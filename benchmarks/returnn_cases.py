@@ -205,6 +205,17 @@ CASES.update({
         "valued": {"class": "pad", "axes": ["F", "s:1"], "padding": 1, "value": 0.25, "from": "edge"},
         "flat": {"class": "merge_dims", "axes": "static", "from": "valued"},
         "output": {"class": "softmax", "loss": "ce", "from": ["merged", "flat"]}}},
+    # 2019-asr-resnet-lace-cnn's frequency average after its 2-D convolutions, and the other modes
+    "reduce_static": {"extern_data": DENSE, "network": {
+        "hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "from": "data"},
+        "freq": {"class": "split_dims", "axis": "F", "dims": (3, 2), "from": "hidden"},
+        "avg": {"class": "reduce", "mode": "avg", "axes": "s:1", "keep_dims": False, "from": "freq"},
+        "max": {"class": "reduce", "mode": "max", "axes": ["s:1"], "keep_dims": True, "from": "freq"},
+        "max_flat": {"class": "merge_dims", "axes": "static", "from": "max"},
+        "sum": {"class": "reduce", "mode": "sum", "axis": "spatial_except_time", "from": "freq"},
+        "lse": {"class": "reduce", "mode": "logsumexp", "axes": "s:1", "use_time_mask": False, **_OUT,
+                "from": "freq"},
+        "output": {"class": "softmax", "loss": "ce", "from": ["avg", "max_flat", "sum"]}}},
 })
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole

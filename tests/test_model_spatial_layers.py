@@ -10,6 +10,7 @@ from engine.model import build_model
 from engine.model.axes import Layout, resolve_axes
 from engine.model.layers.conv import Window
 from engine.model.layers.conv2d import Conv2D, Pool2D, static_out_size
+from engine.model.layers.reduce import Reduce
 from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.runtime.errors import ConfigError
 
@@ -79,6 +80,11 @@ def test_split_and_merge_are_numpys_reshapes_in_returnns_order():
     (lambda: Conv2D("c", {"filter_size": (3, 3), "padding": "same", "n_out": 3, "groups": 2}, Layout((5,), 4),
                     random_seed=1), r"'groups' must be 1 or the input dim 4"),
     (lambda: Pool2D("p", {"pool_size": (1, 2)}, Layout((5,), 1)), r"'p': 'mode' is required"),
+    (lambda: Reduce("r", {"mode": "mean", "axes": "T"}, LAYOUT),
+     r"'r': 'axes' 'T' of its input .* must be static spatial axes"),
+    (lambda: Reduce("r", {"mode": "mean", "axes": "F"}, LAYOUT), r"must be static spatial axes"),
+    (lambda: Reduce("r", {"mode": "argmax", "axes": "s:1"}, LAYOUT), r"'mode' 'argmax' is not taken"),
+    (lambda: Reduce("r", {"mode": "sum", "axes": "s:1", "axis": "s:2"}, LAYOUT), r"'axes' or 'axis', not"),
 ])
 def test_refusals_name_the_layer(layer, message):
     with pytest.raises(ConfigError, match=message):
@@ -139,3 +145,14 @@ def test_static_out_sizes_are_tensorflows():
             probe = tf.nn.conv2d(tf.zeros([1, 1, size, 1]), tf.zeros([1, window.size, 1, 1]),
                                  [1, 1, window.stride, 1], window.padding.upper())
             assert static_out_size(size, window) == probe.shape[2]
+
+
+def test_reduce_over_static_axes_is_numpys():
+    x = np.random.RandomState(0).randn(5, 2, 4, 3, 2).astype(np.float32)
+    both = Reduce("r", {"mode": "max", "axes": ["s:1", "s:2"]}, LAYOUT)
+    np.testing.assert_allclose(both(tf.constant(x), None, False).numpy(), x.max(axis=(2, 3)))
+    assert (both.spatial, both.n_out) == ((), 2)
+    kept = Reduce("r", {"mode": "avg", "axes": "s:2", "keep_dims": True}, LAYOUT)
+    np.testing.assert_allclose(kept(tf.constant(x), None, False).numpy(), x.mean(axis=3, keepdims=True),
+                               rtol=1e-6)
+    assert kept.spatial == (4, 1)

@@ -27,6 +27,7 @@ from engine.model.layers.lstm_norm import NormLstmRec
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.layers.norm import LayerNorm
 from engine.model.layers.recurrent import Rec
+from engine.model.layers.reduce import Reduce
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking
@@ -40,7 +41,8 @@ from engine.runtime.errors import ConfigError
 
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
 _DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice",
-                "split_dims", "merge_dims", "batch_norm", "transposed_conv", "window", "pad", "swap_axes")
+                "split_dims", "merge_dims", "batch_norm", "transposed_conv", "window", "pad", "swap_axes",
+                "reduce")
 
 # classes built from their name, options and input dim alone
 _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
@@ -49,7 +51,7 @@ _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm"
 
 # classes built from their name, options and input axes
 _BUILT_FROM_LAYOUT = {"split_dims": SplitDims, "merge_dims": MergeDims, "window": Window, "pad": Pad,
-                      "swap_axes": SwapAxes}
+                      "swap_axes": SwapAxes, "reduce": Reduce}
 
 
 class BuildOptions(NamedTuple):

@@ -37,6 +37,7 @@ _CLASS_OPTIONS = {
                         "activation", "with_bias", "forward_weights_init", "bias_init"},
     "reinterpret_data": {"size_base"},
     "merge_dims": {"axes", "keep_order", "n_out"},
+    "reduce": {"mode", "axes", "axis", "keep_dims", "use_time_mask", "enforce_batch_dim_axis"},
     "layer_norm": {"epsilon"},
     "batch_norm": {"use_shift", "use_std", "use_sample", "force_sample", "momentum", "epsilon",
                    "update_sample_only_in_training", "delay_sample_update", "param_version", "gamma_init",
