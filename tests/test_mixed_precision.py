@@ -82,7 +82,10 @@ def test_layers_compute_in_the_dtype_on_float32_parameters(amp):
     assert {v.dtype for v in steps.params + updater.variables} <= {tf.float32, tf.int64}
     graph = steps._train._function.get_concrete_function().graph
     matmuls = [op.get_attr("T") for op in graph.get_operations() if op.type in ("MatMul", "BatchMatMulV2")]
-    assert tf.as_dtype(amp) in matmuls and tf.float32 in matmuls  # float32: the LSTM and the gradients
+    lstm_ops = {op.type: op.get_attr("T") for op in graph.get_operations()
+                if op.type.startswith("BlockLSTM")}
+    assert tf.as_dtype(amp) in matmuls  # the feed-forward layers
+    assert set(lstm_ops) >= {"BlockLSTM", "BlockLSTMGrad"} and set(lstm_ops.values()) == {tf.float32}, lstm_ops
     before = state(steps, updater)
     steps.train(batch(0))
     assert steps.nonfinite == FINITE and np.isfinite(state(steps, updater)).all()

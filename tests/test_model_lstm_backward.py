@@ -1,11 +1,12 @@
 """The engine's own LSTM backward pass (``lstm._lstm_with_loop_backward``, what ``fused_lstm`` runs on the
-CPU) against an independent reference: a plain LSTM unrolled step by step in float64 in this file,
-differentiated by ``tf.GradientTape``.
+CPU from ``lstm.LOOP_BACKWARD_FROM`` units up) against an independent reference: a plain LSTM unrolled
+step by step in float64 in this file, differentiated by ``tf.GradientTape``.
 
 The engine's path is called directly and pinned to the CPU, so the test checks it whatever device the
-machine has: on a GPU ``fused_lstm`` itself runs TensorFlow's ``BlockLSTMGrad`` instead (checked against
-the same reference below, and which op runs where is checked too). The engine's backward is also
-compared with ``BlockLSTMGrad`` on the CPU (the same math, summed in another order)."""
+machine has: on a GPU ``fused_lstm`` itself runs TensorFlow's ``BlockLSTMGrad`` instead, and so does the
+CPU for narrower LSTMs (checked against the same reference below; which op runs where is checked too).
+The engine's backward is also compared with ``BlockLSTMGrad`` on the CPU (the same math, summed in another
+order)."""
 
 import contextlib
 
@@ -124,16 +125,16 @@ def test_fused_lstm_on_this_machine_matches_the_plain_unrolled_lstm(time, length
                  reference_gradients(x, lengths, weights.numpy(), bias.numpy(), upstream))
 
 
-def gradient_op_types(lstm_fn) -> set[str]:
+def gradient_op_types(lstm_fn, n_out: int = 3) -> set[str]:
     """The op types of the gradient graph of ``lstm_fn``, nested functions (the while loop) included."""
-    weights = tf.Variable(tf.zeros([8, 12]))
-    bias = tf.Variable(tf.zeros([12]))
+    weights = tf.Variable(tf.zeros([5 + n_out, 4 * n_out]))
+    bias = tf.Variable(tf.zeros([4 * n_out]))
 
     @tf.function(input_signature=[tf.TensorSpec([None, None, 5]), tf.TensorSpec([None], tf.int32)])
     def run(x, lengths):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            loss = tf.reduce_sum(lstm_fn(x, lengths, weights, bias, 3))
+            loss = tf.reduce_sum(lstm_fn(x, lengths, weights, bias, n_out))
         return tape.gradient(loss, [x, weights, bias])
 
     graph = run.get_concrete_function().graph.as_graph_def()
@@ -141,12 +142,13 @@ def gradient_op_types(lstm_fn) -> set[str]:
     return {node.op for node in nodes}
 
 
-def test_fused_lstm_differentiates_through_the_engines_backward_on_the_cpu_only():
-    ops = gradient_op_types(fused_lstm)
+def test_fused_lstm_differentiates_through_the_engines_backward_on_the_cpu_from_its_width_only():
+    narrow, wide = gradient_op_types(fused_lstm, 3), gradient_op_types(fused_lstm, lstm.LOOP_BACKWARD_FROM)
+    assert "BlockLSTMGrad" in narrow and "LSTMBlockCellGrad" not in narrow, sorted(narrow)
     if GPU_VISIBLE:
-        assert "BlockLSTMGrad" in ops and "LSTMBlockCellGrad" not in ops, sorted(ops)
+        assert "BlockLSTMGrad" in wide and "LSTMBlockCellGrad" not in wide, sorted(wide)
     else:
-        assert "LSTMBlockCellGrad" in ops and "BlockLSTMGrad" not in ops, sorted(ops)
+        assert "LSTMBlockCellGrad" in wide and "BlockLSTMGrad" not in wide, sorted(wide)
     assert "LSTMBlockCellGrad" in gradient_op_types(engine_backward_lstm)
 
 

@@ -18,6 +18,7 @@ from engine.config.key_check import enforce
 from engine.config.loader import Config
 from engine.model.assembly import BuildOptions, build_layers
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
+from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer
 from engine.model.layers.conv import window_options
 from engine.model.layers.dense import Copy, Softmax
@@ -295,7 +296,7 @@ class NetworkModel(SeqModel):
         if training and rate > 0.0:
             # RETURNN's default mask (Data.get_bc_shape): one per feature, shared by the batch and time
             noise_shape = tf.concat([tf.ones([tf.rank(x) - 1], tf.int32), tf.shape(x)[-1:]], axis=0)
-            x = tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed, noise_shape=noise_shape)
+            x = stateless_dropout(x, rate, seed, noise_shape)
         return x
 
     def layer_loss_sums(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],

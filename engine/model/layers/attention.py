@@ -6,6 +6,7 @@ import math
 
 import tensorflow as tf
 
+from engine.model.dropout import stateless_dropout
 from engine.model.initializers import option_variable
 from engine.model.layers.base import Layer, dense_gather, positive_int, time_mask
 from engine.runtime.errors import ConfigError
@@ -155,7 +156,7 @@ class SelfAttention(Layer):
         energy = tf.where(allowed, energy, tf.fill(tf.shape(energy), -1e30))
         weights = tf.nn.softmax(energy, axis=-1)
         if training and self.dropout > 0.0:
-            weights = tf.nn.experimental.stateless_dropout(weights, rate=float(self.dropout), seed=seed)
+            weights = stateless_dropout(weights, float(self.dropout), seed)
         out = tf.einsum("bhts,sbhd->tbhd", tf.cast(weights, v.dtype), v)
         return tf.reshape(out, [n_time, n_batch, self.n_out])
 

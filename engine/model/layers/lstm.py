@@ -5,7 +5,8 @@ Per step: z = [x_t, h] W + b; c = sigmoid(z_i) tanh(z_c) + sigmoid(z_f) c; h = s
 Outputs after the longest sequence are 0.
 
 - ``fused_lstm``: TensorFlow's fused ``BlockLSTM`` kernel forward, one op for all time steps, and on the
-  CPU a backward pass of our own (the fast one, see ``benchmarks/bench_lstm.py``). Its gradient has no
+  CPU for ``n_out`` >= ``LOOP_BACKWARD_FROM`` a backward pass of our own (the fast one there, see
+  ``benchmarks/bench_lstm.py``), else TensorFlow's ``BlockLSTMGrad``. Its gradient has no
   gradient of its own.
 - ``scan_lstm``: the same steps in a ``tf.scan`` of plain ops, which can be differentiated twice
   (``maximize_grad_norm`` differentiates the gradient's norm).
@@ -18,11 +19,17 @@ a whole training step (perf, 1 thread, 2x LSTM-128, docs/performance.md). Here e
 transposed once before the loop; the weight and input gradients of all steps are then three large
 matrix products. Same math, the sums in a different order (gradients agree to float rounding); a step
 took half the CPU time. On a GPU, ``BlockLSTMGrad``'s products are cuBLAS calls that read transposed
-operands directly, so the GPU keeps it.
+operands directly, so the GPU keeps it. So does the CPU for narrow LSTMs (``n_out`` up to
+``LOOP_BACKWARD_FROM`` - 1): there the packing is cheap, and the loop's per-step cost (a dozen small ops
+through TensorFlow's executor, ~300 steps per batch in a Transformer's front end) is what remains; at
+``n_out`` 32 ``BlockLSTMGrad`` took half the time of the loop, at 64 a little less, at 128 1.5x more.
 """
 from __future__ import annotations
 
 import tensorflow as tf
+
+# the narrowest LSTM whose CPU backward runs our loop (below it: TensorFlow's BlockLSTMGrad, see above)
+LOOP_BACKWARD_FROM = 65
 
 
 def _steps(x: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
@@ -44,7 +51,7 @@ def fused_lstm(x: tf.Tensor, lengths: tf.Tensor, weights: tf.Tensor, bias: tf.Te
                n_out: int) -> tf.Tensor:
     """The LSTM over time-major ``x`` (T, B, in) -> h (T, B, n_out); ``lengths`` (B,) bound the steps run."""
     steps = _steps(x, lengths)
-    if tf.config.list_logical_devices("GPU"):
+    if n_out < LOOP_BACKWARD_FROM or tf.config.list_logical_devices("GPU"):
         return _block_lstm(x, steps, weights, bias, n_out)[6]
     return _lstm_with_loop_backward(x, steps, weights, bias, n_out)
 

@@ -2,7 +2,7 @@
 kernel on the device it is meant for (no silent CPU fallback).
 
 - ``auto`` (default): on a GPU cuDNN (``lstm_cudnn.cudnn_lstm``), on a CPU our own kernel
-  (``lstm.fused_lstm``: BlockLSTM forward, our backward).
+  (``lstm.fused_lstm``: BlockLSTM forward; backward our own from ``n_out`` 65 on, else BlockLSTMGrad).
 - ``cudnn``: cuDNN on a GPU; on a CPU its twin (``lstm_cudnn.cudnn_twin``, the same math in plain ops), which
   is how the GPU path is tested on machines without one.
 - ``native``: ``lstm.fused_lstm`` everywhere (on a GPU TensorFlow's BlockLSTM and BlockLSTMGrad).

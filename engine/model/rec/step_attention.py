@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from engine.model.dropout import stateless_dropout
 from engine.model.initializers import option_variable
 from engine.model.layers.attention import sinusoid_signal
 from engine.model.layers.base import positive_int
@@ -218,7 +219,7 @@ class SelfAttentionUnit(UnitLayer):
             energy = tf.where(mask, energy, tf.fill(tf.shape(energy), float("-inf")))
         weights = tf.nn.softmax(energy)
         if self.training and self.dropout > 0.0:
-            weights = tf.nn.experimental.stateless_dropout(weights, rate=float(self.dropout), seed=self.seed)
+            weights = stateless_dropout(weights, float(self.dropout), self.seed)
         out = tf.transpose(tf.matmul(weights, v), [0, 2, 1, 3])  # (B, queries, heads, value dims)
         shape = tf.shape(out)
         return tf.reshape(out, tf.stack([shape[0], shape[1], self.template.dim]))

@@ -16,6 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer
 from engine.model.rec.frames import Template, Value, loose_batch, step_slice
 from engine.model.rec.search import BeamSearch, choice_options
@@ -277,7 +278,7 @@ class _Run:
         x = value.tensor  # dense: _build refuses dropout on a sparse source
         noise_shape = tf.concat([tf.ones([tf.rank(x) - 1], tf.int32), tf.shape(x)[-1:]], axis=0)
         noise_shape = tf.shape(x) if full_noise else noise_shape
-        return Value(tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed, noise_shape=noise_shape),
+        return Value(stateless_dropout(x, rate, seed, noise_shape),
                      value.template, value.looped)
 
     def _layer_seed(self, name: str) -> tf.Tensor:
