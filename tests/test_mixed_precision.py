@@ -85,7 +85,8 @@ def test_layers_compute_in_the_dtype_on_float32_parameters(amp):
     lstm_ops = {op.type: op.get_attr("T") for op in graph.get_operations()
                 if op.type.startswith("BlockLSTM")}
     assert tf.as_dtype(amp) in matmuls  # the feed-forward layers
-    assert set(lstm_ops) >= {"BlockLSTM", "BlockLSTMGrad"} and set(lstm_ops.values()) == {tf.float32}, lstm_ops
+    assert set(lstm_ops) >= {"BlockLSTM", "BlockLSTMGrad"}, lstm_ops
+    assert set(lstm_ops.values()) == {tf.float32}, lstm_ops  # the LSTM computes in float32
     before = state(steps, updater)
     steps.train(batch(0))
     assert steps.nonfinite == FINITE and np.isfinite(state(steps, updater)).all()
