@@ -1,13 +1,12 @@
-"""The cheaper forms of three ops that small networks run many of: dropout as a product with a scaled
-mask, the LSTM backward chosen by width, and adam / nadam as TensorFlow's fused ``ApplyAdam``. Each must
-compute what the form it replaced computed."""
+"""The cheaper forms of ops that small networks run many of: dropout as a product with a scaled mask, and
+adam / nadam as TensorFlow's fused ``ApplyAdam`` (the LSTM backward chosen by width: its test is in
+test_model_lstm_backward.py). Each must compute what the form it replaced computed."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from engine.model.dropout import stateless_dropout
-from engine.model.layers import lstm
 from engine.training.update.updater import Updater, optimizer_from_config
 
 SEED = tf.constant([5, 9], tf.int64)
@@ -36,27 +35,6 @@ def test_dropout_equals_tensorflows_bit_for_bit(rate, feature_mask):
         assert 0.0 < (ours.numpy() == 0).mean() < 1.0
     with pytest.raises(ValueError, match=r"dropout rate must be in \[0, 1\)"):
         stateless_dropout(x, 1.0, SEED)
-
-
-def backward_ops(n_out: int) -> set[str]:
-    weights, bias = tf.Variable(tf.zeros([5 + n_out, 4 * n_out])), tf.Variable(tf.zeros([4 * n_out]))
-
-    @tf.function(input_signature=[tf.TensorSpec([None, None, 5]), tf.TensorSpec([None], tf.int32)])
-    def run(x, lengths):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(lstm.fused_lstm(x, lengths, weights, bias, n_out))
-        return tape.gradient(loss, [x, weights, bias])
-
-    graph = run.get_concrete_function().graph.as_graph_def()
-    return {node.op for node in list(graph.node) + [n for f in graph.library.function for n in f.node_def]}
-
-
-@pytest.mark.skipif(bool(tf.config.list_logical_devices("GPU")), reason="a GPU: BlockLSTMGrad at any width")
-def test_narrow_lstms_take_block_lstm_grad_on_the_cpu_and_wide_ones_the_loop():
-    narrow, wide = backward_ops(lstm.LOOP_BACKWARD_FROM - 1), backward_ops(lstm.LOOP_BACKWARD_FROM)
-    assert "BlockLSTMGrad" in narrow and "LSTMBlockCellGrad" not in narrow
-    assert "LSTMBlockCellGrad" in wide and "BlockLSTMGrad" not in wide
 
 
 @pytest.mark.parametrize("name", ["adam", "nadam"])
