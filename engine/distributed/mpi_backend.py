@@ -105,6 +105,8 @@ class MPICommunicator(Communicator):
         self._wire_fusion = FusionBuffers(segment_bytes)  # uint16 wire bits, apart from genuine uint16
         self._wire_ops: dict[str, Any] = {}  # user-defined MPI ops (wire.numpy_sum), made when first used
         channel = SideChannel(self._comm, MPI, threads=self.thread_multiple) if self.size > 1 else None
+        if channel is not None:
+            atexit.register(channel.meet_before_finalize)  # runs after the watchdog's stop (made below)
         # between hosts, a wait on a link that still moves the collectives' bytes (a slow one) is no stall;
         # on one host the ranks talk through shared memory, and no TCP traffic is theirs
         self.link_counter: LinkCounter | None = None

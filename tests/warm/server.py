@@ -39,10 +39,13 @@ import tensorflow  # noqa: E402, F401  (the point of this process)
 # Environment variables read while Python starts or TensorFlow is imported: a child that needs other values
 # than the server had cannot be made from it. TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS are read
 # when TensorFlow creates its thread pools (at the first op), PYTHONUNBUFFERED when the child makes its
-# streams, so they may differ.
+# streams, so they may differ. KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK are Intel OpenMP's, read when that
+# library loads, which TensorFlow's import does not load: scikit-learn and joblib (librosa's imports) set
+# them in a test's process, and from then on every rank it starts would start cold for them.
 IMPORT_TIME = ("PYTHON", "TF", "CUDA", "LD_", "KERAS", "XLA", "OMP_", "KMP_", "MKL", "OPENBLAS", "TPU",
                "NVIDIA", "GRPC")
-LATER = {"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"}
+LATER = {"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+         "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
 # mpirun puts its library folder (the venv's lib) on the ranks' LD_LIBRARY_PATH; the MPI libraries that a rank
 # loads resolve to the same files without it (their RUNPATH), so a path of only that folder is no difference.
 MPI_LIBRARIES = os.path.join(sys.prefix, "lib")
