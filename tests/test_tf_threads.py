@@ -68,6 +68,12 @@ def test_inference_takes_every_core_for_one_op(task):
             choose_threads(Config({}), CoreGrant(2, "test"), {}).inter) == (1, 2)
 
 
+def test_search_takes_the_training_rule():
+    assert [automatic_threads(n, "search") for n in (1, 2, 16)] == [automatic_threads(n) for n in (1, 2, 16)]
+    choice = choose_threads(Config({"task": "search"}), CoreGrant(2, "test"), {})
+    assert (choice.intra, choice.inter) == (1, 2) and "task 'search': 1 intra-op thread" in choice.why
+
+
 def test_environment_over_config_over_automatic():
     grant = CoreGrant(16, "test")
     config = Config({"intra_op_threads": 4, "tf_session_opts": {"inter_op_parallelism_threads": 3}})

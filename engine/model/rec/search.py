@@ -8,8 +8,9 @@ until the choice: its source's probabilities as log scores (``input_type`` "prob
 are), an ended hypothesis' scores replaced by 0 for label 0 and -1e30 for the others, with
 ``length_normalization`` the ended hypotheses' beam scores times ((t + 1) / t) ** exponent, added to
 the beam scores, and the best ``beam_size`` of (beam * classes) kept (``tf.math.top_k``). Everything
-computed so far (this step's values, the previous steps', an LSTM's state, the end flags and lengths)
-then follows its hypothesis to its new row, and the layers after the choice run on the chosen labels.
+computed so far that is still needed (this step's values that later layers or the next step read, the
+previous step's that later layers read, the cells' states, the end flags and lengths) then follows its
+hypothesis to its new row, and the layers after the choice run on the chosen labels.
 ``end`` (ORed with the previous step's) stops a hypothesis: its length counts the steps before its end
 (RETURNN's ``include_eos`` False). The loop stops when every hypothesis ended or at ``max_seq_len``. The
 labels are traced back from the last step through each step's source beams; the decision is the
@@ -65,10 +66,20 @@ class BeamSearch:
         choice = net.spec["output"]
         _, self.input_type, self.exponent = choice_options(net.ctx.where("output"), choice.opts)
         self.choice_source = choice.sources[0].name
-        self.read_prev = sorted({r.name for n in loop
-                                 for r in net.spec[n].sources + list(net.spec[n].options.values())
-                                 if r.kind == "prev"})
+
+        def reads(names: list[str], kind: str) -> set[str]:
+            return {r.name for n in names for r in net.spec[n].sources + list(net.spec[n].options.values())
+                    if r.kind == kind}
+
+        self.read_prev = sorted(reads(loop, "prev"))
         self.cells = [n for n in loop if n in net.units and net.units[n].stateful]
+        # What must follow its hypothesis at the choice: of this step's values, those that a layer after
+        # the choice reads, the next step's prev: values and 'end'; of the previous step's, those that a
+        # layer after the choice reads. The rest was used up before the choice (most of a Transformer
+        # decoder's layers), and moving it would cost a gather per layer and step for nothing.
+        after = loop[loop.index("output") + 1:]
+        self.frame_moved = reads(after, "cur") | set(self.read_prev) | {"end"}
+        self.prev_moved = reads(after, "prev")
 
     def search(self, decide_by_length: bool) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """The decided hypotheses: labels (B, T), lengths (B,), scores (B,)."""
@@ -144,11 +155,13 @@ class BeamSearch:
         return tf.reshape(index % classes, [-1]), self._src, top
 
     def _follow(self, src: tf.Tensor, frame: dict, state: dict, new_cells: dict) -> None:
-        """Everything of the old rows moves to the new hypotheses' rows."""
+        """What is still needed of the old rows (``frame_moved``, ``prev_moved``, the cells' states, the
+        end flags and lengths) moves to the new hypotheses' rows."""
         move = lambda x: _regroup(x, src, self.beam)  # noqa: E731
-        for name, value in frame.items():
+        for name in self.frame_moved & set(frame):
+            value = frame[name]
             frame[name] = Value(move(value.tensor), value.template, value.looped)
-        state["prev"] = {n: move(x) for n, x in state["prev"].items()}
+        state["prev"] = {n: move(x) if n in self.prev_moved else x for n, x in state["prev"].items()}
         state["cells"] = {n: tuple(move(x) for x in c) for n, c in state["cells"].items()}
         for name, cell in new_cells.items():
             new_cells[name] = tuple(move(x) for x in cell)

@@ -255,7 +255,8 @@ class _Run:
         return Value(tf.concat([first, value.tensor[:, :-1]], axis=1), value.template, looped=True)
 
     def _apply(self, name: str, inputs: list[Value], options: dict[str, Value], looped: bool,
-               seed: tf.Tensor) -> Value:
+               seed: tf.Tensor | None) -> Value:
+        """``seed``: the layer's draws in training (None outside it)."""
         unit = self.net.units[name]
         rate = float(self.net.spec[name].opts.get("dropout", 0.0))
         if self.training and rate > 0.0:
@@ -266,7 +267,7 @@ class _Run:
         if hasattr(unit, "training"):
             unit.training = self.training
         if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
-            unit.seed = tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
+            unit.seed = None if seed is None else tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
         y = unit(inputs, looped, options)
         if isinstance(unit, LinearUnit) and unit.opts["class"] == "softmax":
             self.logits[name] = y
@@ -378,14 +379,16 @@ class _Run:
         layer, unit = self.net.spec[name], self.net.units[name]
         inputs = [resolve(r) for r in layer.sources]
         options = {k: resolve(r) for k, r in layer.options.items()}
-        seed = tf.random.experimental.stateless_fold_in(self._layer_seed(name), tf.cast(t, tf.int64))
+        # no seeds outside training: in a search they were two random-number ops per layer and step
+        seed = (tf.random.experimental.stateless_fold_in(self._layer_seed(name), tf.cast(t, tf.int64))
+                if self.training else None)
         if not unit.stateful:
             return self._apply(name, inputs, options, False, seed)
         if self.training and layer.opts.get("dropout"):
             inputs = [self._dropout(v, float(layer.opts["dropout"]), seed) for v in inputs]
         if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
             unit.training = self.training
-            unit.seed = tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
+            unit.seed = None if seed is None else tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
         y, new_cells[name] = unit.step(inputs, cell_states[name])
         return Value(y, self.net.templates[name], looped=False)
 
