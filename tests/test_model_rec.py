@@ -194,12 +194,23 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
      "rnn_cell unit 'NativeLstm2'"),
     ({"x": {"class": "linear", "from": "s", "n_out": 2, "reuse_params": "readout_in"}},
      "'reuse_params' 'readout_in' is not implemented inside a rec unit"),
+    ({"x": {"class": "combine", "kind": "add", "from": [":i", "s"]}},
+     "':i' (the step) is not provided inside a rec unit here: RETURNN's published setups read it only"),
 ])
 def test_what_the_unit_refuses_is_named(change, message):
     network = copy.deepcopy(NETWORK)
     network["output"]["unit"].update(change)
     with pytest.raises(ConfigError, match=re.escape(message)):
         model(network)
+
+
+def test_a_choice_with_explicit_search_sources_is_refused_with_the_reason():
+    from engine.model.rec.search import choice_options
+
+    sources = ["prev:out_str", "prev:output"]  # an RNN-transducer's, in search
+    with pytest.raises(ConfigError, match="explicit_search_sources is not implemented: RETURNN's setups use"):
+        choice_options("output", {"beam_size": 12, "explicit_search_sources": sources})
+    assert choice_options("output", {"beam_size": 12, "explicit_search_sources": None}) == (12, "prob", 1.0)
 
 
 def test_a_decide_layer_reads_a_searched_rec_layer():

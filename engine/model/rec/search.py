@@ -43,7 +43,10 @@ def choice_options(where: str, opts: dict) -> tuple[int, str, float]:
     if not isinstance(normalization, bool):
         raise ConfigError(f"{where}: choice length_normalization must be True or False.")
     if opts.get("explicit_search_sources"):
-        raise ConfigError(f"{where}: explicit_search_sources is not implemented.")
+        raise ConfigError(f"{where}: explicit_search_sources is not implemented: RETURNN's setups use it for "
+                          "a custom_score_combine function over other layers' beams (RNN-transducer search "
+                          "with string-valued layers), and this engine's choice scores its source's labels "
+                          "alone. Remove it to search by the label scores.")
     return beam, input_type, 1.0 if normalization else 0.0
 
 

@@ -32,7 +32,10 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
         if ref.kind == "data":
             raise ConfigError(f"{ctx.where(reader)}: '{ref}' is the rec layer's input frame, but the rec "
                               "layer has no sources ('from': []): its loop runs over output labels.")
-        raise ConfigError(f"{ctx.where(reader)}: '{ref}' (the step) is not provided inside a rec unit here.")
+        raise ConfigError(f"{ctx.where(reader)}: '{ref}' (the step) is not provided inside a rec unit here: "
+                          "RETURNN's published setups read it only in RNN-transducer decoders (as a "
+                          "gather_nd position into windows of the encoder), whose layers this engine does "
+                          "not build either.")
 
     def attempt(layer: UnitLayerSpec, relaxed: bool) -> Template | None:
         if layer.cls == "choice":
