@@ -294,7 +294,7 @@ class _Run:
             resolve = lambda ref: self._whole(ref, batch)  # noqa: E731
             self.values[name] = self._apply(name, [resolve(r) for r in layer.sources],
                                             {k: resolve(r) for k, r in layer.options.items()}, True,
-                                            self._layer_seed(name))
+                                            self._layer_seed(name) if self.training else None)
 
     def _whole(self, ref: Ref, batch: tf.Tensor) -> Value:
         if ref.kind == "base":
