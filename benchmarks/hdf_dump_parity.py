@@ -4,8 +4,9 @@ of ``configs/speech_ctc_oggzip.py`` (an OggZipDataset: MFCCs, BPE targets), valu
 Used by ``returnn_librispeech_fixtures.py``: ``make_inputs`` makes a three-utterance version of the demo's
 corpus with ``demos/make_oggzip_corpus.py`` (espeak-ng) under ``FIXTURES/oggzip``; ``returnn_dump`` runs
 under RETURNN's Python and writes ``returnn_dump.hdf`` there; ``compare`` dumps the same dataset dict with
-this engine and lists every difference of the two files (datasets, their dtypes and values, attributes),
-each either equal or one of ``DIFFERENCES``, which say why. tests/test_datasets_librispeech.py replays it.
+this engine and lists every difference of the two files (datasets, their dtypes and values, attributes,
+values compared bit for bit), each either equal or one of ``DIFFERENCES``, which say why (none is
+left). tests/test_datasets_librispeech.py replays it.
 Only numpy and h5py are imported at the top: RETURNN's Python runs this module too.
 """
 from __future__ import annotations
@@ -25,32 +26,9 @@ EPOCH = 1
 RETURNN_FILE = "returnn_dump.hdf"
 
 # Each difference between RETURNN's file and this engine's, and why it is kept. Anything else that
-# differs is a failure. (Chunked, resizable storage is layout, not a value, and is not compared.)
-DIFFERENCES = {
-    "targets/data/orth": "the engine's OggZipDataset offers 'orth' (the text's UTF-8 bytes) as a data key, "
-                         "so the dump holds it, as it holds every key; RETURNN's writer drops 'orth' and "
-                         "'raw' by name. The other datasets are unchanged by the extra key, and RETURNN's "
-                         "HDFDataset reads the file (an extra target is just another key).",
-    "targets/labels/orth": "the labels of 'orth', see targets/data/orth (empty: RETURNN names its classes "
-                           "chr(0)..chr(255), and an HDF string cannot hold the NUL character).",
-    "targets/size@orth": "the [dim, ndim] of 'orth', see targets/data/orth.",
-    "seqLengths": "the 'orth' column, see targets/data/orth: columns are data then the targets sorted "
-                  "(classes, orth) in both writers; without it the columns are equal.",
-    "labels": "the engine writes the input's label names (none here: an empty list) as RETURNN's "
-              "SimpleHDFWriter does; RETURNN's dump_from_dataset writes no 'labels'. Either way its reader "
-              "has no label names for the input.",
-    "@numSeqs": "old-format attributes the engine writes for readers of RETURNN's older files; "
-                "dump_from_dataset writes only inputPattSize. They state the file's own sizes.",
-    "@numTimesteps": "see @numSeqs.",
-    "@numLabels": "see @numSeqs.",
-    "@numDims": "see @numSeqs.",
-    "dtype:seqTags": "variable-length UTF-8 strings against RETURNN's fixed-width byte strings (S<max+1>); "
-                     "the tags are equal as text, and RETURNN's reader decodes both kinds.",
-    "dtype:targets/labels/classes": "variable-length UTF-8 strings against fixed-width bytes, as for "
-                                    "seqTags; the label names are equal as text.",
-    "dtype:targets/size@classes": "int32 against RETURNN's int64 (its num_outputs list stored as h5py "
-                                  "stores a Python list); the values [dim, ndim] are equal.",
-}
+# differs is a failure. (Chunked, resizable storage is layout, not a value, and is not compared.) None is
+# left: hdf-dump writes dump_from_dataset's layout (HDFWriter's returnn_dump).
+DIFFERENCES: dict[str, str] = {}
 
 
 def dataset_spec(folder: str) -> dict:
@@ -184,10 +162,8 @@ def differences(returnn_file: str, engine_file: str) -> list[tuple[str, str]]:
         a, b = _text(value_o), _text(value_t)
         if isinstance(a, list) or isinstance(b, list):
             equal = a == b
-        else:
-            scale = max(1.0, float(np.abs(b).max(initial=0))) if b.dtype.kind == "f" else 1.0
-            equal = a.shape == b.shape and (np.allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
-                                            if a.dtype.kind == "f" else np.array_equal(a, b))
+        else:  # bit for bit, the features too (both compute them with librosa)
+            equal = a.shape == b.shape and np.array_equal(a, b)
         if not equal:
             out.append((f"values:{name}", f"{_short(value_o)} (engine) against {_short(value_t)} (RETURNN)"))
     out += [(f"group:{g}", "group in one file only") for g in groups if g not in theirs and g not in ours

@@ -265,8 +265,9 @@ def sequence_differences(expected, got: dict, prefix: str) -> list[str]:
 
 def dump_differences(returnn_path: str, engine_path: str) -> tuple[list[str], list[str]]:
     """(misses, known differences) of two hdf_dump files: seqTags, seqLengths, inputs and every target's data,
-    size and labels must be equal in value and dtype; the root attributes and the root label list differ by
-    design (notes), as do the ``<key>-class-<i>`` names RETURNN invents for a key without labels."""
+    size and labels must be equal in value and dtype; notes: the root attributes or the root label list where
+    they differ, and the ``<key>-class-<i>`` names RETURNN invents for a key without labels where the other
+    file has none (hdf-dump writes RETURNN's layout: no notes)."""
     misses, notes = [], []
     with h5py.File(returnn_path, "r") as theirs, h5py.File(engine_path, "r") as ours:
         def strings(file, name: str) -> list[str]:

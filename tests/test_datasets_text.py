@@ -143,7 +143,7 @@ def test_hdf_dump_writes_the_datasets(tmp_path):
         dumped = HDFDataset([str(out)])
         seqs = F.engine_seqs(dumped, 1)
         assert [t for t, _ in seqs] == [t for t, _ in expected]
-        assert dumped.labels["data"] == RECORD["cases"][case]["labels"]["data"]
+        assert "data" not in dumped.labels  # RETURNN's dump stores no label names for the input
         for (_, ours), (_, theirs) in zip(seqs, expected):
             assert all(ours[k].tolist() == theirs[k].tolist() for k in theirs)
 

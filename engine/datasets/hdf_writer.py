@@ -11,6 +11,13 @@ Layout choices that keep RETURNN's reader happy: ``data`` becomes ``inputs``; ev
 target with all of ``targets/data``, ``targets/size`` (``[dim, ndim]``) and ``targets/labels``; the
 columns of ``seqLengths`` are ``data`` then the targets in sorted order, and a file with only ``data``
 gets no ``targets`` group and a second (dummy) column, which RETURNN expects in that case.
+
+``returnn_dump=True`` (``hdf-dump``) writes what RETURNN's ``HDFDatasetWriter.dump_from_dataset`` writes
+for a dataset with ``data`` and targets, dtype for dtype: tags and label names as fixed-width bytes
+(``S<longest + 1>``; tags kept in memory and written at the end, where the longest is known), a target
+without label names named ``<key>-class-<i>``, ``targets/size`` as int64, no input ``labels`` and of the
+file's attributes only ``inputPattSize``. Otherwise it writes the layout of RETURNN's ``SimpleHDFWriter``
+(variable-length UTF-8 strings, the old-format attributes ``numSeqs`` ... beside ``inputPattSize``).
 """
 from __future__ import annotations
 
@@ -29,13 +36,24 @@ _STR = h5py.string_dtype("utf-8")
 _CHUNK_BYTES = 1 << 20
 
 
+def _fixed_width(texts: Sequence[str]) -> np.ndarray:
+    """UTF-8 bytes of each text in one fixed width, one byte more than the longest (RETURNN's ``S<n>``)."""
+    encoded = [t.encode("utf-8") for t in texts]
+    return np.array(encoded, dtype=f"S{max(map(len, encoded), default=0) + 1}")
+
+
 class HDFWriter:
     """``HDFWriter(path, {"data": DataKeyInfo(dim=40), "classes": DataKeyInfo(dim=10, sparse=True)})``."""
 
     def __init__(self, path: str, keys: Mapping[str, DataKeyInfo], *,
                  labels: Mapping[str, Sequence[str]] | None = None, overwrite: bool = True,
-                 flush_bytes: int = 16 << 20) -> None:
+                 flush_bytes: int = 16 << 20, returnn_dump: bool = False,
+                 input_patt_size: int | None = None) -> None:
+        """``input_patt_size``: the root attribute ``inputPattSize`` (default: the dim of ``data``, or 1)."""
         self.path = path
+        self.input_patt_size = input_patt_size
+        self.returnn_dump = returnn_dump
+        self._all_tags: list[str] = []  # returnn_dump: written at close, as fixed-width bytes
         if not keys:
             raise DataError(f"HDFWriter '{path}': no data keys given; 'data' or a target is needed.")
         for key, info in keys.items():
@@ -113,9 +131,12 @@ class HDFWriter:
         if self._dummy_column:
             lengths = np.concatenate([lengths, lengths], axis=1)
         self._append(self._datasets["seqLengths"], [lengths])
-        tags = self._datasets["seqTags"]
-        tags.resize(self.num_seqs + len(self._buffer_tags), axis=0)
-        tags[self.num_seqs:] = np.array(self._buffer_tags, dtype=object)
+        if self.returnn_dump:
+            self._all_tags += self._buffer_tags
+        else:
+            tags = self._datasets["seqTags"]
+            tags.resize(self.num_seqs + len(self._buffer_tags), axis=0)
+            tags[self.num_seqs:] = np.array(self._buffer_tags, dtype=object)
         self.num_seqs += len(self._buffer_tags)
         self._buffer_tags, self._buffer_lengths, self._buffered_bytes = [], [], 0
 
@@ -136,8 +157,9 @@ class HDFWriter:
         num_cols = len(self.keys) + self._dummy_column
         seqs = max(1, len(self._buffer_tags))
         seq_chunk = min(seqs, 4096)
-        self._datasets["seqTags"] = h5.create_dataset("seqTags", (0,), dtype=_STR, maxshape=(None,),
-                                                      chunks=(seq_chunk,))
+        if not self.returnn_dump:
+            self._datasets["seqTags"] = h5.create_dataset("seqTags", (0,), dtype=_STR, maxshape=(None,),
+                                                          chunks=(seq_chunk,))
         self._datasets["seqLengths"] = h5.create_dataset("seqLengths", (0, num_cols), dtype="int32",
                                                          maxshape=(None, num_cols),
                                                          chunks=(seq_chunk, num_cols))
@@ -155,10 +177,16 @@ class HDFWriter:
                                                     maxshape=(None,) + info.shape,
                                                     chunks=(chunk_rows,) + info.shape)
             if key != "data":
-                h5["targets/size"].attrs[key] = np.array([info.dim, info.ndim], dtype=np.int32)
-                names = np.array(self.labels.get(key, []), dtype=object)
-                h5["targets/labels"].create_dataset(key, data=names, dtype=_STR)
-        h5.create_dataset("labels", data=np.array(self.labels.get("data", []), dtype=object), dtype=_STR)
+                size_dtype = np.int64 if self.returnn_dump else np.int32
+                h5["targets/size"].attrs[key] = np.array([info.dim, info.ndim], dtype=size_dtype)
+                if self.returnn_dump:
+                    names = self.labels.get(key) or [f"{key}-class-{i}" for i in range(info.dim)]
+                    h5["targets/labels"].create_dataset(key, data=_fixed_width(names))
+                else:
+                    names = np.array(self.labels.get(key, []), dtype=object)
+                    h5["targets/labels"].create_dataset(key, data=names, dtype=_STR)
+        if not self.returnn_dump:
+            h5.create_dataset("labels", data=np.array(self.labels.get("data", []), dtype=object), dtype=_STR)
 
     # ----- finishing -----
     def close(self) -> None:
@@ -169,11 +197,15 @@ class HDFWriter:
             self._flush()
             attrs = self._h5.attrs
             main = self.keys[0]
-            attrs["inputPattSize"] = self.infos["data"].dim if "data" in self.infos else 1
-            attrs["numSeqs"] = np.int64(self.num_seqs)
-            attrs["numTimesteps"] = np.int64(self.num_frames[main])
-            attrs["numLabels"] = np.int64(self.infos[main].dim)
-            attrs["numDims"] = np.int64(1)
+            default_size = self.infos["data"].dim if "data" in self.infos else 1
+            attrs["inputPattSize"] = default_size if self.input_patt_size is None else self.input_patt_size
+            if self.returnn_dump:
+                self._h5.create_dataset("seqTags", data=_fixed_width(self._all_tags))
+            else:
+                attrs["numSeqs"] = np.int64(self.num_seqs)
+                attrs["numTimesteps"] = np.int64(self.num_frames[main])
+                attrs["numLabels"] = np.int64(self.infos[main].dim)
+                attrs["numDims"] = np.int64(1)
             self._h5.close()
             self._h5 = None
             commit(self.tmp_path, self.path)

@@ -39,6 +39,7 @@ from engine.runtime.errors import DataError
 
 class MetaDataset(Dataset):
     nests_datasets = True  # the factory hands its key and ignore_keys on to the sub-datasets created here
+    returnn_num_inputs = 0  # RETURNN's MetaDataset's num_inputs, which its hdf_dump writes as inputPattSize
 
     def __init__(self, datasets: dict[str, Any], data_map: dict[str, Any], *,
                  seq_list_file: str | dict[str, str] | None = None,

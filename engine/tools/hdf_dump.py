@@ -1,5 +1,8 @@
 """Convert any dataset into an HDF corpus file in RETURNN's layout.
 
+The file is the one RETURNN's ``tools/hdf_dump.py`` writes (``HDFWriter``'s ``returnn_dump``): every key of
+the dataset but 'orth' and 'raw'.
+
     hdf-dump CONFIG_OR_DATASET OUT.hdf [--start_seq N] [--end_seq N] [--epoch N] [--dataset train|dev|eval]
 
 (or ``python tools/hdf_dump.py ...``).
@@ -31,11 +34,17 @@ def dump(args: argparse.Namespace) -> None:
         raise DataError(f"No sequences to dump: --start_seq {args.start_seq} / --end_seq {args.end_seq} "
                         f"select nothing of the {dataset.num_seqs} sequences of epoch {args.epoch}.")
     started = time.monotonic()
-    keys = dataset.data_keys
+    # RETURNN's dump_from_dataset leaves out 'orth' and 'raw' (the text and raw audio of OggZip and
+    # LibriSpeech), and so does this one: the file is the one RETURNN's tool writes.
+    keys = [key for key in dataset.data_keys if key not in ("orth", "raw")]
+    if not keys:
+        raise DataError(f"Nothing to dump: the dataset's only keys are {dataset.data_keys} (RETURNN's dump "
+                        "leaves out 'orth' and 'raw').")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     # A bar on a terminal; elsewhere a line a minute, so that a long dump in a job's log shows it lives.
     with HDFWriter(args.out, {key: dataset.key_info(key) for key in keys}, labels=dataset.labels,
-                   overwrite=args.overwrite) as writer, \
+                   overwrite=args.overwrite, returnn_dump=True,
+                   input_patt_size=getattr(dataset, "returnn_num_inputs", None)) as writer, \
             Progress("hdf_dump", end - args.start_seq + 1, stream=sys.stderr, unit="seq") as progress:
         for done, seq_idx in enumerate(range(args.start_seq, end + 1), 1):
             writer.insert(dataset.get_seq_tag(seq_idx), {key: dataset.get_data(seq_idx, key) for key in keys})
