@@ -29,6 +29,11 @@ from engine.runtime.errors import ConfigError, DataError
 OWN_DRAWS = 1 << 20  # folded into a layer's seed for its own draws (its inputs' dropout folds 0, 1, ...)
 
 
+def _own_draws(seed: tf.Tensor | None) -> tf.Tensor | None:
+    """The seed of a layer's own draws (a self_attention's attention_dropout); None outside training."""
+    return None if seed is None else tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
+
+
 def _topological(layers: dict, names: tuple[str, ...]) -> list[str]:
     """``names`` ordered so that each comes after the layers of ``names`` it reads in the same step."""
     order: list[str] = []
@@ -267,7 +272,7 @@ class _Run:
         if hasattr(unit, "training"):
             unit.training = self.training
         if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
-            unit.seed = None if seed is None else tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
+            unit.seed = _own_draws(seed)
         y = unit(inputs, looped, options)
         if isinstance(unit, LinearUnit) and unit.opts["class"] == "softmax":
             self.logits[name] = y
@@ -388,7 +393,7 @@ class _Run:
             inputs = [self._dropout(v, float(layer.opts["dropout"]), seed) for v in inputs]
         if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
             unit.training = self.training
-            unit.seed = None if seed is None else tf.random.experimental.stateless_fold_in(seed, OWN_DRAWS)
+            unit.seed = _own_draws(seed)
         y, new_cells[name] = unit.step(inputs, cell_states[name])
         return Value(y, self.net.templates[name], looped=False)
 
