@@ -164,8 +164,8 @@ def test_batches_hold_the_sequences():
 
 
 def test_meta_dataset_joins_them_by_tag(tmp_path):
-    """The published speech-translation setups join a TranslationDataset by its tags 'line-N'; the LM
-    config (configs/lm_text.py) renames LmDataset's keys with a MetaDataset."""
+    """The published speech-translation setups join a TranslationDataset by its tags 'line-N'; a
+    MetaDataset renames LmDataset's keys (the delayed words as 'data')."""
     from engine.datasets.base import DataKeyInfo
     from engine.datasets.hdf_writer import HDFWriter
 
@@ -202,11 +202,15 @@ def test_meta_dataset_joins_them_by_tag(tmp_path):
             assert meta.get_data(i, "classes").tolist() == data["data"], tag
 
 
-def test_lm_config_passes_the_check(capsys):
-    """configs/lm_text.py trains (``python rnn.py configs/lm_text.py``: 2 steps, about 20 s with TF's
-    start, too long for this suite); here its check."""
+def test_lm_config_trains_on_data_delayed(capsys, tmp_path):
+    """configs/lm_text.py, as RETURNN's LM setups: the network reads 'data:delayed' and trains on 'data'."""
     from engine.main import main
 
-    assert main([str(ROOT / "configs" / "lm_text.py"), "--check"]) == 0
+    config = str(ROOT / "configs" / "lm_text.py")
+    assert main([config, "--check"]) == 0
     out = capsys.readouterr().out
     assert "LmDataset: orth_symbols_map_file" in out and out.rstrip().endswith("Training would start.")
+    assert main([config, "++model", str(tmp_path / "model")]) == 0
+    out = capsys.readouterr().out
+    assert "train epoch 1, finished after 2 steps" in out and "dev: score" in out
+    assert (tmp_path / "model.001").exists()

@@ -318,3 +318,61 @@ def test_target_config_key_is_the_default_target_of_loss_layers():
 def test_network_errors_name_the_layer(network, message):
     with pytest.raises(ConfigError, match=message):
         build_model(network, input_dim=4, input_sparse=False, target_dims={"classes": 3})
+
+
+LM = {"input": {"class": "linear", "n_out": 4, "activation": "identity", "from": "data:delayed"},
+      "lstm0": {"class": "rec", "unit": "lstm", "n_out": 5, "from": "input"},
+      "mix": {"class": "linear", "n_out": 3, "activation": "tanh", "from": ["lstm0", "data:delayed"]},
+      "output": {"class": "softmax", "loss": "ce", "target": "data", "from": "mix"}}
+
+
+def test_a_sparse_stream_as_source_is_that_stream_as_the_input():
+    """RETURNN's LM setups read 'data:delayed' and train on 'data': the same loss and gradients as the
+    network that reads the delayed words as 'data' and trains on them as 'classes'."""
+    renamed = {**LM, "input": {**LM["input"], "from": "data"},
+               "mix": {**LM["mix"], "from": ["lstm0", "data"]},
+               "output": {**LM["output"], "target": "classes"}}
+    lm = build_model(LM, input_dim=7, input_sparse=True, target_dims={"delayed": 7})
+    plain = build_model(renamed, input_dim=7, input_sparse=True, target_dims={"classes": 7})
+    assert lm.input_streams == {"delayed"} and lm.loss_targets == {"data"}
+    rng = np.random.RandomState(0)
+    lengths = np.array([5, 3], np.int32)
+    words = rng.randint(1, 7, (2, 5)).astype("int32")
+    delayed = np.concatenate([np.zeros((2, 1), "int32"), words[:, :-1]], 1)
+    words[1, 3:], delayed[1, 3:] = 99, -5  # padding may hold anything
+    for name, var in lm.named_variables().items():
+        var.assign(rng.uniform(-0.5, 0.5, var.shape))
+        plain.named_variables()[name].assign(var)
+    losses, grads = [], []
+    for model, call, targets in (
+            (lm, dict(data=words, streams={"data": words, "delayed": delayed},
+                      stream_lengths={"data": lengths, "delayed": lengths}), {"data": words}),
+            (plain, dict(data=delayed), {"classes": words})):
+        with tf.GradientTape() as tape:
+            result = model.compute_losses(model(lengths=lengths, training=True, **call), targets,
+                                          {k: lengths for k in targets})
+        losses.append(float(result.objective))
+        variables = list(model.named_variables().values())
+        grads.append([g.numpy() for g in tape.gradient(result.objective, variables)])
+    assert losses[0] == losses[1]
+    for a, b in zip(*grads):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError, match=r"read the data stream\(s\) \['delayed'\].*forward and search"):
+        lm.output_lengths(lengths)
+    with pytest.raises(ConfigError, match=r"read the data stream\(s\) \['delayed'\]"):
+        lm(words, lengths)
+
+
+@pytest.mark.parametrize("network, message", [
+    ({"output": {"class": "softmax", "loss": "ce", "target": "data", "from": "data:words"}},
+     r"'output': 'from' names 'data:words', but the data has no sparse stream 'words' \(its sparse streams: "
+     r"data, data:delayed\)"),
+    ({"h": {"class": "conv", "filter_size": [3], "n_out": 2, "padding": "same", "from": "data:delayed"},
+      "output": {"class": "softmax", "loss": "ce", "target": "data", "from": "h"}},
+     r"'h': RETURNN's conv layer takes dense input, but 'data:delayed' is sparse"),
+    ({"output": {"class": "softmax", "loss": "ce", "target": "data", "from": "data:"}},
+     r"'output': 'from' names 'data:', which is not a layer"),
+])
+def test_stream_sources_are_checked(network, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model(network, input_dim=7, input_sparse=True, target_dims={"delayed": 7})

@@ -100,13 +100,38 @@ def _share(name: str, spec: LayerSpec, layer: Layer, owner: Layer) -> None:
     layer.shares_params_of = spec.shares_params_of
 
 
+def sparse_streams(options: BuildOptions) -> dict[str, int]:
+    """The data streams a layer may read that hold class ids, by source name (``data:<stream>``) -> dim: the
+    sparse streams besides ``data``, and ``data`` where it is sparse."""
+    dims = {f"data:{key}": dim for key, dim in options.target_dims.items() if key != "data"}
+    return {"data": options.input_dim, **dims} if options.input_sparse else dims
+
+
+def _stream_layouts(specs: dict[str, LayerSpec], order: list[str],
+                    options: BuildOptions) -> dict[str, Layout]:
+    """``data`` and the other streams the layers read (each must be a sparse stream of the data)."""
+    sparse = sparse_streams(options)
+    layouts = {"data": Layout((), options.input_dim)}
+    for name in order:
+        for src in specs[name].sources:
+            if src.startswith("data:") and src not in sparse:
+                known = ", ".join(sorted(sparse)) or "none"
+                raise ConfigError(f"Network layer '{name}': 'from' names {src!r}, but the data has no sparse "
+                                  f"stream {src[5:]!r} (its sparse streams: {known}); of the streams besides "
+                                  "'data', layers read only those with class ids here.")
+            if src.startswith("data:"):
+                layouts[src] = Layout((), sparse[src])
+    return layouts
+
+
 def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOptions) -> dict[str, Layer]:
     """Every layer of ``order``, built after the layers it reads."""
-    layouts = {"data": Layout((), options.input_dim)}
+    layouts = _stream_layouts(specs, order, options)
+    sparse = set(sparse_streams(options))
     layers: dict[str, Layer] = {}
     for name in order:
         spec = specs[name]
-        _check_dense_input(name, spec, options.input_sparse)
+        _check_dense_input(name, spec, sparse)
         _check_sparse_sources(name, spec, layers)
         if spec.subnetwork:
             source = None
@@ -127,7 +152,7 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
         elif spec.cls == "combine":
             layer = Combine(name, spec.opts, {s: layouts[s].feature for s in spec.sources})
         elif spec.cls == "eval":
-            layer = Eval.for_network(name, specs, layouts, options.input_sparse, options.config)
+            layer = Eval.for_network(name, specs, layouts, sparse, options.config)
         else:
             layer = _make_layer(name, spec, layout, layers, options)
             check_bias_init(name, spec.opts, layer.params)
@@ -169,7 +194,7 @@ def _check_sparse_sources(name: str, spec: LayerSpec, layers: dict[str, Layer]) 
 def _make_layer(name: str, spec: LayerSpec, layout: Layout, built: dict[str, Layer],
                 options: BuildOptions) -> Layer:
     in_dim, seed = layout.feature, options.random_seed
-    ids = _takes_ids(spec, options.input_sparse)
+    ids = _takes_ids(spec, set(sparse_streams(options)))
     if spec.cls == "batch_norm":
         return BatchNorm(name, spec.opts, in_dim, random_seed=seed)
     if spec.cls in ("conv", "pool") and window_axes(name, spec.opts, spec.cls) == 2:
@@ -206,14 +231,15 @@ def _make_layer(name: str, spec: LayerSpec, layout: Layout, built: dict[str, Lay
     return Copy(name, spec.opts, in_dim, options.target_dims)
 
 
-def _check_dense_input(name: str, spec: LayerSpec, input_sparse: bool) -> None:
+def _check_dense_input(name: str, spec: LayerSpec, sparse: set[str]) -> None:
     dense = spec.cls in _DENSE_INPUT or (spec.cls == "positional_encoding" and spec.opts.get("add_to_input"))
-    if input_sparse and "data" in spec.sources and dense:
+    ids = [s for s in spec.sources if s in sparse]
+    if ids and dense:
         raise ConfigError(f"Network layer '{name}': RETURNN's {spec.cls} layer takes dense input, but "
-                          "'data' is sparse (class ids); put a linear layer (an embedding) in between.")
+                          f"'{ids[0]}' is sparse (class ids); put a linear layer (an embedding) in between.")
 
 
-def _takes_ids(spec: LayerSpec, input_sparse: bool) -> bool:
-    """Sparse ``data`` straight into a weight matrix: a row lookup (embedding), not a one-hot matmul."""
-    return (input_sparse and spec.sources == ("data",) and spec.cls in ("linear", "softmax")
+def _takes_ids(spec: LayerSpec, sparse: set[str]) -> bool:
+    """One sparse stream straight into a weight matrix: a row lookup (embedding), not a one-hot matmul."""
+    return (len(spec.sources) == 1 and spec.sources[0] in sparse and spec.cls in ("linear", "softmax")
             and not spec.opts.get("dropout"))

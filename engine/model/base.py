@@ -109,6 +109,12 @@ class SeqModel(tf.Module):
         raise NotImplementedError
 
     @property
+    def input_streams(self) -> set[str]:
+        """The data streams besides ``data`` that layers read as input (``"from": "data:delayed"``): the
+        steps load and feed them as they load the targets."""
+        return set()
+
+    @property
     def recurrent(self) -> bool:
         """Whether the order of frames matters (RETURNN chunks the training data only then)."""
         return True

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from engine.config.key_check import enforce
 from engine.config.loader import Config
-from engine.model.assembly import BuildOptions, build_layers
+from engine.model.assembly import BuildOptions, build_layers, sparse_streams
 from engine.model.base import LossResult, SeqModel, masked_ce_sums
 from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer
@@ -72,9 +72,12 @@ class NetworkModel(SeqModel):
                         frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
         self.compute_dtype = compute_dtype  # placement.py's summary line reads it
-        self.layers: dict[str, Layer] = build_layers(self.specs, self.order, BuildOptions(
-            input_dim, input_sparse, target_dims, random_seed, twice_differentiable, lstm_implementation,
-            compute_dtype, config))
+        if input_sparse:  # sparse input is a target too (an LM's 'data', read as 'data:delayed')
+            target_dims = {"data": input_dim, **target_dims}
+        options = BuildOptions(input_dim, input_sparse, target_dims, random_seed, twice_differentiable,
+                               lstm_implementation, compute_dtype, config)
+        self.layers: dict[str, Layer] = build_layers(self.specs, self.order, options)
+        self.sparse_dims = sparse_streams(options)  # source name -> number of classes
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
         self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}
         # name -> the object with the loss (``loss``, ``target``, ``criterion``, ``only_on_eval``); a rec
@@ -100,9 +103,21 @@ class NetworkModel(SeqModel):
         return {self.loss_objects[name].target for name in self.loss_layers} | loops
 
     @property
+    def input_streams(self) -> set[str]:
+        return {src[len("data:"):] for name in self.order for src in self.specs[name].sources
+                if src.startswith("data:")}
+
+    @property
     def reads_streams(self) -> bool:
-        """Whether a call needs the target streams (``streams``): a decoder loop runs over them."""
-        return any(isinstance(layer, RecSubnet) and layer.choice for layer in self.layers.values())
+        """Whether a call needs the target streams (``streams``): a decoder loop runs over them, or layers
+        read them as input."""
+        return bool(self.input_streams) or any(isinstance(layer, RecSubnet) and layer.choice
+                                               for layer in self.layers.values())
+
+    def _refuse_without_streams(self) -> None:
+        raise ConfigError(f"The network's layers read the data stream(s) {sorted(self.input_streams)} "
+                          "('data:<stream>'), but this task feeds the network 'data' only (forward and "
+                          "search read no other stream); give those layers 'data' as their input.")
 
     @property
     def normalized_loss_layers(self) -> list[str]:
@@ -119,6 +134,8 @@ class NetworkModel(SeqModel):
         return isinstance(self.layers["output"], Softmax) and self.layers["output"].loss == "ctc"
 
     def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        if self.input_streams:
+            self._refuse_without_streams()
         seq_lengths = {"data": tf.cast(lengths, tf.int32)}
         for name, layer in self.layers.items():
             if isinstance(layer, (RecSubnet, Decide)):  # the target's labels, or the search's, or the input's
@@ -198,6 +215,11 @@ class NetworkModel(SeqModel):
             seed = tf.constant([self.random_seed, 0], tf.int64)
         outs = {"data": x}
         seq_lengths = {"data": lengths}  # per layer: chunking layers change the time axis and the batch
+        for stream in sorted(self.input_streams):
+            if streams is None:
+                self._refuse_without_streams()
+            ids, seq_lengths[f"data:{stream}"] = _time_major_ids(streams[stream], stream_lengths[stream])
+            outs[f"data:{stream}"] = ids
         time_steps = {}  # time_chunking layer -> the number of frames it cut into chunks
         result = {}
         for index, (name, layer) in enumerate(self.layers.items()):
@@ -282,12 +304,12 @@ class NetworkModel(SeqModel):
         one-hot sparse data and input dropout."""
         spec = self.specs[name]
         if self.layers[name].sparse_input:
-            return outs["data"]
+            return outs[spec.sources[0]]
         parts = []
         for src in spec.sources:
             part = outs[src]
-            if src == "data" and self.input_sparse:
-                part = tf.one_hot(part, self.input_dim, dtype=tf.float32)
+            if src in self.sparse_dims:
+                part = tf.one_hot(part, self.sparse_dims[src], dtype=tf.float32)
             parts.append(tf.cast(part, self.layers[name].compute_dtype))  # tf_amp; no op in float32
         if self.layers[name].separate_sources:
             return parts  # such a layer takes no input dropout (``Combine`` refuses the option)
@@ -367,6 +389,15 @@ class NetworkModel(SeqModel):
                           objective=tf.add_n(terms) if terms else zero,
                           regularizer=tf.add_n(regularized) if regularized else 0.0,
                           data_regularizer=tf.add_n(darc1) if darc1 else 0.0)
+
+
+def _time_major_ids(ids: tf.Tensor, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """A sparse stream (B, L) as a layer reads it: (L, B), with 0 in the padding (padded ids may be out of
+    range), and its lengths."""
+    lengths = tf.cast(lengths, tf.int32)
+    ids = tf.transpose(tf.cast(ids, tf.int32))
+    mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(ids)[0]))
+    return tf.where(mask, ids, tf.zeros_like(ids)), lengths
 
 
 def _batch_major(x: tf.Tensor) -> tf.Tensor:

@@ -78,6 +78,12 @@ _UNIT_NAMES = ("LSTM, lstmp, BasicLSTM, StandardLSTM, LSTMBlock, LSTMBlockFused,
                "NativeLstmLowMem, CudnnLSTM, VanillaLSTM")
 
 
+def is_stream(name: str) -> bool:
+    """``data`` (the input) or ``data:<stream>`` (another stream of the data, e.g. an LM's ``delayed``): no
+    layer of the network."""
+    return name == "data" or name.startswith("data:")
+
+
 class LayerSpec(NamedTuple):
     cls: str
     sources: tuple[str, ...]
@@ -97,7 +103,7 @@ class LayerSpec(NamedTuple):
     def size_base(self) -> str | None:
         """The layer named by a reinterpret_data's ``size_base`` (None: a data stream or no such option)."""
         base = self.opts.get("size_base") if self.cls == "reinterpret_data" else None
-        return base if isinstance(base, str) and base != "data" and not base.startswith("data:") else None
+        return base if isinstance(base, str) and not is_stream(base) else None
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -132,7 +138,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         if isinstance(name, str) and name.startswith("#"):
             _check_network_entry(name)
             continue
-        if not isinstance(name, str) or name == "data" or name.startswith("data:"):
+        if not isinstance(name, str) or is_stream(name):
             raise ConfigError(f"Network layer name {name!r} is not allowed ('data' is the input stream).")
         if not isinstance(opts, dict):
             raise ConfigError(
@@ -162,10 +168,10 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         specs[name] = LayerSpec(cls, _sources(name, opts.get("from", "data")), opts)
     for name, spec in specs.items():
         for src in spec.sources:
-            if src != "data" and src not in specs:
+            if src == "data:" or (not is_stream(src) and src not in specs):
                 raise ConfigError(
                     f"Network layer '{name}': 'from' names {src!r}, which is not a layer of the "
-                    f"network; layers: {', '.join(specs)} (and 'data')."
+                    f"network; layers: {', '.join(specs)} (and 'data', or 'data:<stream>')."
                 )
             if src in specs and specs[src].cls in UNBATCHED_CLASSES:
                 raise ConfigError(f"Network layer '{name}': 'from' names {src!r}, a {specs[src].cls} layer, "
@@ -271,7 +277,7 @@ def _check_cycles(specs: dict[str, LayerSpec]) -> None:
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
     def visit(name: str, path: list[str]) -> None:
-        if state.get(name) == 2 or name == "data":
+        if state.get(name) == 2 or is_stream(name):
             return
         if state.get(name) == 1:
             cycle = path[path.index(name) :] + [name]
@@ -300,7 +306,7 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     order: list[str] = []
 
     def visit(name: str) -> None:
-        if name == "data" or name in order:
+        if is_stream(name) or name in order:
             return
         for src in specs[name].reads:
             visit(src)

@@ -100,7 +100,7 @@ class Steps:
                                  "but the updater does not know how the model's variables split into them "
                                  "(build it with Updater.from_config(config, variables, "
                                  "parts=model.returnn_parts())).")
-        self.target_keys = sorted(model.loss_targets)
+        self.target_keys = sorted(model.loss_targets | model.input_streams)  # streams read as the targets
         # what the steps read; other streams of the dataset are not loaded
         self.batch_keys = ["data"] + [k for k in self.target_keys if k != "data"]
         data_spec, lengths_spec = model.input_signature
@@ -112,7 +112,8 @@ class Steps:
         self._forward = CompiledStep(self._forward_step, [data_spec, lengths_spec])
         # batch_norm: eval and forward steps store the running statistics they move, as RETURNN's steps do
         self._eval_options = {"update_running": True} if model.running_state() else {}
-        self._reads_streams = getattr(model, "reads_streams", False)  # a decoder loop over the targets
+        # a decoder loop over the targets, or layers reading other streams ("data:delayed")
+        self._reads_streams = getattr(model, "reads_streams", False)
         self._input_dtype = data_spec.dtype.as_numpy_dtype
         self.accum_steps = self._checked_accum_steps(accum_steps)
         self._pending = 0  # batches in the accumulators

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import tensorflow as tf
 
@@ -26,6 +26,7 @@ from engine.config import returnn_tf_util
 from engine.config.loader import Config
 from engine.model.layers.base import Layer
 from engine.model.layers.dense import ACTIVATIONS, activation_option
+from engine.model.spec import is_stream
 from engine.runtime.errors import ConfigError, EngineError
 
 # RETURNN's output layout by class: time-major (T, B, F) or batch-major (B, T, F); every other class
@@ -42,7 +43,7 @@ _NOT_CONFIG_CODE = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.absp
 
 def returnn_time_major(specs: dict, name: str) -> bool:
     """Whether RETURNN lays the output of layer ``name`` out time-major. ``specs``: name -> LayerSpec."""
-    while name != "data":
+    while not is_stream(name):
         spec = specs[name]
         if spec.cls in TIME_MAJOR_CLASSES:
             return True
@@ -211,9 +212,9 @@ class Eval(Layer):
                 raise ConfigError(f"Network layer '{name}': eval option {key!r} = True is not supported: "
                                   f"{why}.")
         if input_sparse_sources:
-            raise ConfigError(f"Network layer '{name}': source 'data' is sparse (class ids); RETURNN's eval "
-                              "would see the ids (batch, time), but this engine's layers carry features. "
-                              "Put a linear layer (an embedding) in between.")
+            raise ConfigError(f"Network layer '{name}': source '{input_sparse_sources[0]}' is sparse (class "
+                              "ids); RETURNN's eval would see the ids (batch, time), but this engine's "
+                              "layers carry features. Put a linear layer (an embedding) in between.")
         eval_locals = opts.get("eval_locals") or {}
         if not isinstance(eval_locals, dict) or not all(isinstance(k, str) for k in eval_locals):
             raise ConfigError(f"Network layer '{name}': 'eval_locals' must be a dict of names, got "
@@ -239,14 +240,14 @@ class Eval(Layer):
         self.config = config if config is not None else Config()
 
     @classmethod
-    def for_network(cls, name: str, specs: dict, layouts: dict, input_sparse: bool,
+    def for_network(cls, name: str, specs: dict, layouts: dict, sparse: Collection[str],
                     config: Config | None) -> "Eval":
         """The layer ``name`` of a network: ``specs`` name -> LayerSpec, ``layouts`` name -> ``axes.Layout``
-        of the layers built so far (and ``data``)."""
+        of the layers built so far (and the data streams), ``sparse`` the streams that hold class ids."""
         sources = specs[name].sources
         return cls(name, specs[name].opts, [layouts[s].feature for s in sources],
                    [returnn_time_major(specs, s) for s in sources], config=config,
-                   input_sparse_sources=tuple(s for s in sources if s == "data" and input_sparse))
+                   input_sparse_sources=tuple(s for s in sources if s in sparse))
 
     def _out_type(self, name: str, out_type: Any) -> bool:
         """Apply ``out_type`` (sets ``n_out``); True when it gives a ``shape``."""

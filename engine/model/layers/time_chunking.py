@@ -100,7 +100,7 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
             unit_target = opts.get("target") or opts["unit"]["output"].get("target", "classes")
             axes[name] = (f"data:{unit_target}",)
             continue
-        source_axes = {axes[src] for src in sources}
+        source_axes = {axes.get(src, (src,)) for src in sources}  # a 'data:<stream>' on its own frames
         if len(source_axes) > 1:
             raise ConfigError(f"Network layer '{name}': its sources {list(sources)} are on different time "
                               "axes (some went through a time_chunking layer, or a conv/pool layer that "
@@ -135,8 +135,12 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
         if chunked:
             raise ConfigError(f"Network layer '{name}' is on the time axis of time_chunking layer "
                               f"'{chunked[-1]}': add a time_unchunking layer before a loss or the output.")
+    # streams read as input (an LM's 'data:delayed') have one frame per frame of the others: the loss
+    # checks at run time that the target's frames are the output's
+    read_streams = {(src,) for name in order for src in specs[name].sources if src.startswith("data:")}
     for name in frame_loss_layers:
-        if axes.get(name) and axes[name] != (f"data:{specs[name].opts.get('target', 'classes')}",):
+        target_axis = (f"data:{specs[name].opts.get('target', 'classes')}",)
+        if axes.get(name) and axes[name] != target_axis and axes[name] not in read_streams:
             raise ConfigError(f"Network layer '{name}' has a frame-wise loss (one target per input frame), "
                               f"but layer '{axes[name][-1]}' changes the number of frames (a stride or "
                               f"'valid' padding).")
