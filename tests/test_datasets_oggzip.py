@@ -193,3 +193,37 @@ def test_batches_hold_the_sequences(chunking):
                 else:
                     assert any(np.array_equal(frames, expected[tag]["data"][s:s + len(frames)])
                                for s in range(0, len(expected[tag]["data"]), 15))
+
+
+def _encoded(tmp_path, name: str, samples: np.ndarray, rate: int, fmt: str, subtype: str | None) -> bytes:
+    import soundfile
+    path = tmp_path / name
+    soundfile.write(str(path), samples, rate, format=fmt, subtype=subtype)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("seconds,rate,channels", [(0.3, 16000, 1), (3.7, 16000, 1), (1.1, 8000, 2),
+                                                   (2.0, 44100, 1)])
+def test_vorbis_length_from_the_pages_equals_libsndfiles(tmp_path, seconds, rate, channels):
+    import io
+    import soundfile
+    from engine.datasets.ogg_pages import vorbis_length
+    noise = np.random.RandomState(0).uniform(-0.3, 0.3, (int(seconds * rate), channels)).squeeze()
+    data = _encoded(tmp_path, "a.ogg", noise, rate, "OGG", "VORBIS")
+    info = soundfile.info(io.BytesIO(data))
+    assert vorbis_length(data) == (info.frames, info.samplerate, info.channels)
+    assert vorbis_length(data)[0] == len(soundfile.read(io.BytesIO(data))[0])
+
+
+def test_vorbis_length_leaves_other_files_to_libsndfile(tmp_path):
+    import soundfile
+    from engine.datasets.ogg_pages import vorbis_length
+    noise = np.random.RandomState(0).uniform(-0.3, 0.3, 16000)
+    vorbis = _encoded(tmp_path, "a.ogg", noise, 16000, "OGG", "VORBIS")
+    assert vorbis_length(vorbis[:len(vorbis) // 2]) is None  # truncated
+    assert vorbis_length(vorbis[:4] + b"\x01" + vorbis[5:]) is None  # not version 0
+    assert vorbis_length(vorbis + vorbis) is None  # chained: a second stream's pages
+    assert vorbis_length(_encoded(tmp_path, "a.flac", noise, 16000, "FLAC", None)) is None
+    assert vorbis_length(_encoded(tmp_path, "a.wav", noise, 16000, "WAV", None)) is None
+    if "OPUS" in soundfile.available_subtypes("OGG"):
+        assert vorbis_length(_encoded(tmp_path, "a.opus", noise, 48000, "OGG", "OPUS")) is None

@@ -132,3 +132,52 @@ def test_the_next_epochs_start_is_handed_on():
     assert [second.take(i).tolist() for i in (6, 3, 2, 5)] == [[6, 6], [3, 3], [2, 2], [5, 5]]
     assert computed == [1, 2, 5, 6, 3]  # only 3 was new
     assert second.close() == {}
+
+
+def test_audio_lengths_are_read_ahead_for_the_first_and_the_next_epoch(monkeypatch):
+    """The plan of an epoch needs every sequence's audio length: read in the background while the network
+    is built (epoch 1) and while the previous epoch trains (the next one), never on the plan's path."""
+    from engine.datasets.oggzip_corpus import OggZipCorpus
+
+    dataset = create_dataset({"class": "OggZipDataset", **F.resolve(F.CASES["mfcc_bpe"], FIXTURES),
+                              "partition_epoch": 2, "seq_ordering": "random"})
+    dataset._header_pass._thread.join(10)
+    first = set(dataset._epoch_order(1).tolist())
+    assert set(dataset._num_samples) == first
+    reads = []
+    monkeypatch.setattr(OggZipCorpus, "audio_bytes", lambda self, idx: reads.append(idx) or b"")
+    dataset.init_seq_order(1)
+    dataset.epoch_seq_lengths()
+    assert reads == []  # the plan read no file
+    monkeypatch.undo()
+    dataset.will_read(np.arange(dataset.num_seqs))
+    dataset._header_pass._thread.join(10)
+    assert set(dataset._num_samples) == first | set(dataset._epoch_order(2).tolist()) != first
+    dataset.close()
+
+    monkeypatch.setenv("ENGINE_FEATURE_PREFETCH", "0")  # the direct path reads them when planning
+    direct = create_dataset({"class": "OggZipDataset", **F.resolve(F.CASES["mfcc_bpe"], FIXTURES)})
+    assert direct._header_pass is None and direct._num_samples == {}
+
+
+def test_a_background_pass_skips_failures_and_stops():
+    from engine.datasets.prefetch import BackgroundPass
+
+    seen, gate = [], threading.Event()
+
+    def visit(idx):
+        gate.wait(5)
+        seen.append(idx)
+        if idx == 1:
+            raise DataError("the dataset's own pass raises this, with the sequence's name")
+
+    finished = BackgroundPass(visit, [0, 1, 2], name="test pass")
+    gate.set()
+    finished._thread.join(5)
+    assert seen == [0, 1, 2]
+    seen.clear()
+    gate.clear()
+    stopped = BackgroundPass(visit, range(100), name="test pass")
+    threading.Timer(0.2, gate.set).start()
+    stopped.stop()
+    assert not stopped._thread.is_alive() and len(seen) <= 1

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from engine.datasets.ogg_pages import vorbis_length
 from engine.runtime.errors import DataError
 
 
@@ -145,7 +146,7 @@ class OggZipCorpus:
             listing = f"'{source.where}' member '{listing}'" if source.archive else \
                 os.path.join(source.where, listing)
         try:
-            entries = ast.literal_eval(raw.decode("utf8"))
+            entries = literal_list(raw.decode("utf8"))
         except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
             raise DataError(f"{self.owner}: {listing} is not a Python literal list of dicts: "
                             f"{exc}.") from None
@@ -214,6 +215,24 @@ def read_segment_file(path: str) -> set[str]:
         raise DataError(f"segment_file '{path}' cannot be read: {exc.strerror or exc}.") from None
 
 
+def literal_list(text: str, lines_per_part: int = 2000) -> Any:
+    """The Python literal ``text``, as ``ast.literal_eval``. A list written one item per line (as RETURNN's
+    tools and this engine's write them) is parsed in parts of ``lines_per_part`` lines: the syntax tree of
+    a whole LibriSpeech list (281k entries) would take gigabytes for a moment, in every rank."""
+    lines = text.split("\n")
+    if len(lines) <= lines_per_part or lines[0].strip() != "[" or lines[-1].strip() not in ("]", ""):
+        return ast.literal_eval(text)
+    body = [line for line in lines[1:] if line.strip() not in ("", "]")]
+    items: list[Any] = []
+    for start in range(0, len(body), lines_per_part):
+        try:
+            part = ast.literal_eval("[" + "\n".join(body[start:start + lines_per_part]) + "]")
+        except (ValueError, SyntaxError, RecursionError):
+            return ast.literal_eval(text)  # an item spans lines: the whole text at once
+        items += part
+    return items
+
+
 def decode_audio(data: bytes, what: str) -> tuple[np.ndarray, int]:
     """``(samples, rate)``: float64 mono samples as soundfile reads them (integer formats in [-1, 1])."""
     import soundfile
@@ -228,7 +247,10 @@ def decode_audio(data: bytes, what: str) -> tuple[np.ndarray, int]:
 
 
 def audio_info(data: bytes, what: str) -> tuple[int, int, int]:
-    """``(frames, rate, channels)`` from the audio file's header."""
+    """``(frames, rate, channels)`` from the audio file's header (an Ogg Vorbis file's from its pages)."""
+    known = vorbis_length(data)
+    if known is not None:
+        return known
     import soundfile
     try:
         info = soundfile.info(io.BytesIO(data))

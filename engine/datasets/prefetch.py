@@ -157,3 +157,28 @@ def warm_up(compute: Callable[[], Any], key: str, name: str = "feature-warm-up")
             log.debug(f"{name}: {type(exc).__name__}: {exc}")
 
     threading.Thread(target=run, name=name, daemon=True).start()
+
+
+class BackgroundPass:
+    """Runs ``visit(idx)`` for each of ``indices`` in a background thread, until done or ``stop``: for work
+    whose results the dataset keeps itself (the audio lengths an epoch's plan needs). A failing ``visit``
+    is skipped: the dataset's own pass meets the same problem and raises it with its context."""
+
+    def __init__(self, visit: Callable[[int], Any], indices: Iterable[int], name: str) -> None:
+        self._visit, self._indices, self._stopped = visit, [int(i) for i in indices], False
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        for idx in self._indices:
+            if self._stopped:
+                return
+            try:
+                self._visit(idx)
+            except Exception:  # noqa: BLE001 -- the dataset's own pass raises it with the sequence's name
+                pass
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
