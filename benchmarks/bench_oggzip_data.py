@@ -44,6 +44,7 @@ DONE = re.compile(r"train epoch (\d+), finished after \d+ steps, .* \(([\d.]+)% 
 RATE = re.compile(r"train epoch (\d+): ([\d.]+) frames/sec \((\d+) frames, .*; ([\d.]+)% in collectives, "
                   r"([\d.]+)% waiting for data")
 RSS = re.compile(r"peak_rss_kb=(\d+)")
+WHOLE_RUN = re.compile(r"^\s+all\s+\S+\s+[\d.]+\s+([\d.]+)%\s+[\d.]+%\s+([\d.]+)%", re.M)  # the summary's row
 
 
 def ensure_corpus(folder: str) -> int:
@@ -76,8 +77,8 @@ def make_big_corpus(corpus: str, out: str, copies: int) -> tuple[int, int]:
                     listed.append({**e, "file": name, "seq_name": f"c{k}-{e['seq_name']}"})
             big.writestr("train.txt", "[\n" + "".join(f"{e!r},\n" for e in listed) + "]\n")
         os.replace(path + ".tmp", path)
-    with zipfile.ZipFile(path) as z:
-        return len(ast.literal_eval(z.read("train.txt").decode("utf8"))), os.path.getsize(path)
+    with zipfile.ZipFile(path) as z:  # one entry a line, as written above
+        return z.read("train.txt").count(b"\n{"), os.path.getsize(path)
 
 
 def run_training(corpus: str, epochs: int, ranks: int, prefetch: bool, workdir: str,
@@ -112,7 +113,9 @@ def run_training(corpus: str, epochs: int, ranks: int, prefetch: bool, workdir: 
     for m in RATE.finditer(log):
         epochs_seen.setdefault(int(m.group(1)), {}).update(
             fps=float(m.group(2)), frames=int(m.group(3)), waiting=float(m.group(5)))
+    whole = WHOLE_RUN.search(log)
     return {"epochs": epochs_seen, "rss_mb": [int(v) / 1024 for v in RSS.findall(log)],
+            "run": (float(whole.group(1)), float(whole.group(2))) if whole else None,
             "cgroup": limit.usage() if limit is not None else None}
 
 
@@ -173,6 +176,10 @@ def main() -> None:
             print(f"  {name:6s} {label:9s}: {computing:5.1f}% computing, "
                   f"{statistics.median(e['waiting'] for e in rows):4.1f}% waiting for data, "
                   f"{statistics.median(seqs_per_second(e, num_seqs) for e in rows):6.1f} seqs/s")
+        whole = [run["run"] for run in variant_runs if run["run"]]
+        if whole:
+            print(f"  {name:6s} whole run: {statistics.median(c for c, _ in whole):5.1f}% computing, "
+                  f"{statistics.median(w for _, w in whole):4.1f}% waiting for data (run summary's 'all')")
         rss = [mb for run in variant_runs for mb in run["rss_mb"]]
         if rss:
             print(f"  {name:6s} peak RSS per rank: {statistics.median(rss):.0f} MB median, "

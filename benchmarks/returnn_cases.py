@@ -24,6 +24,11 @@ CASES: dict[str, dict] = {
     "embedding": {"extern_data": SPARSE, "network": {
         "embed": {"class": "linear", "n_out": 4, "from": "data"},
         "output": {"class": "softmax", "loss": "ce", "from": "embed"}}},
+    "transposed_weights": {"extern_data": SPARSE, "network": {  # W as (n_out, n_in): RETURNN's LM setups
+        "embed": {"class": "linear", "n_out": 4, "use_transposed_weights": True, "from": "data"},
+        "hidden": {"class": "linear", "activation": "tanh", "n_out": 5, "use_transposed_weights": True,
+                   "from": "embed"},
+        "output": {"class": "softmax", "loss": "ce", "use_transposed_weights": True, "from": "hidden"}}},
     **{f"rec_{unit}": _rec_case(unit) for unit in UNITS},
     "conv_attention": {"extern_data": DENSE, "network": {
         "conv": {"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 6, "activation": "relu",

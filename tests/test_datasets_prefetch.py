@@ -1,5 +1,6 @@
 """The background feature worker (engine/datasets/prefetch.py): the same batches as the direct path,
 bounded look-ahead, errors raised on the reader's thread as the DataError the direct path raises."""
+import functools
 import re
 import sys
 import threading
@@ -134,30 +135,37 @@ def test_the_next_epochs_start_is_handed_on():
     assert second.close() == {}
 
 
-def test_audio_lengths_are_read_ahead_for_the_first_and_the_next_epoch(monkeypatch):
+def test_epoch_plans_and_first_features_are_prepared_ahead(monkeypatch):
     """The plan of an epoch needs every sequence's audio length: read in the background while the network
-    is built (epoch 1) and while the previous epoch trains (the next one), never on the plan's path."""
+    is built (epoch 1, with the features of its first sequences) and while the previous epoch trains (the
+    next one), never on the plan's path; the worker starts from the features computed ahead."""
+    from engine.datasets import oggzip
     from engine.datasets.oggzip_corpus import OggZipCorpus
 
-    dataset = create_dataset({"class": "OggZipDataset", **F.resolve(F.CASES["mfcc_bpe"], FIXTURES),
-                              "partition_epoch": 2, "seq_ordering": "random"})
-    dataset._header_pass._thread.join(10)
-    first = set(dataset._epoch_order(1).tolist())
-    assert set(dataset._num_samples) == first
+    monkeypatch.setattr(oggzip, "FIRST_FEATURES", 3)
+    spec = {"class": "OggZipDataset", **F.resolve(F.CASES["mfcc_bpe"], FIXTURES), "partition_epoch": 2,
+            "seq_ordering": "random"}
+    dataset = create_dataset(spec)
+    dataset._ahead._thread.join(10)
+    first = dataset._epoch_order(1).tolist()
+    assert set(dataset._num_samples) == set(first) and sorted(dataset._spare) == sorted(first[:3])
     reads = []
     monkeypatch.setattr(OggZipCorpus, "audio_bytes", lambda self, idx: reads.append(idx) or b"")
     dataset.init_seq_order(1)
     dataset.epoch_seq_lengths()
     assert reads == []  # the plan read no file
     monkeypatch.undo()
+    ahead = dict(dataset._spare)
     dataset.will_read(np.arange(dataset.num_seqs))
-    dataset._header_pass._thread.join(10)
-    assert set(dataset._num_samples) == first | set(dataset._epoch_order(2).tolist()) != first
+    for idx, features in ahead.items():  # the worker hands on what was computed ahead
+        assert dataset._features(idx) is features
+    dataset._ahead._thread.join(10)
+    assert set(dataset._num_samples) == set(first) | set(dataset._epoch_order(2).tolist()) != set(first)
     dataset.close()
 
     monkeypatch.setenv("ENGINE_FEATURE_PREFETCH", "0")  # the direct path reads them when planning
     direct = create_dataset({"class": "OggZipDataset", **F.resolve(F.CASES["mfcc_bpe"], FIXTURES)})
-    assert direct._header_pass is None and direct._num_samples == {}
+    assert direct._ahead is None and direct._num_samples == {} and direct._spare == {}
 
 
 def test_a_background_pass_skips_failures_and_stops():
@@ -171,13 +179,13 @@ def test_a_background_pass_skips_failures_and_stops():
         if idx == 1:
             raise DataError("the dataset's own pass raises this, with the sequence's name")
 
-    finished = BackgroundPass(visit, [0, 1, 2], name="test pass")
+    finished = BackgroundPass([functools.partial(visit, i) for i in range(3)], name="test pass")
     gate.set()
     finished._thread.join(5)
     assert seen == [0, 1, 2]
     seen.clear()
     gate.clear()
-    stopped = BackgroundPass(visit, range(100), name="test pass")
+    stopped = BackgroundPass([functools.partial(visit, i) for i in range(100)], name="test pass")
     threading.Timer(0.2, gate.set).start()
     stopped.stop()
     assert not stopped._thread.is_alive() and len(seen) <= 1

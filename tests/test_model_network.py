@@ -310,6 +310,8 @@ def test_target_config_key_is_the_default_target_of_loss_layers():
             r"'output': loss_scale must be a number",
         ),
         ({"output": {"class": "softmax", "dropout": 1.5}}, r"'output': dropout must be a float in \[0, 1\)"),
+        ({"output": {"class": "softmax", "loss": "ce", "use_transposed_weights": 1}},
+         r"'output': use_transposed_weights must be True or False"),
         ({"output": {"class": "softmax", "from": []}}, r"'output': 'from' must be"),
         ({"data": {"class": "copy"}, "output": {"class": "softmax"}}, r"name 'data' is not allowed"),
         ([1, 2], r"'network' must be a non-empty dict"),

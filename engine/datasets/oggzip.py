@@ -22,6 +22,7 @@ costs memory (``partition_epoch`` keeps it to a part of the corpus).
 """
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from typing import Any, Sequence
@@ -39,6 +40,7 @@ from engine.datasets.vocabulary import Vocabulary, create_vocabulary
 from engine.runtime.errors import DataError
 
 FEATURE_CACHE_SEQS = 64  # computed features kept for reads of the same sequence (chunks, keys)
+FIRST_FEATURES = 64  # epoch 1's first sequences computed while the network is built
 
 
 class OggZipDataset(Dataset):
@@ -87,10 +89,10 @@ class OggZipDataset(Dataset):
         self._epoch_lengths: np.ndarray | None = None
         self._prefetcher: SequencePrefetcher | None = None
         self._spare: dict[int, np.ndarray] = {}  # features the last worker computed that were not read
-        self._header_pass: BackgroundPass | None = None
+        self._ahead: BackgroundPass | None = None
         if self.features is not None and self.features.predictable and prefetch_enabled():
             warm_up(self._warm_up_features, key=repr(self.features.features), name=f"{self.name} warm-up")
-            self._read_headers_ahead(1)  # while the network is built; a run that resumes later reads its own
+            self._prepare_ahead(1, first_features=FIRST_FEATURES)  # while the network is built
 
     # ----- epochs -----
     def init_seq_order(self, epoch: int) -> None:
@@ -212,26 +214,35 @@ class OggZipDataset(Dataset):
         then the start of the next epoch; what that has computed seeds the next epoch's worker. Another
         thread reads the audio lengths of the next epoch, which its plan needs."""
         self._stop_prefetch()
+        if self._ahead is not None:  # it may still fill ``_spare``
+            self._ahead.stop()
         if self.features is not None and self.features.predictable and len(positions) and prefetch_enabled():
             next_order = self._epoch_order(self.epoch + 1)
             self._prefetcher = SequencePrefetcher(
                 self._compute_features, self.order[positions].tolist(),
                 then=next_order[:next_epoch_start].tolist(), done=self._spare,
                 name=f"{self.name} feature prefetch")
-            self._read_headers_ahead(self.epoch + 1, next_order)
+            self._prepare_ahead(self.epoch + 1, next_order)
         self._spare = {}
 
-    def _read_headers_ahead(self, epoch: int, order: np.ndarray | None = None) -> None:
-        """The audio lengths of ``epoch``'s sequences, read from disk in a background thread (an epoch's
-        plan waits for them otherwise: 0.5 ms a file from a cold disk)."""
-        if self._header_pass is not None:
-            self._header_pass.stop()
+    def _prepare_ahead(self, epoch: int, order: np.ndarray | None = None, first_features: int = 0) -> None:
+        """In a background thread: the audio lengths of ``epoch``'s sequences, which its plan needs (read
+        from disk: 0.5 ms a file when it is cold), then the features of its first ``first_features``
+        sequences (kept for the epoch's worker, as the previous epoch's worker keeps them)."""
+        if self._ahead is not None:
+            self._ahead.stop()
         try:
             order = self._epoch_order(epoch) if order is None else order
         except DataError:  # e.g. an epoch_wise_filter that empties the epoch: its init_seq_order says so
             return
-        todo = [idx for idx in order.tolist() if idx not in self._num_samples]
-        self._header_pass = BackgroundPass(self._audio_length, todo, name=f"{self.name} audio lengths")
+        jobs = [functools.partial(self._audio_length, idx) for idx in order.tolist()
+                if idx not in self._num_samples]
+        jobs += [functools.partial(self._keep_spare, idx) for idx in order[:first_features].tolist()]
+        self._ahead = BackgroundPass(jobs, name=f"{self.name} epoch {epoch} ahead")
+
+    def _keep_spare(self, idx: int) -> None:
+        if idx not in self._spare:
+            self._spare[idx] = self._compute_features(idx)
 
     def _warm_up_features(self) -> None:
         rate = self.features.sample_rate or 16000
@@ -273,9 +284,9 @@ class OggZipDataset(Dataset):
 
     def close(self) -> None:
         self._stop_prefetch()
-        if self._header_pass is not None:
-            self._header_pass.stop()
-            self._header_pass = None
+        if self._ahead is not None:
+            self._ahead.stop()
+            self._ahead = None
         self._spare = {}
         self.corpus.close()
 

@@ -160,21 +160,21 @@ def warm_up(compute: Callable[[], Any], key: str, name: str = "feature-warm-up")
 
 
 class BackgroundPass:
-    """Runs ``visit(idx)`` for each of ``indices`` in a background thread, until done or ``stop``: for work
-    whose results the dataset keeps itself (the audio lengths an epoch's plan needs). A failing ``visit``
-    is skipped: the dataset's own pass meets the same problem and raises it with its context."""
+    """Runs ``jobs`` (calls without arguments) one after another in a background thread, until done or
+    ``stop``: for work whose results the dataset keeps itself (the audio lengths an epoch's plan needs). A
+    failing job is skipped: the dataset's own pass meets the same problem and raises it with its context."""
 
-    def __init__(self, visit: Callable[[int], Any], indices: Iterable[int], name: str) -> None:
-        self._visit, self._indices, self._stopped = visit, [int(i) for i in indices], False
+    def __init__(self, jobs: Iterable[Callable[[], Any]], name: str) -> None:
+        self._jobs, self._stopped = list(jobs), False
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def _work(self) -> None:
-        for idx in self._indices:
+        for job in self._jobs:
             if self._stopped:
                 return
             try:
-                self._visit(idx)
+                job()
             except Exception:  # noqa: BLE001 -- the dataset's own pass raises it with the sequence's name
                 pass
 

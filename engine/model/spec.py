@@ -19,9 +19,10 @@ from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
 _CLASS_OPTIONS = {
-    "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init"},
+    "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init",
+               "use_transposed_weights"},
     "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval",
-                "forward_weights_init", "bias_init"},
+                "forward_weights_init", "bias_init", "use_transposed_weights"},
     "rec": {"n_out", "unit", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
             "unit_opts"},  # unit_opts: layers/lstm_norm_options.py checks them per unit
     "decide": {"loss", "target", "loss_opts", "only_on_eval", "length_normalization"},

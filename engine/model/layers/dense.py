@@ -89,7 +89,9 @@ class Copy(Layer):
 
 class Linear(Layer):
     """``linear``: x W + b and an activation. Sparse input (ids) selects rows of W (an embedding). Static
-    axes besides the features are kept (the features of each position are mapped)."""
+    axes besides the features are kept (the features of each position are mapped).
+    ``use_transposed_weights``: W is kept as (n_out, in), as RETURNN keeps it then (an output layer that
+    shares its matrix with an embedding's)."""
 
     takes_spatial = True
 
@@ -98,9 +100,14 @@ class Linear(Layer):
         self.n_out = positive_int(name, opts, "n_out")
         self.activation = ACTIVATIONS[activation_option(name, opts)]
         self.sparse_input = sparse_input
+        self.transposed = opts.get("use_transposed_weights", False)
+        if not isinstance(self.transposed, bool):
+            raise ConfigError(f"Network layer '{name}': use_transposed_weights must be True or False, got "
+                              f"{self.transposed!r}.")
         # forward_weights_init [glorot_uniform], bias_init [0.0]: engine/model/initializers.py
-        self.params["W"] = option_variable(name, opts, "forward_weights_init", f"{name}/W",
-                                           (in_dim, self.n_out), random_seed)
+        shape = (self.n_out, in_dim) if self.transposed else (in_dim, self.n_out)
+        self.params["W"] = option_variable(name, opts, "forward_weights_init", f"{name}/W", shape,
+                                           random_seed)
         if opts.get("with_bias", True):
             self.params["b"] = option_variable(name, opts, "bias_init", f"{name}/b", (self.n_out,),
                                                random_seed)
@@ -108,10 +115,10 @@ class Linear(Layer):
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         weights = self.param("W")
         if self.sparse_input:
-            y = dense_gather(tf.convert_to_tensor(weights), x)
+            y = dense_gather(tf.transpose(weights) if self.transposed else tf.convert_to_tensor(weights), x)
         else:
             # One (T*B*..., in) x (in, out) matmul: a broadcast batched matmul would run T small ones.
-            y = tf.reshape(tf.matmul(tf.reshape(x, [-1, self.in_dim]), weights),
+            y = tf.reshape(tf.matmul(tf.reshape(x, [-1, self.in_dim]), weights, transpose_b=self.transposed),
                            tf.concat([tf.shape(x)[:-1], [self.n_out]], axis=0))
         if "b" in self.params:
             y = y + self.param("b")
