@@ -378,3 +378,21 @@ def test_a_sparse_stream_as_source_is_that_stream_as_the_input():
 def test_stream_sources_are_checked(network, message):
     with pytest.raises(ConfigError, match=message):
         build_model(network, input_dim=7, input_sparse=True, target_dims={"delayed": 7})
+
+
+def test_a_loss_this_engine_lacks_is_refused_by_the_check():
+    """The check parses without building layers: it must still refuse what building would (RETURNN's LM
+    setups' sampling_loss passed the check and failed only at the first step)."""
+    from engine.model.spec import parse_network
+
+    sampled = {"class": "softmax", "loss": "sampling_loss", "target": "classes", "from": "data"}
+    with pytest.raises(ConfigError, match=r"'output': loss 'sampling_loss' is not supported on a softmax "
+                                          r"layer; supported: 'ce', 'ctc'"):
+        parse_network({"output": sampled})
+    unit = {"output": {**sampled, "from": "data:source"}}
+    with pytest.raises(ConfigError, match=r"unit layer 'output': loss 'sampling_loss' is not supported"):
+        parse_network({"rnn": {"class": "rec", "unit": unit, "from": "data"},
+                       "output": {"class": "copy", "from": "rnn"}})
+    with pytest.raises(ConfigError, match=r"'output': loss 'ce' is not supported on a copy layer; supported: "
+                                          r"'edit_distance'"):
+        parse_network({"output": {"class": "copy", "loss": "ce", "from": "data"}})

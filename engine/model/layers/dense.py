@@ -11,6 +11,7 @@ from engine.model.initializers import option_variable
 from engine.model.layers.base import Layer, dense_gather, positive_int
 from engine.model.losses.cross_entropy import CrossEntropy
 from engine.model.losses.ctc import CtcLoss
+from engine.model.losses import check_loss_name
 from engine.model.losses.edit_distance import EditDistance
 from engine.runtime.errors import ConfigError
 
@@ -72,9 +73,7 @@ class Copy(Layer):
                 raise ConfigError(f"Network layer '{name}': loss_opts or only_on_eval are given, but the "
                                   "layer has no loss.")
             return
-        if self.loss != "edit_distance":
-            raise ConfigError(f"Network layer '{name}': loss {self.loss!r} is not supported on a copy layer; "
-                              "use 'edit_distance' (or a softmax layer for 'ce' and 'ctc').")
+        check_loss_name(f"Network layer '{name}'", "copy", self.loss)
         if not isinstance(self.only_on_eval, bool):
             raise ConfigError(f"Network layer '{name}': only_on_eval must be True or False.")
         target_dim = target_dims.get(self.target) if isinstance(self.target, str) else None
@@ -148,10 +147,7 @@ class Softmax(Linear):
     ) -> None:
         self.target = opts.get("target", "classes")
         self.loss = opts.get("loss")
-        if self.loss not in (None, "ce", "ctc"):
-            raise ConfigError(
-                f"Network layer '{name}': loss {self.loss!r} is not supported; use 'ce' or 'ctc' (or none)."
-            )
+        check_loss_name(f"Network layer '{name}'", "softmax", self.loss)
         self.only_on_eval = opts.get("only_on_eval", False)
         if not isinstance(self.only_on_eval, bool) or (self.only_on_eval and not self.loss):
             raise ConfigError(f"Network layer '{name}': only_on_eval must be True or False, and True needs a "

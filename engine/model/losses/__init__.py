@@ -12,3 +12,16 @@
 Stage 4 (model): may import runtime, config, report and datasets; imported by the rest of
 ``engine.model`` (layers, network), distributed, training, tasks, tools and main.
 """
+
+from engine.runtime.errors import ConfigError
+
+# the losses each layer class carries here; RETURNN's others (sampling_loss, mse, ...) are refused by name
+LAYER_LOSSES = {"softmax": ("ce", "ctc"), "copy": ("edit_distance",), "decide": ("edit_distance",)}
+
+
+def check_loss_name(where: str, cls: str, loss: object) -> None:
+    """``--check`` and the layers refuse a loss this engine does not compute, naming the layer."""
+    if loss is None or loss in LAYER_LOSSES.get(cls, ()):
+        return
+    supported = ", ".join(repr(name) for name in LAYER_LOSSES.get(cls, ())) or "none"
+    raise ConfigError(f"{where}: loss {loss!r} is not supported on a {cls} layer; supported: {supported}.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.model.layers.base import Layer
+from engine.model.losses import check_loss_name
 from engine.model.losses.cross_entropy import loss_options
 from engine.model.losses.decoding import edit_distance_sum
 from engine.runtime.errors import ConfigError
@@ -21,9 +22,7 @@ class Decide(Layer):
         self.target = opts.get("target", "classes")
         self.only_on_eval = opts.get("only_on_eval", False)
         self.criterion = None
-        if self.loss not in (None, "edit_distance"):
-            raise ConfigError(f"Network layer '{name}': a decide layer's loss {self.loss!r} is not "
-                              "implemented; 'edit_distance' is.")
+        check_loss_name(f"Network layer '{name}'", "decide", self.loss)
         if self.loss:
             loss_options(name, opts, "edit_distance", ("debug_print",))
             if self.target not in target_dims:

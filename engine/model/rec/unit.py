@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.model.losses import check_loss_name
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -125,6 +126,8 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
         if unknown:
             raise ConfigError(f"{where}: option(s) {unknown} of a {cls} layer are not implemented inside a "
                               "rec unit here.")
+        if "loss" in UNIT_CLASS_OPTIONS[cls]:
+            check_loss_name(where, cls, opts.get("loss"))
         sources = opts.get("from", [] if cls in ("generic_attention",) else "data:source")
         sources = [sources] if isinstance(sources, str) else sources
         if not isinstance(sources, (list, tuple)) or not all(isinstance(s, str) for s in sources):
