@@ -214,3 +214,26 @@ def test_lm_config_trains_on_data_delayed(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "train epoch 1, finished after 2 steps" in out and "dev: score" in out
     assert (tmp_path / "model.001").exists()
+
+
+def test_a_meta_dataset_reads_its_control_lm_dataset_as_it_reads_itself():
+    """auto_replace_unknown_symbol makes RETURNN's labels depend on the lines labelled before (an unknown
+    word joins the replace map, and the map is applied again: 'hi' -> 'hello' -> 'world' then). RETURNN's
+    MetaDataset reads its control dataset's epochs, so through it every line has the labels the LmDataset
+    gives alone (checked with RETURNN 1.20261022 on this config: 63 sequences of epochs 1-3 equal, and
+    equal to this engine's); the engine's corpus-wide labels (the MetaDataset's construction reads them)
+    must not change them either."""
+    import runpy
+
+    lm = runpy.run_path(str(ROOT / "configs" / "lm_text.py"))["train"]
+    alone = create_dataset(lm)
+    meta = create_dataset({"class": "MetaDataset", "datasets": {"lm": lm}, "seq_order_control_dataset": "lm",
+                           "data_map": {"data": ("lm", "delayed"), "classes": ("lm", "data")}})
+    for epoch in (1, 2, 3):
+        alone.init_seq_order(epoch)
+        meta.init_seq_order(epoch)
+        assert meta.num_seqs == alone.num_seqs
+        for i in range(alone.num_seqs):
+            assert meta.get_seq_tag(i) == alone.get_seq_tag(i)
+            assert meta.get_data(i, "classes").tolist() == alone.get_data(i, "data").tolist(), (epoch, i)
+            assert meta.get_data(i, "data").tolist() == alone.get_data(i, "delayed").tolist(), (epoch, i)

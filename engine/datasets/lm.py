@@ -266,10 +266,19 @@ class LmDataset(Dataset):
     # ----- by corpus index, for a MetaDataset joining by tag: the whole corpus is labelled once -----
     def _corpus_store(self) -> TokenStore:
         if self._corpus_tokens is None:
-            # RETURNN labels sequences asked for by tag with error_on_invalid_seq switched on
+            # RETURNN labels sequences asked for by tag with error_on_invalid_seq switched on; these labels
+            # are the engine's own (a MetaDataset's lengths), so the unknown words they meet stay out of the
+            # replace map the epochs' labels grow, as in RETURNN
             store = TokenStore(len(self.labels["data"]))
-            for idx in range(len(self.lines)):
-                store.append(self._labelled(idx, may_skip=False))
+            live = self.tokenizer.replace_map if self.tokenizer is not None else None
+            if live is not None:
+                self.tokenizer.replace_map = dict(live)
+            try:
+                for idx in range(len(self.lines)):
+                    store.append(self._labelled(idx, may_skip=False))
+            finally:
+                if live is not None:
+                    self.tokenizer.replace_map = live
             self._corpus_tokens = store.finish()
         return self._corpus_tokens
 

@@ -59,7 +59,8 @@ class MetaDataset(Dataset):
             self._create_sub_datasets(datasets, used, _key, _ignored, _create)
             self._set_keys(data_dims, data_dtypes)
             self._join(seq_list_file)
-            self._refresh_lengths()
+            self._control_pos: np.ndarray | None = None
+            self._refresh_lengths(in_epoch=False)
             self._seq_lens_data = self._checked_seq_lens(seq_lens_file) if seq_lens_file is not None else None
         except BaseException:
             self.close()
@@ -241,12 +242,26 @@ class MetaDataset(Dataset):
                 "every tag must be in each of them.")
         return index
 
-    def _refresh_lengths(self) -> None:
-        """Every key's length per corpus entry (again each epoch: a generated sub-dataset draws anew)."""
+    def _refresh_lengths(self, in_epoch: bool) -> None:
+        """Every key's length per corpus entry (again each epoch: a generated sub-dataset draws anew). In an
+        epoch the control dataset is read through its epoch, as RETURNN reads it: an LmDataset's labels
+        depend on the lines it labelled before (``auto_replace_unknown_symbol``), which its corpus-wide
+        labels (what the construction reads) cannot follow."""
+        self._control_pos = None
+        if self.control is not None and in_epoch:
+            control = self.datasets[self.control]
+            self._control_pos = np.full(len(self._tags), -1, np.int64)  # corpus entry -> epoch position
+            self._control_pos[control.order] = np.arange(len(control.order))
+            control_lengths = control.epoch_seq_lengths()
         columns = []
         for key in self._keys:
             name = self.data_map[key][0]
-            columns.append(self.datasets[name]._corpus_lengths()[self._index[name], self._cols[key]])
+            if name == self.control and in_epoch:
+                column = np.zeros(len(self._tags), np.int64)  # entries outside the epoch are not read
+                column[control.order] = control_lengths[:, self._cols[key]]
+            else:
+                column = self.datasets[name]._corpus_lengths()[self._index[name], self._cols[key]]
+            columns.append(column)
         self._lengths = np.stack(columns, axis=1).astype(np.int64)
 
     def _checked_seq_lens(self, path: Any) -> np.ndarray | None:
@@ -299,7 +314,7 @@ class MetaDataset(Dataset):
     def init_seq_order(self, epoch: int) -> None:
         for sub in self.datasets.values():  # the control's order; generated data is drawn per epoch
             sub.init_seq_order(epoch)
-        self._refresh_lengths()
+        self._refresh_lengths(in_epoch=True)
         if self.control is not None:
             order = self.datasets[self.control].order  # its sequence numbers are the corpus entries
         else:
@@ -331,19 +346,26 @@ class MetaDataset(Dataset):
     def _corpus_tag(self, corpus_idx: int) -> str:
         return self._tags[corpus_idx]
 
-    def _source(self, corpus_idx: int, key: str) -> tuple[Dataset, int, str]:
+    def _source(self, corpus_idx: int, key: str) -> tuple[Dataset, int, str, bool]:
+        """The sub-dataset, its sequence, its key, and whether that sequence is an epoch position (the
+        control dataset's) or a corpus entry."""
         if key not in self._keys:
             self.key_info(key)  # raises the DataError naming the keys
         name, theirs = self.data_map[key]
-        return self.datasets[name], int(self._index[name][corpus_idx]), theirs
+        if name == self.control and self._control_pos is not None and self._control_pos[corpus_idx] >= 0:
+            return self.datasets[name], int(self._control_pos[corpus_idx]), theirs, True
+        return self.datasets[name], int(self._index[name][corpus_idx]), theirs, False
 
     def _corpus_data(self, corpus_idx: int, key: str) -> np.ndarray:
-        sub, idx, theirs = self._source(corpus_idx, key)
-        return sub._corpus_data(idx, theirs)
+        sub, idx, theirs, in_epoch = self._source(corpus_idx, key)
+        return sub.get_data(idx, theirs) if in_epoch else sub._corpus_data(idx, theirs)
 
     def _read_corpus_into(self, corpus_idx: int, key: str, out: np.ndarray, offset: int = 0) -> None:
-        sub, idx, theirs = self._source(corpus_idx, key)
-        sub._read_corpus_into(idx, theirs, out, offset)
+        sub, idx, theirs, in_epoch = self._source(corpus_idx, key)
+        if in_epoch:
+            sub.read_into(idx, theirs, out, offset)
+        else:
+            sub._read_corpus_into(idx, theirs, out, offset)
 
     def close(self) -> None:
         for sub in self.datasets.values():
