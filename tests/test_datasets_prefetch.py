@@ -146,7 +146,7 @@ def test_epoch_plans_and_first_features_are_prepared_ahead(monkeypatch):
     spec = {"class": "OggZipDataset", **F.resolve(F.CASES["mfcc_bpe"], FIXTURES), "partition_epoch": 2,
             "seq_ordering": "random"}
     dataset = create_dataset(spec)
-    dataset._ahead._thread.join(10)
+    dataset._ahead._thread.join(120)  # librosa compiles first: slow on a busy machine
     first = dataset._epoch_order(1).tolist()
     assert set(dataset._num_samples) == set(first) and sorted(dataset._spare) == sorted(first[:3])
     reads = []
@@ -159,7 +159,7 @@ def test_epoch_plans_and_first_features_are_prepared_ahead(monkeypatch):
     dataset.will_read(np.arange(dataset.num_seqs))
     for idx, features in ahead.items():  # the worker hands on what was computed ahead
         assert dataset._features(idx) is features
-    dataset._ahead._thread.join(10)
+    dataset._ahead._thread.join(120)  # librosa compiles first: slow on a busy machine
     assert set(dataset._num_samples) == set(first) | set(dataset._epoch_order(2).tolist()) != set(first)
     dataset.close()
 
@@ -181,7 +181,7 @@ def test_a_background_pass_skips_failures_and_stops():
 
     finished = BackgroundPass([functools.partial(visit, i) for i in range(3)], name="test pass")
     gate.set()
-    finished._thread.join(5)
+    finished._thread.join(60)
     assert seen == [0, 1, 2]
     seen.clear()
     gate.clear()

@@ -340,3 +340,16 @@ def test_gen_returnn_keys_reads_a_git_repository_and_writes_the_tables(tmp_path)
     from_dir: dict = {}
     exec(dir_out.read_text(), from_dir)
     assert from_dir["CONFIG_KEYS"] == names["CONFIG_KEYS"] - {"documented_key"}  # docs/ is outside returnn/
+
+
+def test_the_check_refuses_a_data_stream_the_declared_streams_lack():
+    """'data:<stream>' sources are checked against the declared streams, as the build checks them."""
+    network = {"input": {"class": "linear", "n_out": 4, "from": "data:delayed"},
+               "output": {"class": "softmax", "loss": "ce", "target": "data", "from": "input"}}
+    declared = {"data": {"dim": 7, "sparse": True}, "delayed": {"dim": 7, "sparse": True}}
+    assert collect(Config({"network": network, "extern_data": declared}))[1] == []
+    _, problems = collect(Config({"network": network, "extern_data": {"data": declared["data"]}}))
+    assert any("'input': 'from' names 'data:delayed', but the data has no sparse stream 'delayed'" in p
+               for p in problems)
+    dense = {**declared, "delayed": {"dim": 7}}
+    assert collect(Config({"network": network, "extern_data": dense}))[1] != []

@@ -36,7 +36,7 @@ from engine.model.layers.window_pad import Pad, SwapAxes, Window
 from engine.model.rec.decide import Decide
 from engine.model.rec.frames import Axis, Template
 from engine.model.rec.subnet import RecSubnet
-from engine.model.spec import LayerSpec
+from engine.model.spec import LayerSpec, sparse_stream_dims, stream_sources
 from engine.runtime.errors import ConfigError
 
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
@@ -101,26 +101,15 @@ def _share(name: str, spec: LayerSpec, layer: Layer, owner: Layer) -> None:
 
 
 def sparse_streams(options: BuildOptions) -> dict[str, int]:
-    """The data streams a layer may read that hold class ids, by source name (``data:<stream>``) -> dim: the
-    sparse streams besides ``data``, and ``data`` where it is sparse."""
-    dims = {f"data:{key}": dim for key, dim in options.target_dims.items() if key != "data"}
-    return {"data": options.input_dim, **dims} if options.input_sparse else dims
+    return sparse_stream_dims(options.input_dim, options.input_sparse, options.target_dims)
 
 
 def _stream_layouts(specs: dict[str, LayerSpec], order: list[str],
                     options: BuildOptions) -> dict[str, Layout]:
     """``data`` and the other streams the layers read (each must be a sparse stream of the data)."""
-    sparse = sparse_streams(options)
     layouts = {"data": Layout((), options.input_dim)}
-    for name in order:
-        for src in specs[name].sources:
-            if src.startswith("data:") and src not in sparse:
-                known = ", ".join(sorted(sparse)) or "none"
-                raise ConfigError(f"Network layer '{name}': 'from' names {src!r}, but the data has no sparse "
-                                  f"stream {src[5:]!r} (its sparse streams: {known}); of the streams besides "
-                                  "'data', layers read only those with class ids here.")
-            if src.startswith("data:"):
-                layouts[src] = Layout((), sparse[src])
+    for src, dim in stream_sources(specs, order, sparse_streams(options)).items():
+        layouts[src] = Layout((), dim)
     return layouts
 
 

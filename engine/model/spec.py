@@ -267,6 +267,31 @@ def layer_findings(specs: dict[str, LayerSpec], ignored: Collection[str]) -> lis
     return findings
 
 
+def sparse_stream_dims(input_dim: int, input_sparse: bool, target_dims: dict[str, int]) -> dict[str, int]:
+    """The data streams a layer may read that hold class ids, by source name (``data:<stream>``) -> dim: the
+    sparse streams besides ``data`` (``target_dims``), and ``data`` where it is sparse."""
+    dims = {f"data:{key}": dim for key, dim in target_dims.items() if key != "data"}
+    return {"data": input_dim, **dims} if input_sparse else dims
+
+
+def stream_sources(specs: dict[str, LayerSpec], names: Collection[str],
+                   sparse: dict[str, int]) -> dict[str, int]:
+    """The ``data:<stream>`` sources the layers ``names`` read -> their dims; each must be one of the
+    ``sparse`` streams (source name -> dim), else a ConfigError names the layer (build and ``--check``)."""
+    found = {}
+    for name in names:
+        for src in specs[name].sources:
+            if not src.startswith("data:"):
+                continue
+            if src not in sparse:
+                known = ", ".join(sorted(sparse)) or "none"
+                raise ConfigError(f"Network layer '{name}': 'from' names {src!r}, but the data has no sparse "
+                                  f"stream {src[5:]!r} (its sparse streams: {known}); of the streams besides "
+                                  "'data', layers read only those with class ids here.")
+            found[src] = sparse[src]
+    return found
+
+
 def _sources(name: str, value: Any) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) for s in items):

@@ -13,8 +13,9 @@ from engine.config.key_check import (EXEMPT, IGNORED, IMPLEMENTED, NO_EFFECT, NO
                                      log_notes, merged)
 from engine.config.loader import Config
 from engine.datasets.factory import dataset_findings
+from engine.datasets.streams import data_dims
 from engine.model.pretrain import pretrain_from_config
-from engine.model.spec import layer_findings, parse_network
+from engine.model.spec import layer_findings, parse_network, sparse_stream_dims, stream_sources
 from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoints.preload_options import preload_entries
 
@@ -39,9 +40,13 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
     networks = [network] if isinstance(network, dict) else []
     if schedule is not None:
         networks = [schedule.layers(epoch) for epoch in range(1, schedule.num_epochs + 1)]
+    sparse = _declared_sparse_streams(config)
     for network in networks:
         try:
-            findings += layer_findings(parse_network(network), ignored)
+            specs = parse_network(network)
+            findings += layer_findings(specs, ignored)
+            if sparse is not None:
+                stream_sources(specs, specs, sparse)
         except EngineError as exc:
             problems.append(str(exc))
             break
@@ -59,6 +64,18 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
             except EngineError as exc:
                 problems.append(f"Dataset {key!r}: {exc}")
     return findings, problems
+
+
+def _declared_sparse_streams(config: Config) -> dict[str, int] | None:
+    """The sparse streams a ``data:<stream>`` source may name, where the config declares its streams (else
+    they come from the dataset, which the check does not open: the build checks them)."""
+    if not (config.has("extern_data") or config.has("num_inputs") or config.has("num_outputs")):
+        return None
+    try:
+        dims = data_dims(config, None)
+    except EngineError:  # reported where the dims are read
+        return None
+    return sparse_stream_dims(dims.input_dim, dims.input_sparse, dims.target_dims)
 
 
 def check_at_start(config: Config) -> None:
