@@ -203,12 +203,11 @@ class NetworkModel(SeqModel):
         ``reinterpret_data`` layers with a ``size_base`` of a stream read. ``streams``: the other data
         streams themselves (B, L) (the targets), which a rec layer's decoder loop runs over. ``search``:
         rec layers with a subnetwork search with their choice's beam (``engine/model/rec/search.py``)."""
-        lengths = tf.cast(lengths, tf.int32)
-        mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(data)[1]))  # (T, B)
         if self.input_sparse:
-            x = tf.transpose(tf.cast(data, tf.int32))
-            x = tf.where(mask, x, tf.zeros_like(x))  # padded ids may be out of range
+            x, lengths = _time_major_ids(data, lengths)
         else:
+            lengths = tf.cast(lengths, tf.int32)
+            mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(data)[1]))  # (T, B)
             x = tf.transpose(tf.cast(data, tf.float32), [1, 0, 2])
             x = tf.where(mask[:, :, None], x, tf.zeros_like(x))  # keep garbage (inf/nan) out of the math
         if seed is None:
