@@ -11,6 +11,16 @@ if os.environ.get("ENGINE_SCHEDULER_TESTS") != "1":
     collect_ignore = ["schedulers"]
 
 
+@pytest.fixture(autouse=True)
+def no_communicator_left_behind():
+    """A training run in the test's process leaves its (one-rank) communicator as the process's answer to
+    "which rank am I"; the next test in the same pytest worker must start from the launcher's view."""
+    yield
+    from engine.runtime import process
+
+    process.set_communicator(None)
+
+
 @pytest.fixture
 def timeline_stopped():
     """No timeline recording before or after the test (it is process-wide state)."""
