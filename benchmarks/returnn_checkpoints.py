@@ -114,7 +114,10 @@ def returnn_side(jobs_path: str) -> None:
         case = CASES[job["case"]]
         data, lengths = inputs(case)
         with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-            net = TFNetwork(config=Config({"extern_data": case["extern_data"]}), train_flag=False)
+            # RETURNN's rec loop has no gradient outside training (its while_loop's back_prop): a case with a
+            # loop (and nothing that differs in training, such as dropout) runs with train_flag
+            net = TFNetwork(config=Config({"extern_data": case["extern_data"]}),
+                            train_flag=case.get("train_flag", False))
             net.construct_from_dict(case["network"])
             net.initialize_params(session)
             if job["mode"] == "make":

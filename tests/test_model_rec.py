@@ -57,6 +57,20 @@ NETWORK = {
                "max_seq_len": "max_len_from('base:encoder') * 2"},
     "decision": {"class": "decide", "from": ["output"], "loss": "edit_distance", "target": "classes"},
 }
+# the same decoder with the layers of RETURNN's other LSTM attention setups: the state read through
+# get_last_hidden_state (2019-asr-local-attention, 2018-attention), energies by a learned positive vector
+# and a reduce over the features (2019-asr-e2e-trafo-vs-lstm), reinterpret_data (local attention)
+STATE_UNIT = {**{k: v for k, v in UNIT.items() if k != "s_transformed"},
+              "prev_s_state": {"class": "get_last_hidden_state", "from": ["prev:s"], "n_out": 16},
+              "s_transformed": {"class": "linear", "activation": None, "with_bias": False,
+                                "from": ["prev_s_state"], "n_out": 6},
+              "energy_v": {"class": "variable", "shape": [6], "init": 0.3},
+              "energy_v2": {"class": "activation", "from": "energy_v", "activation": "exp"},
+              "energy_tanh2": {"class": "combine", "kind": "mul", "from": ["energy_tanh", "energy_v2"]},
+              "energy_sum": {"class": "reduce", "axes": "f", "mode": "sum", "keep_dims": True,
+                             "from": ["energy_tanh2"], "n_out": 1},
+              "energy": {"class": "reinterpret_data", "enforce_batch_major": True, "from": "energy_sum"}}
+STATE_NETWORK = {**NETWORK, "output": {**NETWORK["output"], "unit": STATE_UNIT}}
 # RETURNN 1.20261022's log of this unit (_SubnetworkRecCell._move_outside_loop), training and search
 TRAIN_PLAN = (["output", "target_embed"], ["output_prob", "readout", "readout_in"],
               ["s", "att", "att0", "att_weights", "energy", "energy_tanh", "energy_in", "weight_feedback",
@@ -99,10 +113,11 @@ def scores_and_gradients(net):
 
 
 @pytest.mark.tf_latest  # the loop's ops: the newest TensorFlow runs them too
-def test_the_optimised_loop_computes_what_the_loop_of_every_layer_computes():
-    network = copy.deepcopy(NETWORK)
+@pytest.mark.parametrize("base", [NETWORK, STATE_NETWORK], ids=["rnn_cell", "state-variable-reduce"])
+def test_the_optimised_loop_computes_what_the_loop_of_every_layer_computes(base):
+    network = copy.deepcopy(base)
     network["output"]["optimize_move_layers_out"] = False
-    optimised, plain = scores_and_gradients(model()), scores_and_gradients(model(network))
+    optimised, plain = scores_and_gradients(model(base)), scores_and_gradients(model(network))
     assert float(optimised[0].loss) > 0
     np.testing.assert_allclose(float(optimised[0].loss), float(plain[0].loss), rtol=1e-6)
     assert float(optimised[0].error) == float(plain[0].error) and float(optimised[0].num_frames) == 9
@@ -129,9 +144,10 @@ def sequence_log_prob(net, data, lengths, hyp, hyp_length):
 
 
 @pytest.mark.tf_latest
-@pytest.mark.parametrize("beam", [1, 3])
-def test_a_searched_hypothesis_scores_its_log_probability(beam):
-    network = copy.deepcopy(NETWORK)
+@pytest.mark.parametrize("beam, base", [(1, NETWORK), (3, NETWORK), (3, STATE_NETWORK)],
+                         ids=["1", "3", "3-state-variable-reduce"])
+def test_a_searched_hypothesis_scores_its_log_probability(beam, base):
+    network = copy.deepcopy(base)
     network["output"]["unit"]["output"].update(beam_size=beam, length_normalization=False)
     net = model(network)
     data, lengths, _, _ = batch()
@@ -194,6 +210,15 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
      "rnn_cell unit 'NativeLstm2'"),
     ({"x": {"class": "linear", "from": "s", "n_out": 2, "reuse_params": "readout_in"}},
      "'reuse_params' 'readout_in' is not implemented inside a rec unit"),
+    ({"x": {"class": "get_last_hidden_state", "from": "prev:att", "n_out": 8}},
+     "get_last_hidden_state reads the state of rnn_cell layers of the unit"),
+    ({"x": {"class": "get_last_hidden_state", "from": "prev:s", "n_out": 8}},
+     "n_out 8 is not the size of the state it reads (16: key '*' of cells of [8] units)"),
+    ({"s_state": {"class": "get_last_hidden_state", "from": "s", "n_out": 16},
+      "readout_in": {"class": "linear", "from": ["s_state", "att"], "activation": None, "n_out": 8}},
+     "get_last_hidden_state layers ['s_state'] are read by no layer of the loop"),
+    ({"x": {"class": "reduce", "axes": "f", "mode": "sum", "from": "s"}}, "with keep_dims True (axes 'f')"),
+    ({"x": {"class": "variable", "shape": [2, 3]}}, "variable 'shape' [2, 3] is not implemented"),
     ({"x": {"class": "combine", "kind": "add", "from": [":i", "s"]}},
      "':i' (the step) is not provided inside a rec unit here: RETURNN's published setups read it only"),
 ])

@@ -115,11 +115,12 @@ class LinearUnit(UnitLayer):
 
 
 class Elementwise(UnitLayer):
-    """``combine``, ``activation``, ``copy``, ``compare``: per element, broadcast by axis."""
+    """``combine``, ``activation``, ``copy``, ``compare``: per element, broadcast by axis
+    (``reinterpret_data`` with only ``enforce_batch_major``: a copy, the batch's place being a layout)."""
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
-        kind = opts["class"]
+        kind = _kind(opts)
         if kind == "copy":
             return Template(_union(sources), sum(s.dim for s in sources), sources[0].sparse, sources[0].dtype)
         dims = {s.dim for s in sources}
@@ -133,7 +134,10 @@ class Elementwise(UnitLayer):
     def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
                  ctx: UnitContext) -> None:
         super().__init__(name, opts, sources, template)
-        kind = opts["class"]
+        kind = _kind(opts)
+        batch_major = opts.get("enforce_batch_major", False)
+        if opts["class"] == "reinterpret_data" and not isinstance(batch_major, bool):
+            raise ConfigError(f"{ctx.where(name)}: enforce_batch_major must be True or False.")
         if kind == "combine" and opts.get("kind") not in COMBINE_KINDS:
             raise ConfigError(f"{ctx.where(name)}: combine kind {opts.get('kind')!r} is not one of "
                               f"{', '.join(COMBINE_KINDS)}.")
@@ -150,7 +154,7 @@ class Elementwise(UnitLayer):
                               "sources (class ids) cannot be concatenated.")
 
     def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
-        kind = self.opts["class"]
+        kind = _kind(self.opts)
         if kind == "compare":
             value = self.opts.get("value")
             return tf.equal(values[0].tensor, tf.cast(value, values[0].tensor.dtype))
@@ -165,6 +169,10 @@ class Elementwise(UnitLayer):
         for x in xs[1:]:
             y = op(y, x)
         return y / float(len(xs)) if self.opts["kind"] == "average" else y
+
+
+def _kind(opts: dict) -> str:
+    return "copy" if opts["class"] == "reinterpret_data" else opts["class"]
 
 
 class SoftmaxOverSpatial(UnitLayer):
@@ -392,7 +400,8 @@ class EvalUnit(UnitLayer):
 
 CLASSES: dict[str, type[UnitLayer]] = {
     "linear": LinearUnit, "softmax": LinearUnit, "combine": Elementwise, "activation": Elementwise,
-    "copy": Elementwise, "compare": Elementwise, "softmax_over_spatial": SoftmaxOverSpatial,
+    "copy": Elementwise, "compare": Elementwise, "reinterpret_data": Elementwise,
+    "softmax_over_spatial": SoftmaxOverSpatial,
     "generic_attention": GenericAttention, "merge_dims": MergeDims, "reduce_out": ReduceOutUnit,
     "rnn_cell": LstmCell, "eval": EvalUnit,
 }

@@ -21,6 +21,7 @@ from engine.model.layers.base import Layer
 from engine.model.rec.frames import Template, Value, loose_batch, step_slice
 from engine.model.rec.search import BeamSearch, choice_options
 from engine.model.rec.step_layers import GenericAttention, LinearUnit, UnitContext, UnitLayer
+from engine.model.rec.step_state import LastHiddenState, VariableUnit
 from engine.model.rec.templates import UNIT_CLASSES, unit_templates
 from engine.model.rec.unit import LoopPlan, Ref, max_len_layers, parse_unit, plan_loop
 from engine.runtime import log
@@ -99,6 +100,7 @@ class RecSubnet(Layer):
         if not isinstance(self.optimize, bool):
             raise ConfigError(f"Network layer '{name}': optimize_move_layers_out must be True or False.")
         self.plan: LoopPlan = plan_loop(self.spec, search=False, optimize=self.optimize)
+        self._check_states_in_loop(self.plan)
         for line in self.plan.log_lines(name, search=False, training=True):
             log.info(line)
 
@@ -109,11 +111,31 @@ class RecSubnet(Layer):
             raise ConfigError(f"{self.ctx.where(name)}: 'dropout' on class ids (a sparse source such as the "
                               "choice's labels) is not implemented; put it on a layer of features.")
         cls = UNIT_CLASSES[layer.cls]
+        if layer.cls == "get_last_hidden_state":
+            cells = [ref.name for ref in layer.sources
+                     if ref.kind in ("cur", "prev") and self.spec[ref.name].cls == "rnn_cell"]
+            if not cells or len(cells) < len(layer.sources):
+                raise ConfigError(f"{self.ctx.where(name)}: get_last_hidden_state reads the state of "
+                                  "rnn_cell layers of the unit (as 's' or 'prev:s'); its 'from' "
+                                  f"{[str(r) for r in layer.sources]} names other layers.")
+            return LastHiddenState(name, layer.opts, sources, self.templates[name], self.ctx,
+                                   [self.templates[c].dim for c in cells])
         if layer.cls == "generic_attention":
             return GenericAttention(name, layer.opts, sources, self.templates[name], self.ctx,
                                     self._template(layer.options["weights"]),
                                     self._template(layer.options["base"]))
         return cls(name, layer.opts, sources, self.templates[name], self.ctx)
+
+    def _check_states_in_loop(self, plan: LoopPlan) -> None:
+        """A cell's state exists only step by step: a get_last_hidden_state that nothing in the loop reads
+        would be moved out of it, where RETURNN hands it the cell's stacked outputs instead."""
+        moved = [n for n in plan.inputs_moved_out + plan.outputs_moved_out
+                 if self.spec[n].cls == "get_last_hidden_state"]
+        if moved:
+            raise ConfigError(f"Network layer '{self.layer_name}': get_last_hidden_state layers {moved} are "
+                              "read by no layer of the loop, so the move-out optimisation would run them "
+                              "outside it, where no cell state exists: not implemented (read them in the "
+                              "loop, or set optimize_move_layers_out False).")
 
     def _template(self, ref: Ref) -> Template:
         if ref.kind == "base":
@@ -175,10 +197,13 @@ class RecSubnet(Layer):
     def _search(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]],
                 decide_by_length: bool) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
         plan = plan_loop(self.spec, search=True, optimize=self.optimize)
-        if plan.inputs_moved_out or plan.outputs_moved_out:
+        self._check_states_in_loop(plan)
+        # the layers RETURNN moves in front (a variable, what reads only it or the encoder) give the same on
+        # every step: the search computes them in its loop
+        if plan.outputs_moved_out:
             raise ConfigError(f"Network layer '{self.layer_name}': in search, layers "
-                              f"{list(plan.inputs_moved_out + plan.outputs_moved_out)} do not depend on the "
-                              "choice; running them outside the search loop is not implemented.")
+                              f"{list(plan.outputs_moved_out)} are read by no layer of the loop; running "
+                              "them after the search loop is not implemented.")
         for line in plan.log_lines(self.layer_name, search=True, training=False):
             log.info(line)
         beam, _, _ = choice_options(self.ctx.where("output"), self.spec["output"].opts)
@@ -187,7 +212,8 @@ class RecSubnet(Layer):
         tiled = {name: (tf.repeat(x, beam, axis=1), tf.repeat(lengths, beam, axis=0))
                  for name, (x, lengths) in base.items()}
         run = _Run(self, tiled, False, tf.constant([0, 0], tf.int64))
-        loop = _topological(self.spec, plan.in_loop)
+        run.rows = batch * beam
+        loop = _topological(self.spec, plan.in_loop + plan.inputs_moved_out)
         hyps, lengths, scores = BeamSearch(run, loop, batch, beam, max_len).search(decide_by_length)
         return tf.transpose(hyps), lengths, {f"{self.layer_name}:scores": scores}
 
@@ -238,6 +264,8 @@ class _Run:
                         f"same frames, but base:{name}'s lengths differ from those of the others"))
             self.axis_lengths[time.label], self.axis_sizes[time.label] = lengths, tf.shape(x)[1]
         self.values: dict[str, Value] = {}  # computed on all steps (in front, behind, or stacked)
+        self.rows: tf.Tensor | None = None  # the loop's rows (the batch, times the beam in a search)
+        self.steps: tf.Tensor | None = None
         self.logits: dict[str, tf.Tensor] = {}
 
     def _initial(self, name: str, batch: tf.Tensor) -> tf.Tensor:
@@ -273,6 +301,8 @@ class _Run:
             unit.training = self.training
         if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
             unit.seed = _own_draws(seed)
+        if isinstance(unit, VariableUnit):
+            return Value(unit.make(self.rows, self.steps if looped else None), unit.template, looped)
         y = unit(inputs, looped, options)
         if isinstance(unit, LinearUnit) and unit.opts["class"] == "softmax":
             self.logits[name] = y
@@ -313,6 +343,7 @@ class _Run:
         plan, spec = self.net.plan, self.net.spec
         frames = self.values["output"] if self.net.choice else self.source  # what the loop runs over
         batch, steps = tf.shape(frames.tensor)[0], tf.shape(frames.tensor)[1]
+        self.rows, self.steps = batch, steps
         self._all_steps(plan.inputs_moved_out, batch)
         # a choice is the target: never computed, also where the plan keeps it in the loop
         loop = [n for n in _topological(spec, plan.in_loop) if n not in self.values]
@@ -382,6 +413,9 @@ class _Run:
         """Layer ``name`` at step ``t`` of the loop; ``resolve`` gives a reference's value at this step. An
         LSTM cell's new state goes into ``new_cells``."""
         layer, unit = self.net.spec[name], self.net.units[name]
+        if isinstance(unit, LastHiddenState):  # before this step for prev:s, after it for s
+            states = [cell_states[r.name] if r.kind == "prev" else new_cells[r.name] for r in layer.sources]
+            return Value(unit.from_states(states), unit.template, looped=False)
         inputs = [resolve(r) for r in layer.sources]
         options = {k: resolve(r) for k, r in layer.options.items()}
         # no seeds outside training: in a search they were two random-number ops per layer and step

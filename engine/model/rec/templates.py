@@ -9,11 +9,14 @@ from __future__ import annotations
 from engine.model.rec.frames import Template
 from engine.model.rec.step_attention import CLASSES as ATTENTION_CLASSES
 from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext
+from engine.model.rec.step_state import CLASSES as STATE_CLASSES
 from engine.model.rec.unit import Ref, UnitLayerSpec
 from engine.runtime.errors import ConfigError
 
 # every class a unit layer can have (the Transformer's in step_attention.py)
-UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES}
+UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES, **STATE_CLASSES}
+# classes whose template comes from their options alone (an LSTM cell's, a variable's, a state's size)
+_FROM_OPTIONS = {"rnn_cell", "variable", "get_last_hidden_state"}
 
 
 def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], ctx: UnitContext,
@@ -54,7 +57,7 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
                 return None
             if template is not None:
                 sources.append(template)
-        if not sources and layer.cls != "rnn_cell":
+        if not sources and layer.cls not in _FROM_OPTIONS:
             return None
         return UNIT_CLASSES[layer.cls].out_template(layer.name, layer.opts, sources, ctx)
 

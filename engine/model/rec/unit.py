@@ -48,6 +48,11 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "self_attention": {"num_heads", "total_key_dim", "n_out", "attention_dropout", "attention_left_only",
                        "forward_weights_init", "initial_output"},
     "positional_encoding": {"add_to_input", "n_out", "initial_output"},
+    # step_state.py
+    "variable": {"shape", "add_batch_axis", "add_time_axis", "init", "dtype", "initial_output"},
+    "get_last_hidden_state": {"n_out", "combine", "key", "initial_output"},
+    "reduce": {"mode", "axes", "axis", "keep_dims", "n_out", "initial_output"},
+    "reinterpret_data": {"enforce_batch_major", "initial_output"},  # a copy: the layout is the engine's
 }
 _COMMON = {"class", "from", "dropout", "is_output_layer", "trainable"}
 # options RETURNN's layers take that change nothing computed: accepted with an info line
@@ -128,7 +133,7 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
                               "rec unit here.")
         if "loss" in UNIT_CLASS_OPTIONS[cls]:
             check_loss_name(where, cls, opts.get("loss"))
-        sources = opts.get("from", [] if cls in ("generic_attention",) else "data:source")
+        sources = opts.get("from", [] if cls in ("generic_attention", "variable") else "data:source")
         sources = [sources] if isinstance(sources, str) else sources
         if not isinstance(sources, (list, tuple)) or not all(isinstance(s, str) for s in sources):
             raise ConfigError(f"{where}: 'from' must be a layer name or a list of names, got {sources!r}.")
