@@ -222,7 +222,8 @@ CASES.update({
                 "from": "freq"},
         "output": {"class": "softmax", "loss": "ce", "from": ["avg", "max_flat", "sum"]}}},
 })
-# a unit's own variable, an LSTM cell's state (get_last_hidden_state of prev:s and s, keys '*' and 'c'), a
+# a unit's own variable, a rec layer's LSTM step, LSTM states (get_last_hidden_state of prev:s and s, keys
+# '*' and 'c'), a
 # reduce over the features and reinterpret_data, as 2019-asr-local-attention, 2019-asr-e2e-trafo-vs-lstm and
 # 2022-scale-learning use them in their decoders, here in a loop over the input frames
 CASES["unit_state"] = {"extern_data": DENSE, "train_flag": True, "network": {
@@ -232,8 +233,9 @@ CASES["unit_state"] = {"extern_data": DENSE, "train_flag": True, "network": {
         "state": {"class": "get_last_hidden_state", "from": "s", "n_out": 3, "key": "c"},
         "scale": {"class": "variable", "shape": [3],
                   "init": "random_normal_initializer(mean=1.0, stddev=0.5)"},
-        "s_proj": {"class": "linear", "activation": "tanh", "from": ["prev_state", "state", "prev:energy_bm"],
-                   "n_out": 3},
+        "lstm": {"class": "rec", "unit": "nativelstm2", "from": ["data:source", "prev:s_proj"], "n_out": 2},
+        "s_proj": {"class": "linear", "activation": "tanh",
+                   "from": ["prev_state", "state", "prev:energy_bm", "lstm"], "n_out": 3},
         "energy": {"class": "reduce", "axes": "f", "mode": "sum", "keep_dims": True, "from": "s_proj"},
         "energy_bm": {"class": "reinterpret_data", "enforce_batch_major": True, "from": "energy"},
         "output": {"class": "combine", "kind": "mul", "from": ["s_proj", "scale"]}}},

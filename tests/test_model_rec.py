@@ -212,6 +212,8 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
      "'reuse_params' 'readout_in' is not implemented inside a rec unit"),
     ({"x": {"class": "get_last_hidden_state", "from": "prev:att", "n_out": 8}},
      "get_last_hidden_state reads the state of rnn_cell layers of the unit"),
+    ({"x": {"class": "rec", "unit": "NativeLstm", "from": "s", "n_out": 2}},
+     "a rec layer inside a rec unit is implemented with the units RETURNN runs as NativeLstm2"),
     ({"x": {"class": "get_last_hidden_state", "from": "prev:s", "n_out": 8}},
      "n_out 8 is not the size of the state it reads (16: key '*' of cells of [8] units)"),
     ({"s_state": {"class": "get_last_hidden_state", "from": "s", "n_out": 16},

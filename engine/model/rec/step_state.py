@@ -1,6 +1,11 @@
-"""Unit layers whose output is not computed from their sources' outputs: ``variable`` (a parameter of the
-unit, the same on every step) and ``get_last_hidden_state`` (an ``rnn_cell``'s state, not its output);
-and ``reduce`` over the features, which RETURNN's LSTM attention decoders use for their energies.
+"""More unit layers of RETURNN's LSTM attention decoders: ``variable`` (a parameter of the unit, the same on
+every step), ``rec`` with an LSTM unit on one step, ``get_last_hidden_state`` (an LSTM's state, not its
+output), and ``reduce`` over the features (an attention energy).
+
+A ``rec`` layer with an LSTM unit inside a loop runs RETURNN's NativeLstm2 on one frame (RETURNN adds a
+time axis of 1 and takes the previous step's state as initial state): parameters ``<rec>/rec/<layer>/rec/W``
+(in, 4n), ``.../W_re`` (n, 4n), ``.../b``, gates (cell input, input, forget, output), no forget bias, state
+(c, h). TensorFlow 2's RETURNN maps lstm, lstmp, LSTMBlock and LSTMBlockFused there to NativeLstm2.
 
 RETURNN's ``variable`` has no batch axis by default (``add_batch_axis`` False since November 2021, True
 before; the change "should not have any influence on behavior", its commit says): here it is broadcast
@@ -15,12 +20,13 @@ import tensorflow as tf
 
 from engine.model.initializers import parse_initializer
 from engine.model.layers.base import positive_int
+from engine.model.layers.recurrent import initializers
 from engine.model.rec.frames import Template, Value
 from engine.model.rec.step_layers import UnitContext, UnitLayer
 from engine.runtime.errors import ConfigError
 
-# RETURNN's state keys of TensorFlow's LSTMStateTuple (c, h): by name, by position, or all concatenated
-_LSTM_STATE_KEYS = {"c": 0, "h": 1, 0: 0, 1: 1}
+# RETURNN's state keys of one part of an LSTM's state tuple (c, h): by name or by position
+_LSTM_STATE_POSITIONS = {"c": 0, "h": 1, 0: 0, 1: 1}
 
 
 class VariableUnit(UnitLayer):
@@ -30,18 +36,7 @@ class VariableUnit(UnitLayer):
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
-        shape = opts.get("shape")
-        if (not isinstance(shape, (list, tuple)) or len(shape) != 1 or isinstance(shape[0], bool)
-                or not isinstance(shape[0], int) or shape[0] < 1):
-            raise ConfigError(f"{ctx.where(name)}: variable 'shape' {shape!r} is not implemented inside a "
-                              "rec unit here: one positive feature size, such as [1] or [512], is (the "
-                              "shapes of RETURNN's published setups).")
-        if opts.get("add_time_axis") or opts.get("dtype", "float32") != "float32":
-            raise ConfigError(f"{ctx.where(name)}: variable with add_time_axis or a dtype other than float32 "
-                              "is not implemented inside a rec unit here.")
-        if not isinstance(opts.get("add_batch_axis", False), bool):
-            raise ConfigError(f"{ctx.where(name)}: add_batch_axis must be True or False.")
-        return Template((), shape[0])
+        return Template((), opts["shape"][0])  # checked by unit_options
 
     def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
                  ctx: UnitContext) -> None:
@@ -59,6 +54,43 @@ class VariableUnit(UnitLayer):
         return tf.broadcast_to(self.params[self.name], tf.stack(shape))
 
 
+class NativeLstmStep(UnitLayer):
+    """``rec`` with an LSTM unit inside a unit: one NativeLstm2 step, state (c, h)."""
+
+    stateful = True
+
+    @classmethod
+    def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
+        return Template((), positive_int(ctx.where(name), opts, "n_out"))
+
+    def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
+                 ctx: UnitContext) -> None:
+        super().__init__(name, opts, sources, template)
+        if any(s.axes or s.sparse for s in sources):
+            raise ConfigError(f"{ctx.where(name)}: a rec layer in the loop takes dense sources of one step "
+                              f"without other axes, got {[s.describe() for s in sources]}.")
+        n, in_dim = template.dim, sum(s.dim for s in sources)
+        prefix = f"{ctx.rec_name}/rec/{name}/rec"
+        forward, recurrent, bias = initializers(ctx.where(name), opts, opts["unit"].lower())
+        self.params["rec/W"] = forward.variable(f"{prefix}/W", (in_dim, 4 * n), ctx.random_seed)
+        self.params["rec/W_re"] = recurrent.variable(f"{prefix}/W_re", (n, 4 * n), ctx.random_seed)
+        self.params["rec/b"] = bias.variable(f"{prefix}/b", (4 * n,), ctx.random_seed)
+
+    def initial_state(self, batch: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        zeros = tf.zeros(tf.stack([batch, self.template.dim]))
+        return zeros, zeros
+
+    def step(self, values: list[Value], state: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tuple]:
+        c, h = state
+        x = tf.concat([v.tensor for v in values], axis=-1)
+        gates = (tf.matmul(x, self.params["rec/W"]) + tf.matmul(h, self.params["rec/W_re"])
+                 + self.params["rec/b"])
+        cell_in, gate_in, forget, gate_out = tf.split(gates, 4, axis=-1)
+        c = tf.sigmoid(gate_in) * tf.tanh(cell_in) + tf.sigmoid(forget) * c
+        h = tf.sigmoid(gate_out) * tf.tanh(c)
+        return h, (c, h)
+
+
 class LastHiddenState(UnitLayer):
     """``get_last_hidden_state``: the state of one or more ``rnn_cell`` layers (``combine`` concat or add)."""
 
@@ -74,15 +106,6 @@ class LastHiddenState(UnitLayer):
         where = ctx.where(name)
         self.key = opts.get("key", "*")
         self.combine = opts.get("combine", "concat")
-        if self.key not in ("*", "flat") and self.key not in _LSTM_STATE_KEYS:
-            raise ConfigError(f"{where}: key {self.key!r} is not a state of an LSTM cell (c, h): RETURNN "
-                              "takes '*' or 'flat' (both concatenated), 'c', 'h', 0 or 1.")
-        if self.combine not in ("concat", "add"):
-            raise ConfigError(f"{where}: combine {self.combine!r}: RETURNN takes 'concat' or 'add'.")
-        if opts.get("dropout"):
-            raise ConfigError(f"{where}: 'dropout' would apply to its sources' outputs, which this layer "
-                              "does not read (it reads their state): RETURNN drops nothing here, so it is "
-                              "refused.")
         sizes = [n * (2 if self.key in ("*", "flat") else 1) for n in cell_dims or []]
         dim = sum(sizes) if self.combine == "concat" or len(sizes) == 1 else sizes[0]
         if self.combine == "add" and len(set(sizes)) > 1:
@@ -93,7 +116,7 @@ class LastHiddenState(UnitLayer):
 
     def from_states(self, states: list[tuple[tf.Tensor, tf.Tensor]]) -> tf.Tensor:
         """The cells' (c, h) states of this step, as the layer's output (B, n_out)."""
-        parts = [tf.concat(state, -1) if self.key in ("*", "flat") else state[_LSTM_STATE_KEYS[self.key]]
+        parts = [tf.concat(state, -1) if self.key in ("*", "flat") else state[_LSTM_STATE_POSITIONS[self.key]]
                  for state in states]
         if len(parts) == 1:
             return parts[0]
@@ -102,28 +125,18 @@ class LastHiddenState(UnitLayer):
 
 _REDUCE_MODES = {"sum": tf.reduce_sum, "max": tf.reduce_max, "min": tf.reduce_min, "mean": tf.reduce_mean,
                  "avg": tf.reduce_mean, "logsumexp": tf.reduce_logsumexp}
-_FEATURE_AXES = ("f", "F", "feature", "dim")
 
 
 class ReduceFeatures(UnitLayer):
     """``reduce`` over the feature axis with ``keep_dims`` (the energy of an attention with a learned
-    vector: ``{"class": "reduce", "axes": "f", "mode": "sum", "keep_dims": True}``): dim 1, the axes kept."""
+    vector: ``{"class": "reduce", "axes": "f", "mode": "sum", "keep_dims": True}``): dim 1, the axes kept
+    (the options: ``unit_options``)."""
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
-        axes = opts.get("axes", opts.get("axis"))
-        axes = axes[0] if isinstance(axes, (list, tuple)) and len(axes) == 1 else axes
-        if axes not in _FEATURE_AXES or opts.get("keep_dims") is not True or len(sources) != 1:
-            raise ConfigError(f"{ctx.where(name)}: reduce inside a rec unit is implemented over the feature "
-                              f"axis of one source with keep_dims True (axes 'f'); got axes {axes!r}, "
-                              f"keep_dims {opts.get('keep_dims')!r}: without keep_dims RETURNN makes another "
-                              "axis the feature, which the unit's templates do not follow.")
-        if str(opts.get("mode", "")).lower() not in _REDUCE_MODES:
-            raise ConfigError(f"{ctx.where(name)}: reduce mode {opts.get('mode')!r}: implemented "
-                              f"{', '.join(_REDUCE_MODES)}.")
-        if opts.get("n_out", 1) != 1 or sources[0].sparse:
-            raise ConfigError(f"{ctx.where(name)}: reduce over the features of dense features gives dim 1, "
-                              f"got n_out {opts.get('n_out')!r} on {sources[0].describe()}.")
+        if len(sources) != 1 or sources[0].sparse:
+            raise ConfigError(f"{ctx.where(name)}: reduce takes one source of dense features here, got "
+                              f"{[s.describe() for s in sources]}.")
         return Template(sources[0].axes, 1)
 
     def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
@@ -131,4 +144,4 @@ class ReduceFeatures(UnitLayer):
 
 
 CLASSES: dict[str, type[UnitLayer]] = {"variable": VariableUnit, "get_last_hidden_state": LastHiddenState,
-                                       "reduce": ReduceFeatures}
+                                       "reduce": ReduceFeatures, "rec": NativeLstmStep}

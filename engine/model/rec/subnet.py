@@ -116,7 +116,8 @@ class RecSubnet(Layer):
                      if ref.kind in ("cur", "prev") and self.spec[ref.name].cls == "rnn_cell"]
             if not cells or len(cells) < len(layer.sources):
                 raise ConfigError(f"{self.ctx.where(name)}: get_last_hidden_state reads the state of "
-                                  "rnn_cell layers of the unit (as 's' or 'prev:s'); its 'from' "
+                                  "rnn_cell layers of the unit (as 's' or 'prev:s'; RETURNN's rec layers "
+                                  "give none of a previous step); its 'from' "
                                   f"{[str(r) for r in layer.sources]} names other layers.")
             return LastHiddenState(name, layer.opts, sources, self.templates[name], self.ctx,
                                    [self.templates[c].dim for c in cells])

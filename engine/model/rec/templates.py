@@ -16,7 +16,7 @@ from engine.runtime.errors import ConfigError
 # every class a unit layer can have (the Transformer's in step_attention.py)
 UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES, **STATE_CLASSES}
 # classes whose template comes from their options alone (an LSTM cell's, a variable's, a state's size)
-_FROM_OPTIONS = {"rnn_cell", "variable", "get_last_hidden_state"}
+_FROM_OPTIONS = {"rnn_cell", "rec", "variable", "get_last_hidden_state"}
 
 
 def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], ctx: UnitContext,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.model.losses import check_loss_name
+from engine.model.rec.unit_options import check_options
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -52,13 +53,15 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "variable": {"shape", "add_batch_axis", "add_time_axis", "init", "dtype", "initial_output"},
     "get_last_hidden_state": {"n_out", "combine", "key", "initial_output"},
     "reduce": {"mode", "axes", "axis", "keep_dims", "n_out", "initial_output"},
+    "rec": {"unit", "n_out", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
+            "initial_output"},
     "reinterpret_data": {"enforce_batch_major", "initial_output"},  # a copy: the layout is the engine's
 }
 _COMMON = {"class", "from", "dropout", "is_output_layer", "trainable"}
 # options RETURNN's layers take that change nothing computed: accepted with an info line
 NO_EFFECT = {"param_device": "where RETURNN places the layer's parameters; a placement, not a computation"}
 # classes that carry state from step to step of their own, beyond their output (RETURNN's rec_vars_outputs)
-STATEFUL_CLASSES = {"rnn_cell"}
+STATEFUL_CLASSES = {"rnn_cell", "rec"}
 # options naming other layers of the unit (or base:/prev: ones), besides 'from'
 LAYER_OPTIONS = {"generic_attention": ("weights", "base")}
 
@@ -133,6 +136,7 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
                               "rec unit here.")
         if "loss" in UNIT_CLASS_OPTIONS[cls]:
             check_loss_name(where, cls, opts.get("loss"))
+        check_options(where, cls, opts)
         sources = opts.get("from", [] if cls in ("generic_attention", "variable") else "data:source")
         sources = [sources] if isinstance(sources, str) else sources
         if not isinstance(sources, (list, tuple)) or not all(isinstance(s, str) for s in sources):

@@ -1,0 +1,62 @@
+"""The option values of the unit layer classes of ``step_state.py``, checked without TensorFlow, so that
+``rnn.py --check`` refuses what the build would refuse (``parse_unit`` calls ``check_options``)."""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.runtime.errors import ConfigError
+
+REDUCE_MODES = ("sum", "max", "min", "mean", "avg", "logsumexp")
+FEATURE_AXES = ("f", "F", "feature", "dim")
+# the units RETURNN runs as NativeLstm2 on one step (NativeLstm raises there: its initial state is broken)
+NATIVE_STEP_UNITS = ("lstm", "lstmp", "nativelstm2", "lstmblock", "lstmblockfused")
+# RETURNN's state keys of an LSTM's (c, h): by name, by position, or both concatenated
+LSTM_STATE_KEYS = ("*", "flat", "c", "h", 0, 1)
+
+
+def feature_axes(opts: dict) -> Any:
+    axes = opts.get("axes", opts.get("axis"))
+    return axes[0] if isinstance(axes, (list, tuple)) and len(axes) == 1 else axes
+
+
+def check_options(where: str, cls: str, opts: dict) -> None:
+    if cls == "reduce":
+        if feature_axes(opts) not in FEATURE_AXES or opts.get("keep_dims") is not True:
+            raise ConfigError(f"{where}: reduce inside a rec unit is implemented over the feature axis with "
+                              f"keep_dims True (axes 'f'); got axes {feature_axes(opts)!r}, keep_dims "
+                              f"{opts.get('keep_dims')!r}: without keep_dims RETURNN makes another axis the "
+                              "feature, which the unit's templates do not follow.")
+        if str(opts.get("mode", "")).lower() not in REDUCE_MODES or opts.get("n_out", 1) != 1:
+            raise ConfigError(f"{where}: reduce mode {opts.get('mode')!r} (n_out {opts.get('n_out', 1)!r}): "
+                              f"implemented {', '.join(REDUCE_MODES)}, giving dim 1.")
+    elif cls == "variable":
+        shape = opts.get("shape")
+        if (not isinstance(shape, (list, tuple)) or len(shape) != 1 or isinstance(shape[0], bool)
+                or not isinstance(shape[0], int) or shape[0] < 1):
+            raise ConfigError(f"{where}: variable 'shape' {shape!r} is not implemented inside a rec unit "
+                              "here: one positive feature size, such as [1] or [512], is (the shapes of "
+                              "RETURNN's published setups).")
+        if opts.get("add_time_axis") or opts.get("dtype", "float32") != "float32":
+            raise ConfigError(f"{where}: variable with add_time_axis or a dtype other than float32 is not "
+                              "implemented inside a rec unit here.")
+        if not isinstance(opts.get("add_batch_axis", False), bool):
+            raise ConfigError(f"{where}: add_batch_axis must be True or False.")
+    elif cls == "get_last_hidden_state":
+        if opts.get("key", "*") not in LSTM_STATE_KEYS:
+            raise ConfigError(f"{where}: key {opts['key']!r} is not a state of an LSTM cell (c, h): RETURNN "
+                              "takes '*' or 'flat' (both concatenated), 'c', 'h', 0 or 1.")
+        if opts.get("combine", "concat") not in ("concat", "add"):
+            raise ConfigError(f"{where}: combine {opts['combine']!r}: RETURNN takes 'concat' or 'add'.")
+        if opts.get("dropout"):
+            raise ConfigError(f"{where}: 'dropout' would apply to its sources' outputs, which this layer "
+                              "does not read (it reads their state): RETURNN drops nothing here, so it is "
+                              "refused.")
+    elif cls == "rec":
+        unit = opts.get("unit")
+        if not isinstance(unit, str) or unit.lower() not in NATIVE_STEP_UNITS or opts.get("unit_opts"):
+            raise ConfigError(f"{where}: a rec layer inside a rec unit is implemented with the units "
+                              "RETURNN runs as NativeLstm2 on one step (LSTM, lstmp, NativeLstm2, LSTMBlock, "
+                              f"LSTMBlockFused) without unit_opts; got unit {unit!r}, unit_opts "
+                              f"{opts.get('unit_opts')!r}.")
+        if opts.get("direction", 1) not in (1, -1):
+            raise ConfigError(f"{where}: direction must be 1 or -1 (on one step both are the same).")
