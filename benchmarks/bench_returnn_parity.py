@@ -83,9 +83,9 @@ EPSILON = 0.1
 
 
 def _case(loss: str, optimizer: str, lr: float, *, l2: bool = False, darc1: bool = False, ranks: int = 1,
-          **keys) -> dict:
+          loss_opts: dict | None = None, **keys) -> dict:
     return {"loss": loss, "optimizer": optimizer, "learning_rate": lr, "l2": L2 if l2 else 0.0,
-            "darc1": DARC1 if darc1 else 0.0, "ranks": ranks, "keys": keys}
+            "darc1": DARC1 if darc1 else 0.0, "ranks": ranks, "keys": keys, "loss_opts": loss_opts or {}}
 
 
 CASES: dict[str, dict] = {
@@ -102,6 +102,8 @@ CASES: dict[str, dict] = {
     "ce_adam_all": _case("ce", "adam", 0.05, l2=True, darc1=True, optimizer_epsilon=EPSILON, **CLIPS),
     "ctc_sgd": _case("ctc", "sgd", 0.05),
     "ctc_adam": _case("ctc", "adam", 0.01),
+    # RETURNN's own CTC op (Baum-Welch), as 95 of its published configs set it
+    "ctc_native": _case("ctc", "adam", 0.01, loss_opts={"beam_width": 1, "use_native": True}),
     "ctc_nadam_l2_clip_norm": _case("ctc", "nadam", 0.05, l2=True, optimizer_epsilon=EPSILON,
                                     gradient_clip_norm=CLIPS["gradient_clip_norm"]),
     "ctc_sgd_all": _case("ctc", "sgd", 0.05, l2=True, darc1=True, **CLIPS),
@@ -123,6 +125,8 @@ def network(case: dict, l2_factor: float = 1.0) -> dict:
     reference doubles L2)."""
     l2 = {"L2": case["l2"] * l2_factor} if case["l2"] else {}
     output = {"class": "softmax", "loss": case["loss"], "from": "hidden", **l2}
+    if case.get("loss_opts"):
+        output["loss_opts"] = case["loss_opts"]
     if case["darc1"]:
         output["darc1"] = case["darc1"]
     return {"lstm": {"class": "rec", "unit": "lstm", "n_out": 6, "from": "data", **l2},

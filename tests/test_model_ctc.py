@@ -281,7 +281,9 @@ def test_options_that_change_the_labels():
 
 @pytest.mark.parametrize("loss_opts,message", [
     ({"use_viterbi": True}, "use_viterbi=True is not supported for the 'ctc' loss: training on the best"),
-    ({"use_native": True}, "use_native=True is not supported"),
+    ({"use_native": True}, "use_native=True needs beam_width 1"),
+    ({"use_native": True, "beam_width": 1, "ctc_opts": {"ignore_longer_outputs_than_inputs": True}},
+     "RETURNN's native CTC op takes only ctc_merge_repeated"),
     ({"output_in_log_space": True}, "a softmax layer's output is probabilities"),
     ({"focal_loss_factor": 2.0},
      r"loss_opts \['focal_loss_factor'\] are not options of RETURNN's 'ctc' loss"),

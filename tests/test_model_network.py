@@ -396,3 +396,7 @@ def test_a_loss_this_engine_lacks_is_refused_by_the_check():
     with pytest.raises(ConfigError, match=r"'output': loss 'ce' is not supported on a copy layer; supported: "
                                           r"'edit_distance'"):
         parse_network({"output": {"class": "copy", "loss": "ce", "from": "data"}})
+    native = {"class": "softmax", "loss": "ctc", "loss_opts": {"use_native": True}, "from": "data"}
+    with pytest.raises(ConfigError, match=r"'output': loss_opts use_native=True needs beam_width 1: "
+                                          r"RETURNN's label error with its native CTC decodes greedily"):
+        parse_network({"output": native})

@@ -14,7 +14,7 @@ from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import Finding, Scope, classify
 from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
-from engine.model.losses import check_loss_name
+from engine.model.losses import check_loss_name, check_loss_opts
 from engine.model.rec.unit import max_len_layers, parse_unit
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -169,6 +169,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
             raise ConfigError(f"Network layer '{name}': dropout must be a float in [0, 1), got {rate!r}.")
         if "loss" in _CLASS_OPTIONS[cls]:
             check_loss_name(f"Network layer '{name}'", cls, opts.get("loss"))
+            check_loss_opts(f"Network layer '{name}'", opts.get("loss"), opts.get("loss_opts"))
         specs[name] = LayerSpec(cls, _sources(name, opts.get("from", "data")), opts)
     for name, spec in specs.items():
         for src in spec.sources:

@@ -25,3 +25,36 @@ def check_loss_name(where: str, cls: str, loss: object) -> None:
         return
     supported = ", ".join(repr(name) for name in LAYER_LOSSES.get(cls, ())) or "none"
     raise ConfigError(f"{where}: loss {loss!r} is not supported on a {cls} layer; supported: {supported}.")
+
+
+# loss_opts RETURNN takes that change what is optimised in a way this engine does not do, and why; refused
+# by --check (the layer dicts' option values are checked without TensorFlow) and by the layers
+REFUSED_LOSS_OPTS = {"ctc": {
+    "use_viterbi": "training on the best alignment only (Viterbi) is not implemented",
+    "output_in_log_space": "a softmax layer's output is probabilities, not log-probabilities (RETURNN "
+                           "would treat the probabilities as logits)",
+    "custom_norm_factor": "scores and use_normalized_loss divide by the target labels (RETURNN's default)",
+    "custom_inv_norm_factor": "scores and use_normalized_loss divide by the target labels (RETURNN's "
+                              "default)",
+}}
+
+
+def check_loss_opts(where: str, loss: object, loss_opts: object) -> None:
+    """The ``loss_opts`` this engine refuses for ``loss`` (``REFUSED_LOSS_OPTS``), named."""
+    if not isinstance(loss_opts, dict):
+        return  # the loss's own parsing names a loss_opts that is no dict
+    for key, why in REFUSED_LOSS_OPTS.get(str(loss), {}).items():
+        if loss_opts.get(key) not in (None, False):
+            raise ConfigError(f"{where}: loss_opts {key}={loss_opts[key]!r} is not supported for the "
+                              f"{loss!r} loss: {why}.")
+    if loss == "ctc" and loss_opts.get("use_native"):
+        # RETURNN's native CTC (its Baum-Welch op): the same loss and gradient as TensorFlow's op, but its
+        # label error decodes greedily only, and the op takes only ctc_merge_repeated of ctc_opts
+        if loss_opts.get("beam_width", 100) != 1:
+            raise ConfigError(f"{where}: loss_opts use_native=True needs beam_width 1: RETURNN's label "
+                              "error with its native CTC decodes greedily only (it asserts beam_width 1).")
+        ctc_opts = loss_opts.get("ctc_opts") or {}
+        if isinstance(ctc_opts, dict) and set(ctc_opts) - {"ctc_merge_repeated"}:
+            raise ConfigError(f"{where}: loss_opts use_native=True with ctc_opts "
+                              f"{sorted(set(ctc_opts) - {'ctc_merge_repeated'})}: RETURNN's native CTC op "
+                              "takes only ctc_merge_repeated.")

@@ -20,6 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from engine.model.losses import REFUSED_LOSS_OPTS, check_loss_opts
 from engine.model.losses.cross_entropy import loss_options, loss_scale, normalized_loss
 from engine.model.losses.data_checks import require
 from engine.model.losses.decoding import beam_labels, collapse_repeated, edit_distances, greedy_labels, \
@@ -30,16 +31,6 @@ CTC_OPTIONS = ("scale", "beam_width", "ctc_opts", "target_collapse_repeated", "a
                "output_in_log_space", "use_native", "use_viterbi", "use_flatten_frames",
                "use_normalized_loss")
 CTC_OPTS_KEYS = ("preprocess_collapse_repeated", "ctc_merge_repeated", "ignore_longer_outputs_than_inputs")
-# loss_opts RETURNN takes that change what is optimised in a way this engine does not do, and why
-_REFUSED = {
-    "use_native": "RETURNN's own native CTC kernel (the same full-sum loss as TF's op: leave it False)",
-    "use_viterbi": "training on the best alignment only (Viterbi) is not implemented",
-    "output_in_log_space": "a softmax layer's output is probabilities, not log-probabilities (RETURNN "
-                           "would treat the probabilities as logits)",
-    "custom_norm_factor": "scores and use_normalized_loss divide by the target labels (RETURNN's default)",
-    "custom_inv_norm_factor": "scores and use_normalized_loss divide by the target labels (RETURNN's "
-                              "default)",
-}
 
 
 def _flag(layer: str, key: str, value: Any) -> bool:
@@ -63,16 +54,17 @@ class CtcLoss:
     def from_layer_options(cls, layer: str, opts: dict) -> "CtcLoss":
         """From ``loss_scale`` and ``loss_opts`` of the layer's options."""
         loss_opts = loss_options(layer, opts, "ctc", None)  # unknown keys: below, after the refused ones
-        for key, why in _REFUSED.items():
-            if loss_opts.get(key) not in (None, False):
-                raise ConfigError(f"Network layer '{layer}': loss_opts {key}={loss_opts[key]!r} is not "
-                                  f"supported for the 'ctc' loss: {why}.")
-        unknown = sorted(set(loss_opts) - set(CTC_OPTIONS) - set(_REFUSED))
+        check_loss_opts(f"Network layer '{layer}'", "ctc", loss_opts)
+        refused = tuple(REFUSED_LOSS_OPTS["ctc"])
+        unknown = sorted(set(loss_opts) - set(CTC_OPTIONS) - set(refused))
         if unknown:
             raise ConfigError(f"Network layer '{layer}': loss_opts {unknown} are not options of RETURNN's "
-                              f"'ctc' loss; it takes {', '.join(CTC_OPTIONS + tuple(_REFUSED))}.")
+                              f"'ctc' loss; it takes {', '.join(CTC_OPTIONS + refused)}.")
         # no effect on a sequence loss (RETURNN flattens frames only for frame-wise losses)
         _flag(layer, "use_flatten_frames", loss_opts.get("use_flatten_frames", True))
+        # RETURNN's native CTC op: the same loss and gradient as TF's (bench_returnn_parity's ctc_native);
+        # check_loss_opts has refused what its op does not take
+        _flag(layer, "use_native", loss_opts.get("use_native", False))
         scale = loss_scale(layer, opts, loss_opts)
         beam = loss_opts.get("beam_width", 100)
         if isinstance(beam, bool) or not isinstance(beam, int) or beam < 0:

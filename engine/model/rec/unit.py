@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.model.losses import check_loss_name
+from engine.model.losses import check_loss_name, check_loss_opts
 from engine.model.rec.unit_options import check_options
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -136,6 +136,7 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
                               "rec unit here.")
         if "loss" in UNIT_CLASS_OPTIONS[cls]:
             check_loss_name(where, cls, opts.get("loss"))
+            check_loss_opts(where, opts.get("loss"), opts.get("loss_opts"))
         check_options(where, cls, opts)
         sources = opts.get("from", [] if cls in ("generic_attention", "variable") else "data:source")
         sources = [sources] if isinstance(sources, str) else sources
