@@ -149,16 +149,43 @@ def test_config_errors_point_at_the_config_line(tmp_path):
     path.write_text(textwrap.dedent("""\
         def f(x):
             import tensorflow as tf
-            return tf.random_uniform(tf.shape(x))
+            return tf.no_such_op(tf.shape(x))
         """))
     config = Config.from_sources([str(path)], [])
     layers = {"ev": {"class": "eval", "eval": "self.network.get_config().typed_value('f')(source(0))",
                      "from": "data"}}
     with pytest.raises(ConfigError, match=f"'ev': eval .* failed at {re.escape(str(path))} line 3: "
                                           "AttributeError: module 'tensorflow' has no attribute "
-                                          "'random_uniform' \\(tf.random_uniform is TensorFlow 1's name: "
-                                          "import tf as `from returnn.tf.compat import v1"):
+                                          "'no_such_op'"):
         model_of(layers, config)(data(), LENGTHS)
+
+
+def test_config_code_written_for_tensorflow_1_gets_its_api(tmp_path, capsys):
+    """RETURNN's 2019-2020 SpecAugment functions import tensorflow and call TF 1's names: they get
+    tf.compat.v1, whose tf.where selects rows by a vector condition (TF 2's broadcasts and fails)."""
+    from engine.runtime import log
+
+    log.init()
+    tf1 = load(tmp_path, """\
+        import tensorflow as tf
+
+        def rows(x):
+            import tensorflow as tf
+            keep = tf.to_float(tf.range(tf.shape(x)[0]) % 2 > 0) > 0.5
+            return tf.where(keep, x, tf.zeros_like(x)) + tf.log(tf.ones_like(x))
+        """)
+    x = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    np.testing.assert_array_equal(tf1.value("rows")(x).numpy(), [[0, 0], [3, 4], [0, 0]])
+    assert tf1.value("tf") is tf.compat.v1
+    out = capsys.readouterr().out
+    assert out.count("calls TensorFlow 1's names (tf.log, tf.to_float): it gets tf.compat.v1") == 1
+    (tmp_path / "tf2").mkdir()
+    tf2 = load(tmp_path / "tf2", """\
+        import tensorflow as tf
+        value = tf.where([True, False], [1, 2], [3, 4])
+        """)
+    assert tf2.value("tf") is tf and tf2.value("value").numpy().tolist() == [1, 4]
+    assert "TensorFlow 1" not in capsys.readouterr().out
 
 
 SPECAUG_CONFIG = '''

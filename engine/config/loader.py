@@ -141,7 +141,8 @@ class Config:
 
     def _load_python(self, path: str, content: str) -> None:
         try:
-            code = compile(content, path, "exec")
+            tree = ast.parse(content, path)
+            code = compile(tree, path, "exec")
         except SyntaxError as exc:
             raise ConfigError(
                 f"Config file '{path}' has a syntax error at line {exc.lineno}: {exc.msg}."
@@ -150,7 +151,7 @@ class Config:
         namespace: dict[str, Any] = dict(self._values)
         # config code imports RETURNN's module names (TFUtil, returnn.tf.compat, ...): returnn_imports.py
         namespace.update(config=self, __file__=os.path.abspath(path), __name__="__config__",
-                         __builtins__=config_builtins())
+                         __builtins__=config_builtins(path, tree))
         try:
             exec(code, namespace)
         except Exception as exc:  # config code is user code: report file and line, not our stack

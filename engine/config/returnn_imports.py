@@ -4,7 +4,9 @@ RETURNN's configs import from RETURNN: ``from returnn.tf.compat import v1 as tf`
 where_bc`` inside SpecAugment functions, ``from Pretrain import WrapEpochValue`` or ``from TFUtil import
 DimensionTag`` at the top. A config file here runs with ``__builtins__`` whose ``__import__`` answers
 ``returnn`` and ``returnn.*``, and RETURNN's old top-level names (``TFUtil``, ``TFCompat``, ``Pretrain``,
-``Util``, ...: ``OLD_NAMES``), with this engine's objects (``PROVIDED``); every other import is Python's own.
+``Util``, ...: ``OLD_NAMES``), with this engine's objects (``PROVIDED``); ``tensorflow`` is TensorFlow's
+``tf.compat.v1`` for a file whose code calls names only TensorFlow 1 has (``_tensorflow``); every other
+import is Python's own.
 Nothing is put into ``sys.modules``: a real RETURNN in the same process is never shadowed, and code
 outside config files imports as before.
 
@@ -17,7 +19,9 @@ This module does not import TensorFlow; the provided objects load it on first ac
 """
 from __future__ import annotations
 
+import ast
 import builtins
+import functools
 import importlib
 import os
 import types
@@ -175,8 +179,42 @@ def _resolve(name: str) -> str:
     return module
 
 
-def _import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+def tensorflow_attributes(tree: ast.AST) -> frozenset[str]:
+    """The names config code reads of TensorFlow: ``tf.x`` wherever ``tensorflow`` is imported as ``tf``."""
+    aliases = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names if alias.name == "tensorflow"}
+    return frozenset(node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                     and isinstance(node.value, ast.Name) and node.value.id in aliases)
+
+
+def _tensorflow(name: str, globals: Any, locals: Any, fromlist: Any, level: int, path: str,
+                attributes: frozenset[str]) -> Any:
+    """``import tensorflow`` in a config file whose code calls names only TensorFlow 1 has (``tf.log``,
+    ``tf.random_uniform``: RETURNN's SpecAugment functions of 2019-2020): ``tf.compat.v1``, the API that
+    code was written for, names and semantics (``tf.where`` selects rows there). Such code fails on
+    TensorFlow 2's ``tf`` (in RETURNN on TensorFlow 2 too), so no config that runs otherwise changes."""
+    module = builtins.__import__(name, globals, locals, fromlist, level)
+    tf1_only = sorted(a for a in attributes if not hasattr(module, a) and hasattr(module.compat.v1, a))
+    if not tf1_only:
+        return module
+    if path not in _TOLD:
+        _TOLD.add(path)
+        from engine.runtime import log
+
+        log.info(f"Config file '{path}': its code imports tensorflow and calls TensorFlow 1's names "
+                 f"({', '.join('tf.' + a for a in tf1_only[:4])}{', ...' if len(tf1_only) > 4 else ''}): "
+                 "it gets tf.compat.v1, the API it was written for.")
+    return module.compat.v1
+
+
+_TOLD: set[str] = set()
+
+
+def _import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0, *,
+            path: str = "", tensorflow_names: frozenset[str] = frozenset()) -> Any:
     first = name.partition(".")[0]
+    if name == "tensorflow" and level == 0 and tensorflow_names:
+        return _tensorflow(name, globals, locals, fromlist, level, path, tensorflow_names)
     if level != 0 or not (first == "returnn" or first in OLD_NAMES):
         return builtins.__import__(name, globals, locals, fromlist, level)
     module = _resolve(name)
@@ -186,8 +224,10 @@ def _import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = 
     return ReturnnModule(_resolve(first), first)
 
 
-def config_builtins() -> dict[str, Any]:
-    """``__builtins__`` for a config file's code: Python's, with RETURNN's module names resolved here."""
+def config_builtins(path: str = "", tree: ast.AST | None = None) -> dict[str, Any]:
+    """``__builtins__`` for a config file's code: Python's, with RETURNN's module names resolved here
+    (``tree``: the file's code, for the TensorFlow names it reads)."""
     namespace = dict(vars(builtins))
-    namespace["__import__"] = _import
+    names = tensorflow_attributes(tree) if tree is not None else frozenset()
+    namespace["__import__"] = functools.partial(_import, path=path, tensorflow_names=names)
     return namespace
