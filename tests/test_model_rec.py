@@ -203,7 +203,8 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
      "unit layer 'x': 'data:source' is the rec layer's input frame, but the rec layer has no sources"),
     ({"x": {"class": "linear", "from": "y", "n_out": 2}, "y": {"class": "linear", "from": "x", "n_out": 2}},
      "cycle within one step"),
-    ({"x": {"class": "linear", "from": "s", "n_out": 2, "L2": 0.1}}, "option(s) ['L2']"),
+    ({"x": {"class": "linear", "from": "s", "n_out": 2, "darc1": 0.1}}, "option(s) ['darc1']"),
+    ({"x": {"class": "linear", "from": "s", "n_out": 2, "L2": -1}}, "'output/x': L2 must be a number >= 0"),
     ({"target_embed": {"class": "linear", "from": "output", "n_out": 5, "dropout": 0.1}},
      "'dropout' on class ids"),
     ({"s": {"class": "rnn_cell", "unit": "NativeLstm2", "from": ["prev:att"], "n_out": 8}},
@@ -344,3 +345,28 @@ def test_base_layers_of_other_frames_are_named():
     data, lengths, labels, label_lengths = batch()
     with pytest.raises(tf.errors.InvalidArgumentError, match="base:.* lengths differ"):
         model(network)(data, lengths, streams={"classes": labels}, stream_lengths={"classes": label_lengths})
+
+
+def test_l2_on_unit_layers_regularizes_their_parameters_as_returnn_does():
+    """RETURNN adds each unit layer's L2 over that layer's parameters to the rec layer's constraints
+    (checked against RETURNN 1.20261022's get_total_constraints on the fixture case unit_state: 0.286598
+    for L2 0.01, 0.02, 0.03 on s_proj, s and the output, equal to these sums of squares)."""
+    network = copy.deepcopy(NETWORK)
+    network["output"]["unit"]["readout_in"]["L2"] = 0.01
+    network["output"]["unit"]["s"]["L2"] = 0.02
+    network["fw"]["L2"] = 0.03
+    net = model(network)
+    data, lengths, labels, label_lengths = batch()
+    out = net(data, lengths, streams={"classes": labels}, stream_lengths={"classes": label_lengths})
+    losses = net.compute_losses(out, {"classes": labels}, {"classes": label_lengths})
+    variables = net.named_variables()
+
+    def squares(prefix):
+        return sum(float(tf.reduce_sum(tf.square(v))) for k, v in variables.items() if k.startswith(prefix))
+
+    expected = 0.01 * squares("output/readout_in/") + 0.02 * squares("output/s/") + 0.03 * squares("fw/")
+    assert expected > 0
+    np.testing.assert_allclose(float(losses.regularizer), expected, rtol=1e-6)
+    factors = net.l2_factors()
+    assert factors["output/readout_in/W"] == 0.01 and factors["output/s/rec/lstm_cell/kernel"] == 0.02
+    assert "output/output_prob/W" not in factors and factors["fw/W"] == 0.03

@@ -168,9 +168,12 @@ class NetworkModel(SeqModel):
                 for key in layer.running_keys}
 
     def l2_factors(self) -> dict[str, float]:
-        """With decouple_constraints, per variable (RETURNN marks a shared one with the owner's L2)."""
-        return {f"{name}/{key}": self.l2[name] for name, layer in self._owners().items() if self.l2[name]
-                for key, var in layer.params.items() if var.trainable}
+        """With decouple_constraints, per variable (RETURNN marks a shared one with the owner's L2); a rec
+        unit's layer's L2 adds to its rec layer's."""
+        factors = {f"{name}/{key}": self.l2[name] + layer.inner_l2.get(key, 0.0)
+                   for name, layer in self._owners().items() for key, var in layer.params.items()
+                   if var.trainable}
+        return {name: factor for name, factor in factors.items() if factor}
 
     def score_layers(self) -> list[str]:
         return list(self.loss_layers)
@@ -381,6 +384,8 @@ class NetworkModel(SeqModel):
         owners = self._owners()  # RETURNN adds no reused parameter to the reusing layer's (nor to its L2)
         regularized = [l2_term(factor, owners[name].params.values()) for name, factor in self.l2.items()
                        if factor and name in owners and owners[name].params]
+        regularized += [l2_term(factor, [layer.params[key]]) for layer in owners.values()
+                        for key, factor in layer.inner_l2.items()]
         darc1 = [darc1_term(factor, model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"])
                  for name, factor in self.darc1.items() if factor]
         zero = tf.constant(0.0)

@@ -91,6 +91,8 @@ class Layer(tf.Module):
         self.params: dict[str, tf.Variable] = {}
         # param key -> row counts of the separate variables RETURNN keeps it as (see SeqModel.returnn_parts)
         self.returnn_parts: dict[str, tuple[int, ...]] = {}
+        # param key -> an L2 of its own besides the layer's (a rec unit's layer's ``L2``)
+        self.inner_l2: dict[str, float] = {}
 
     def param(self, key: str) -> tf.Tensor:
         """The variable ``key`` in the compute dtype: the float32 variable stays the master copy, and its

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer
+from engine.model.losses.regularization import l2_factor
 from engine.model.rec.frames import Template, Value, loose_batch, step_slice
 from engine.model.rec.search import BeamSearch, choice_options
 from engine.model.rec.step_layers import GenericAttention, LinearUnit, UnitContext, UnitLayer
@@ -93,8 +94,11 @@ class RecSubnet(Layer):
             if layer.opts.get("trainable", True) is False:  # kept at their initial or loaded values
                 params.update({key: tf.Variable(var, trainable=False, name=var.name.split(":")[0])
                                for key, var in params.items()})
+            factor = l2_factor(f"{name}/{unit_name}", layer.opts)
             for key, var in params.items():
                 self.params[f"{unit_name}/{key}"] = var
+                if factor:  # RETURNN adds a unit layer's constraints to the rec layer's
+                    self.inner_l2[f"{unit_name}/{key}"] = factor
         self.optimize = opts.get("optimize_move_layers_out",
                                  config.bool("optimize_move_layers_out", True) if config else True)
         if not isinstance(self.optimize, bool):

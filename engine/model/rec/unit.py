@@ -57,7 +57,7 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
             "initial_output"},
     "reinterpret_data": {"enforce_batch_major", "initial_output"},  # a copy: the layout is the engine's
 }
-_COMMON = {"class", "from", "dropout", "is_output_layer", "trainable"}
+_COMMON = {"class", "from", "dropout", "is_output_layer", "trainable", "L2"}
 # options RETURNN's layers take that change nothing computed: accepted with an info line
 NO_EFFECT = {"param_device": "where RETURNN places the layer's parameters; a placement, not a computation"}
 # classes that carry state from step to step of their own, beyond their output (RETURNN's rec_vars_outputs)
