@@ -135,13 +135,27 @@ def check(setup: Setup, corpus: str) -> list[str]:
 
 def config_functions(root: str, path: str) -> list[str]:
     """The source of the config's top-level functions and imports, which its ``eval`` layers may call (as
-    ``self.network.get_config().typed_value('transform')``); whether they import is the engine's to say."""
+    ``self.network.get_config().typed_value('transform')``), and the top-level constants those functions
+    read (``num_inputs = 40`` of a SpecAugment function); whether they import is the engine's to say."""
     full = os.path.join(root, path)
     with open(full, encoding="utf8", errors="replace") as f:
         source = f.read()
     kinds = (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
-    return [ast.get_source_segment(source, node) for node in ast.parse(source).body
-            if isinstance(node, kinds)]
+    body = ast.parse(source).body
+    read = {node.id for top in body if isinstance(top, (ast.FunctionDef, ast.ClassDef))
+            for node in ast.walk(top) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    kept = []
+    for node in body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                continue
+            if node.targets[0].id in read:
+                kept.append(node)
+        elif isinstance(node, kinds):
+            kept.append(node)
+    return [ast.get_source_segment(source, node) for node in kept]
 
 
 def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]],
