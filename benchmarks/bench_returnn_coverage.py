@@ -76,6 +76,17 @@ def streams(namespace: dict[str, Any]) -> dict[str, tuple[int, bool]] | None:
     return result if "data" in result else None
 
 
+def described_streams(namespace: dict[str, Any]) -> dict[str, tuple[int, bool]] | None:
+    """The ``extern_data`` entries with a literal dim, where ``streams`` found others it cannot read (dim
+    tags, dim None, streams without a time axis): a corpus of these lets the check name the others."""
+    declared = namespace.get("extern_data")
+    if not isinstance(declared, dict):
+        return None
+    result = {key: (value["dim"], bool(value.get("sparse", False))) for key, value in declared.items()
+              if isinstance(value, dict) and isinstance(value.get("dim"), int) and value["dim"] > 0}
+    return result if "data" in result else None
+
+
 def layer_dicts(network: dict) -> Iterator[dict]:
     """Every layer dict, those of ``subnetwork`` and ``rec`` units included."""
     for name, layer in network.items():
@@ -213,7 +224,7 @@ def main() -> int:
         classes = {layer.get("class") for layer in layer_dicts(setup.network)}
         # a dict without 'class' (a network nested in an option) is no layer class to count
         missing_classes.update(str(c) for c in classes if c is not None and c not in BUILT_CLASSES)
-        dims = streams(setup.namespace)
+        dims = streams(setup.namespace) or described_streams(setup.namespace)
         if dims is None:
             refused_by["dims: extern_data / num_outputs missing or not literal"] += 1
             continue

@@ -353,3 +353,33 @@ def test_the_check_refuses_a_data_stream_the_declared_streams_lack():
                for p in problems)
     dense = {**declared, "delayed": {"dim": 7}}
     assert collect(Config({"network": network, "extern_data": dense}))[1] != []
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"dim": None, "shape": (None,), "dtype": "int32", "sparse": True},
+     "'alignment': 'dim' must be a positive int and 'sparse' True or False, got dim None"),
+    ({"shape": (1,), "dtype": "float32"}, "'alignment': 'dim' must be a positive int"),
+    ({"dim": 5, "shape": (1, 5)}, "'alignment': shape (1, 5) is not supported: a stream here is (None, 5)"),
+    ({"dim": 5, "sparse": True, "dtype": "float32"}, "dtype 'float32' is not supported for a sparse stream"),
+    ({"dim": 5, "same_dim_tags_as": {"t": "tag"}}, "'alignment' has ['same_dim_tags_as'], which this engine"),
+])
+def test_extern_data_entries_it_cannot_honour_are_named(entry, words):
+    """RETURNN's RNN-T and latent-attention setups declare streams this engine has no layout for; each is
+    named in one paragraph (a dim None was a TypeError traceback)."""
+    extern = {"data": {"dim": 4, "shape": (None, 4), "available_for_inference": True},
+              "classes": {"dim": 5, "sparse": True, "dtype": "int32", "shape": (None,)}}
+    network = {"output": {"class": "softmax", "loss": "ce", "from": "data"}}
+    assert collect(Config({"network": network, "extern_data": extern}))[1] == []
+    _, problems = collect(Config({"network": network, "extern_data": {**extern, "alignment": entry}}))
+    assert any(words in p for p in problems), problems
+
+
+def test_num_outputs_reads_as_returnn_reads_it():
+    """num_outputs' own 'data' entry comes before num_inputs (absent in RETURNN's LM configs), and a plain
+    num_outputs is the dim of the config's target (RETURNN's _num_inputs_outputs_from_config)."""
+    from engine.datasets.streams import data_dims
+
+    dims = data_dims(Config({"num_outputs": {"data": {"dim": 7, "sparse": True}, "delayed": [7, 1]}}), None)
+    assert (dims.input_dim, dims.input_sparse, dims.target_dims) == (7, True, {"delayed": 7})
+    dims = data_dims(Config({"num_inputs": 3, "num_outputs": 5, "target": "bpe"}), None)
+    assert (dims.input_dim, dims.input_sparse, dims.target_dims) == (3, False, {"bpe": 5})

@@ -22,10 +22,14 @@ def data_dims(config: Any, dataset: Dataset | None) -> DataDims:
     if config.has("extern_data"):
         streams = {k: _stream(k, v) for k, v in config.dict("extern_data").items()}
     elif config.has("num_inputs") or config.has("num_outputs"):
+        # as RETURNN reads them: a plain num_outputs is the config's target's; num_outputs' own "data"
+        # entry comes before num_inputs
         outputs = config.typed("num_outputs")
-        outputs = outputs if isinstance(outputs, dict) else {"classes": outputs}
+        target = config.value("target") if isinstance(config.value("target"), str) else "classes"
+        outputs = outputs if isinstance(outputs, dict) else {target: outputs}
         streams = {k: _stream(k, v, default_sparse=True) for k, v in outputs.items()}
-        streams["data"] = _stream("data", config.typed("num_inputs"))
+        if "data" not in streams:
+            streams["data"] = _stream("data", config.typed("num_inputs"))
     elif dataset is not None:
         streams = {k: (dataset.get_data_dim(k), dataset.is_sparse(k)) for k in dataset.data_keys}
     else:
@@ -52,13 +56,52 @@ def _check_against_dataset(streams: dict[str, tuple[int, bool]], dataset: Datase
                               f"{actual[0]} ({'sparse' if actual[1] else 'dense'}).")
 
 
+# RETURNN's keys of an extern_data entry that this engine takes (what each means: _described_stream)
+_ENTRY_KEYS = ("dim", "sparse", "dtype", "shape", "available_for_inference")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _described_stream(key: str, entry: dict) -> tuple[int, bool]:
+    """RETURNN's ``{"dim": D, "sparse": ...}`` of one stream with a time axis: ``shape`` and ``dtype`` only as
+    RETURNN's defaults for it, ``available_for_inference`` (which streams forward and search read is this
+    engine's rule: the input only). Dim tags, streams without a time axis or with more axes are refused."""
+    where = f"Config 'extern_data' entry '{key}'"
+    unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+    if unknown:
+        raise ConfigError(f"{where} has {unknown}, which this engine does not take: its streams are (time, "
+                          "feature) per sequence with their own lengths, without RETURNN's dim tags "
+                          f"(same_dim_tags_as, dim_tags); it takes {', '.join(_ENTRY_KEYS)}.")
+    sparse = entry.get("sparse", False)
+    if not isinstance(sparse, bool) or not _positive(entry.get("dim")):
+        raise ConfigError(f"{where}: 'dim' must be a positive int and 'sparse' True or False, got dim "
+                          f"{entry.get('dim')!r}, sparse {sparse!r} (a stream of class ids needs its number "
+                          "of classes here).")
+    dim = entry["dim"]
+    shape = entry.get("shape")
+    if shape is not None and tuple(shape) != ((None,) if sparse else (None, dim)):
+        raise ConfigError(f"{where}: shape {tuple(shape)!r} is not supported: a stream here is "
+                          f"{'(None,)' if sparse else f'(None, {dim})'} (a time axis, and the features), "
+                          "not one without a time axis or with more axes.")
+    dtype = entry.get("dtype")
+    if dtype is not None and dtype not in (("int32", "int64") if sparse else ("float32",)):
+        kind = "sparse" if sparse else "dense"
+        raise ConfigError(f"{where}: dtype {dtype!r} is not supported for a {kind} "
+                          f"stream (it takes {'int32 or int64' if sparse else 'float32'}).")
+    if not isinstance(entry.get("available_for_inference", True), bool):
+        raise ConfigError(f"{where}: available_for_inference must be True or False.")
+    return dim, sparse
+
+
 def _stream(key: str, value, default_sparse: bool = False) -> tuple[int, bool]:
     """``{"dim": 50, "sparse": True}``, ``(dim, ndim)`` (ndim 1 = sparse) or a plain dim."""
-    if isinstance(value, dict) and "dim" in value:
-        return int(value["dim"]), bool(value.get("sparse", False))
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return int(value[0]), int(value[1]) == 1
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, dict):
+        return _described_stream(key, value)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and _positive(value[0]) and value[1] in (1, 2):
+        return value[0], value[1] == 1
+    if _positive(value):
         return value, default_sparse
     raise ConfigError(f"Config 'extern_data'/'num_outputs' entry '{key}' = {value!r} is not understood; "
                       "write {'dim': D, 'sparse': True/False} or (dim, ndim).")

@@ -40,7 +40,11 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
     networks = [network] if isinstance(network, dict) else []
     if schedule is not None:
         networks = [schedule.layers(epoch) for epoch in range(1, schedule.num_epochs + 1)]
-    sparse = _declared_sparse_streams(config)
+    try:
+        sparse = _declared_sparse_streams(config)
+    except EngineError as exc:  # an extern_data / num_outputs entry this engine cannot honour
+        sparse = None
+        problems.append(str(exc))
     for network in networks:
         try:
             specs = parse_network(network)
@@ -71,10 +75,7 @@ def _declared_sparse_streams(config: Config) -> dict[str, int] | None:
     they come from the dataset, which the check does not open: the build checks them)."""
     if not (config.has("extern_data") or config.has("num_inputs") or config.has("num_outputs")):
         return None
-    try:
-        dims = data_dims(config, None)
-    except EngineError:  # reported where the dims are read
-        return None
+    dims = data_dims(config, None)
     return sparse_stream_dims(dims.input_dim, dims.input_sparse, dims.target_dims)
 
 
