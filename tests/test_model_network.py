@@ -400,3 +400,7 @@ def test_a_loss_this_engine_lacks_is_refused_by_the_check():
     with pytest.raises(ConfigError, match=r"'output': loss_opts use_native=True needs beam_width 1: "
                                           r"RETURNN's label error with its native CTC decodes greedily"):
         parse_network({"output": native})
+    flagged = {"class": "softmax", "loss": "ce", "loss_only_on_non_search": "yes", "from": "data"}
+    with pytest.raises(ConfigError, match=r"'output': loss_only_on_non_search must be True or False"):
+        parse_network({"output": flagged})
+    parse_network({"output": {**flagged, "loss_only_on_non_search": True}})

@@ -240,3 +240,20 @@ def test_refusals(tmp_path):
             output_layer(config, Model())
     config.set("search_output_layer", "decision")
     assert output_layer(config, Model()) == "decision"
+
+
+@pytest.mark.parametrize("flag, error", [(False, "0.25"), (True, "None")])
+def test_the_closing_line_reports_the_decide_error_unless_its_loss_is_dropped_in_search(flag, error):
+    """RETURNN drops a layer's loss in a search where loss_only_on_non_search is set (published attention
+    setups set it on their decide layer): its closing line then has no error."""
+    from types import SimpleNamespace
+
+    from engine.tasks.search import summary
+    from engine.tasks.search_output import SeqResult
+
+    decide = {"class": "decide", "from": "output", "loss": "edit_distance", "target": "classes",
+              "loss_only_on_non_search": flag}
+    setup = SimpleNamespace(target="classes", layer="decision", text=None,
+                            model=SimpleNamespace(specs={"decision": SimpleNamespace(opts=decide)}))
+    results = [SeqResult("a", None, label_errors=1, ref_labels=4)]
+    assert summary(setup, results, 3)[0] == f"Search done. Num steps 3, Final: score None error {error}"

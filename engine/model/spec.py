@@ -14,7 +14,7 @@ from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import Finding, Scope, classify
 from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
-from engine.model.losses import check_loss_name, check_loss_opts
+from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit import max_len_layers, parse_unit
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -23,10 +23,11 @@ _CLASS_OPTIONS = {
     "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init",
                "use_transposed_weights"},
     "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval",
-                "forward_weights_init", "bias_init", "use_transposed_weights"},
+                "forward_weights_init", "bias_init", "use_transposed_weights", "loss_only_on_non_search"},
     "rec": {"n_out", "unit", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
             "unit_opts"},  # unit_opts: layers/lstm_norm_options.py checks them per unit
-    "decide": {"loss", "target", "loss_opts", "only_on_eval", "length_normalization"},
+    "decide": {"loss", "target", "loss_opts", "only_on_eval", "length_normalization",
+               "loss_only_on_non_search"},
     "copy": {"loss", "target", "loss_scale", "loss_opts", "only_on_eval"},
     "dropout": set(),
     "time_chunking": {"chunk_size", "chunk_step"},
@@ -170,6 +171,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         if "loss" in _CLASS_OPTIONS[cls]:
             check_loss_name(f"Network layer '{name}'", cls, opts.get("loss"))
             check_loss_opts(f"Network layer '{name}'", opts.get("loss"), opts.get("loss_opts"))
+            check_loss_only_on_non_search(f"Network layer '{name}'", opts)
         specs[name] = LayerSpec(cls, _sources(name, opts.get("from", "data")), opts)
     for name, spec in specs.items():
         for src in spec.sources:

@@ -191,8 +191,11 @@ def summary(setup: SearchSetup, results: list[SeqResult], steps: int) -> list[st
         return [f"Search done. Num steps {steps}, Final: score None error None"]
     label_errors, ref_labels = sum(r.label_errors for r in results), sum(r.ref_labels for r in results)
     rate = label_errors / max(ref_labels, 1)
-    # RETURNN reports the decide layer's edit_distance loss: an error, no score
-    error = str(rate) if setup.model.specs[setup.layer].opts.get("loss") == "edit_distance" else "None"
+    # RETURNN reports the decide layer's edit_distance loss: an error, no score (none where the layer drops
+    # its loss in a search: loss_only_on_non_search)
+    opts = setup.model.specs[setup.layer].opts
+    scored = opts.get("loss") == "edit_distance" and not opts.get("loss_only_on_non_search")
+    error = str(rate) if scored else "None"
     lines = [f"Search done. Num steps {steps}, Final: score None error {error}"]
     if setup.text is not None and setup.text.has_words:
         errors, words = sum(r.word_errors for r in results), sum(r.ref_words for r in results)

@@ -58,3 +58,11 @@ def check_loss_opts(where: str, loss: object, loss_opts: object) -> None:
             raise ConfigError(f"{where}: loss_opts use_native=True with ctc_opts "
                               f"{sorted(set(ctc_opts) - {'ctc_merge_repeated'})}: RETURNN's native CTC op "
                               "takes only ctc_merge_repeated.")
+
+
+def check_loss_only_on_non_search(where: str, opts: dict) -> None:
+    """RETURNN's ``loss_only_on_non_search``: True drops the layer's loss in a search. This engine's search
+    computes no loss of a softmax layer either way; a decide layer's error is then not reported."""
+    if not isinstance(opts.get("loss_only_on_non_search", False), bool):
+        raise ConfigError(f"{where}: loss_only_on_non_search must be True or False, got "
+                          f"{opts['loss_only_on_non_search']!r}.")

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.model.losses import check_loss_name, check_loss_opts
+from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit_options import check_options
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -31,7 +31,7 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init", "initial_output",
                "use_transposed_weights"},
     "softmax": {"n_out", "target", "loss", "loss_scale", "loss_opts", "with_bias", "forward_weights_init",
-                "bias_init", "initial_output", "use_transposed_weights"},
+                "bias_init", "initial_output", "use_transposed_weights", "loss_only_on_non_search"},
     "combine": {"kind", "n_out", "initial_output"},
     "activation": {"activation", "initial_output"},
     "copy": {"initial_output"},
@@ -137,6 +137,7 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
         if "loss" in UNIT_CLASS_OPTIONS[cls]:
             check_loss_name(where, cls, opts.get("loss"))
             check_loss_opts(where, opts.get("loss"), opts.get("loss_opts"))
+            check_loss_only_on_non_search(where, opts)
         check_options(where, cls, opts)
         sources = opts.get("from", [] if cls in ("generic_attention", "variable") else "data:source")
         sources = [sources] if isinstance(sources, str) else sources
