@@ -13,8 +13,8 @@ from engine.model.axes import BATCH, TIME, Layout, resolve_axes
 from engine.model.layers.base import Layer
 from engine.runtime.errors import ConfigError
 
-_MODES = {"sum": tf.reduce_sum, "max": tf.reduce_max, "min": tf.reduce_min, "mean": tf.reduce_mean,
-          "avg": tf.reduce_mean, "logsumexp": tf.reduce_logsumexp}
+REDUCE_OPS = {"sum": tf.reduce_sum, "max": tf.reduce_max, "min": tf.reduce_min, "mean": tf.reduce_mean,
+              "avg": tf.reduce_mean, "logsumexp": tf.reduce_logsumexp}
 
 
 class Reduce(Layer):
@@ -27,9 +27,9 @@ class Reduce(Layer):
     def __init__(self, name: str, opts: dict, layout: Layout) -> None:
         super().__init__(layout.feature)
         mode = str(opts.get("mode", "")).lower()
-        if mode not in _MODES:
+        if mode not in REDUCE_OPS:
             raise ConfigError(f"Network layer '{name}': 'mode' {opts.get('mode')!r} is not taken here; "
-                              f"modes: {', '.join(sorted(_MODES))} (argmin/argmax give class ids, not "
+                              f"modes: {', '.join(sorted(REDUCE_OPS))} (argmin/argmax give class ids, not "
                               "implemented).")
         if "axes" in opts and "axis" in opts:
             raise ConfigError(f"Network layer '{name}': give 'axes' or 'axis', not both (as RETURNN).")
@@ -43,7 +43,7 @@ class Reduce(Layer):
                               f"input {layout.describe()} must be static spatial axes (such as 's:1'); "
                               "this engine keeps every layer's frames and sequences, and RETURNN gives a "
                               "reduced feature axis's role to another axis, which this layout cannot follow.")
-        self.reduce, self.axes, self.keep_dims = _MODES[mode], sorted(axes), keep_dims
+        self.reduce, self.axes, self.keep_dims = REDUCE_OPS[mode], sorted(axes), keep_dims
         self.spatial = tuple(1 if keep_dims and axis in axes else layout.size(axis)
                              for axis in range(2, layout.feature_axis) if keep_dims or axis not in axes)
         self.n_out = layout.feature

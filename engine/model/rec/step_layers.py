@@ -319,10 +319,11 @@ class LstmCell(UnitLayer):
                  ctx: UnitContext) -> None:
         super().__init__(name, opts, sources, template)
         if any(s.axes or s.sparse for s in sources):
-            raise ConfigError(f"{ctx.where(name)}: rnn_cell takes dense sources of one step without time "
-                              f"axes, got {[s.describe() for s in sources]}.")
-        n = template.dim
-        in_dim = sum(s.dim for s in sources)
+            raise ConfigError(f"{ctx.where(name)}: {opts['class']} takes dense sources of one step without "
+                              f"time axes, got {[s.describe() for s in sources]}.")
+        self.make_params(name, opts, sum(s.dim for s in sources), template.dim, ctx)
+
+    def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
         prefix = f"{ctx.rec_name}/rec/{name}/rec/lstm_cell"
         # RETURNN's rnn_cell: TF's glorot_uniform over the whole [input; recurrent] kernel, zero bias
         self.params["rec/lstm_cell/kernel"] = option_variable(

@@ -21,8 +21,9 @@ import tensorflow as tf
 from engine.model.initializers import parse_initializer
 from engine.model.layers.base import positive_int
 from engine.model.layers.recurrent import initializers
+from engine.model.layers.reduce import REDUCE_OPS
 from engine.model.rec.frames import Template, Value
-from engine.model.rec.step_layers import UnitContext, UnitLayer
+from engine.model.rec.step_layers import LstmCell, UnitContext, UnitLayer
 from engine.runtime.errors import ConfigError
 
 # RETURNN's state keys of one part of an LSTM's state tuple (c, h): by name or by position
@@ -31,8 +32,6 @@ _LSTM_STATE_POSITIONS = {"c": 0, "h": 1, 0: 0, 1: 1}
 
 class VariableUnit(UnitLayer):
     """``variable``: a trainable vector, the same for every row and step (no sources)."""
-
-    sourceless = True
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
@@ -54,31 +53,19 @@ class VariableUnit(UnitLayer):
         return tf.broadcast_to(self.params[self.name], tf.stack(shape))
 
 
-class NativeLstmStep(UnitLayer):
+class NativeLstmStep(LstmCell):
     """``rec`` with an LSTM unit inside a unit: one NativeLstm2 step, state (c, h)."""
-
-    stateful = True
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
-        return Template((), positive_int(ctx.where(name), opts, "n_out"))
+        return Template((), positive_int(ctx.where(name), opts, "n_out"))  # the unit: unit_options
 
-    def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
-                 ctx: UnitContext) -> None:
-        super().__init__(name, opts, sources, template)
-        if any(s.axes or s.sparse for s in sources):
-            raise ConfigError(f"{ctx.where(name)}: a rec layer in the loop takes dense sources of one step "
-                              f"without other axes, got {[s.describe() for s in sources]}.")
-        n, in_dim = template.dim, sum(s.dim for s in sources)
+    def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
         prefix = f"{ctx.rec_name}/rec/{name}/rec"
         forward, recurrent, bias = initializers(ctx.where(name), opts, opts["unit"].lower())
         self.params["rec/W"] = forward.variable(f"{prefix}/W", (in_dim, 4 * n), ctx.random_seed)
         self.params["rec/W_re"] = recurrent.variable(f"{prefix}/W_re", (n, 4 * n), ctx.random_seed)
         self.params["rec/b"] = bias.variable(f"{prefix}/b", (4 * n,), ctx.random_seed)
-
-    def initial_state(self, batch: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        zeros = tf.zeros(tf.stack([batch, self.template.dim]))
-        return zeros, zeros
 
     def step(self, values: list[Value], state: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tuple]:
         c, h = state
@@ -93,8 +80,6 @@ class NativeLstmStep(UnitLayer):
 
 class LastHiddenState(UnitLayer):
     """``get_last_hidden_state``: the state of one or more ``rnn_cell`` layers (``combine`` concat or add)."""
-
-    reads_state = True
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
@@ -123,10 +108,6 @@ class LastHiddenState(UnitLayer):
         return tf.concat(parts, -1) if self.combine == "concat" else tf.add_n(parts)
 
 
-_REDUCE_MODES = {"sum": tf.reduce_sum, "max": tf.reduce_max, "min": tf.reduce_min, "mean": tf.reduce_mean,
-                 "avg": tf.reduce_mean, "logsumexp": tf.reduce_logsumexp}
-
-
 class ReduceFeatures(UnitLayer):
     """``reduce`` over the feature axis with ``keep_dims`` (the energy of an attention with a learned
     vector: ``{"class": "reduce", "axes": "f", "mode": "sum", "keep_dims": True}``): dim 1, the axes kept
@@ -140,7 +121,7 @@ class ReduceFeatures(UnitLayer):
         return Template(sources[0].axes, 1)
 
     def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
-        return _REDUCE_MODES[self.opts["mode"].lower()](values[0].tensor, axis=-1, keepdims=True)
+        return REDUCE_OPS[self.opts["mode"].lower()](values[0].tensor, axis=-1, keepdims=True)
 
 
 CLASSES: dict[str, type[UnitLayer]] = {"variable": VariableUnit, "get_last_hidden_state": LastHiddenState,
