@@ -93,7 +93,10 @@ _DIM_TAGS = ("RETURNN's tensor descriptions and dim tags; this engine's layers c
              "tensors and take no dim tags")
 # RETURNN's module -> name -> what it is: importable, but a ConfigError once used
 IMPORTABLE_ONLY: dict[str, dict[str, str]] = {
-    "returnn.tf.util.basic": {"Data": _DIM_TAGS, "DimensionTag": _DIM_TAGS},
+    "returnn.tf.util.basic": {"Data": _DIM_TAGS, "DimensionTag": _DIM_TAGS,
+                              # imported beside SpecAugment in 13 published configs, called in 2
+                              "dropout": "RETURNN's dropout function (its keep_prob, cond_on_train and "
+                                         "grad_div_noise_shape); use a layer's 'dropout' option"},
     "returnn.tf.util.data": {name: _DIM_TAGS
                              for name in ("Data", "Dim", "DimensionTag", "FeatureDim", "SpatialDim")},
 }
