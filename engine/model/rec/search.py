@@ -61,7 +61,7 @@ def _regroup(x: tf.Tensor, src_beams: tf.Tensor, beam: int) -> tf.Tensor:
 
 
 class BeamSearch:
-    """One search through the unit of a ``_Run`` (subnet.py) whose base values are already tiled."""
+    """One search through the unit of a ``LoopRun`` (loop_run.py) whose base values are already tiled."""
 
     def __init__(self, run: Any, loop: list[str], batch: tf.Tensor, beam: int, max_len: tf.Tensor) -> None:
         self.run, self.loop, self.batch, self.beam, self.max_len = run, loop, batch, beam, max_len
