@@ -341,6 +341,10 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
         def dropped(x):
             from TFUtil import dropout  # imported beside SpecAugment, mostly never called
             return dropout(x, keep_prob=0.9)
+
+        def lexicon():
+            from LmDataset import Lexicon  # imported at the top, never called
+            return Lexicon("lexicon.xml.gz")
         """)
     assert "returnn" not in sys.modules and "TFUtil" not in sys.modules and "TFCompat" not in sys.modules
     x = tf.constant([[-1.0, 2.0], [3.0, -4.0]])
@@ -356,6 +360,9 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"RETURNN's TFUtil.dropout \(RETURNN's dropout function .*\) is "
                                           "not available in this engine"):
         config.value("dropped")(x)
+    with pytest.raises(ConfigError, match=r"RETURNN's LmDataset.Lexicon \(RETURNN's reader of a Bliss "
+                                          r"lexicon file .*\) is not available in this engine"):
+        config.value("lexicon")()
     assert "returnn" not in sys.modules and "TFUtil" not in sys.modules
     monkeypatch.setenv("ENGINE_TEST_PATH", "/usr/lib:/opt/old:/opt/old/lib:/opt/older")
     load(tmp_path, "from Util import cleanup_env_var_path\n"

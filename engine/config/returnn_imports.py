@@ -99,6 +99,9 @@ IMPORTABLE_ONLY: dict[str, dict[str, str]] = {
                                          "grad_div_noise_shape); use a layer's 'dropout' option"},
     "returnn.tf.util.data": {name: _DIM_TAGS
                              for name in ("Data", "Dim", "DimensionTag", "FeatureDim", "SpatialDim")},
+    # imported at the top of 28 published configs, called in none
+    "returnn.datasets.lm": {"Lexicon": "RETURNN's reader of a Bliss lexicon file (its phonemes and "
+                                       "lemmas)"},
 }
 
 _MODULES = set(PROVIDED) | set(IMPORTABLE_ONLY)
