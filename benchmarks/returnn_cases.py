@@ -30,6 +30,14 @@ CASES: dict[str, dict] = {
                    "from": "embed"},
         "output": {"class": "softmax", "loss": "ce", "use_transposed_weights": True, "from": "hidden"}}},
     **{f"rec_{unit}": _rec_case(unit) for unit in UNITS},
+    # NativeLstm2's unit_opts (2022-scale-learning's encoders): the weight dropout acts in training only
+    "rec_weight_dropout": {"extern_data": DENSE, "network": {
+        "fw": {"class": "rec", "unit": "nativelstm2", "n_out": 3, "from": "data",
+               "unit_opts": {"rec_weight_dropout": 0.1}},
+        "bw": {"class": "rec", "unit": "LSTMBlock", "n_out": 3, "direction": -1, "from": "data",
+               "unit_opts": {"rec_weight_dropout": 0.3, "rec_weight_dropout_shape": (None, 1),
+                             "forget_bias": 0.0}},
+        "output": {"class": "softmax", "loss": "ce", "from": ["fw", "bw"]}}},
     "conv_attention": {"extern_data": DENSE, "network": {
         "conv": {"class": "conv", "filter_size": (3,), "padding": "same", "n_out": 6, "activation": "relu",
                  "with_bias": True, "from": "data"},

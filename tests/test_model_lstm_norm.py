@@ -220,9 +220,9 @@ def test_other_refusals():
         model(bias_init=0.1)
     with pytest.raises(ConfigError, match="direction must be 1 or -1"):
         model(direction=0)
-    plain = {"l": {"class": "rec", "unit": "nativelstm2", "n_out": 4, "unit_opts": {"forget_bias": 0.0}},
+    plain = {"l": {"class": "rec", "unit": "standardlstm", "n_out": 4, "unit_opts": {"forget_bias": 0.0}},
              "output": {"class": "copy", "from": "l"}}
-    with pytest.raises(ConfigError, match="unit_opts .* on unit 'nativelstm2' is not implemented"):
+    with pytest.raises(ConfigError, match="unit_opts .* on unit 'standardlstm' is not implemented"):
         parse_network(plain)
     plain["l"]["unit_opts"] = {}
     parse_network(plain)  # no options

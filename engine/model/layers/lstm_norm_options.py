@@ -3,7 +3,8 @@
 
 Unit ``layernormvariantslstm`` is RETURNN's LayerNormVariantsLSTMCell (``lstm_norm.py`` runs it); its
 ``unit_opts`` are the keyword arguments of that cell, with its defaults (``NormLstmOptions``). The plain
-LSTM units (``spec.LSTM_UNITS``) take none here.
+LSTM units (``spec.LSTM_UNITS``) that RETURNN runs as its NativeLstm2 take that cell's
+``rec_weight_dropout`` (``rec_weight_dropout``; ``recurrent.py`` applies it).
 """
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from typing import Any
 from engine.runtime.errors import ConfigError
 
 NORM_LSTM_UNIT = "layernormvariantslstm"
+# the plain units RETURNN (TF 2, no GPU) runs as its NativeLstm2 (layers/recurrent.py), and the options of
+# that cell (its forget_bias only as 0, which it asserts)
+NATIVE_LSTM2_UNITS = ("lstm", "lstmp", "nativelstm2", "lstmblock", "lstmblockfused", "cudnnlstm")
+NATIVE_LSTM2_OPTIONS = ("rec_weight_dropout", "rec_weight_dropout_shape", "forget_bias")
 
 # the cell's arguments this engine does not take, and why
 _REFUSED = {
@@ -87,12 +92,41 @@ def norm_lstm_options(layer: str, unit_opts: Any) -> NormLstmOptions:
     return options
 
 
+def rec_weight_dropout(layer: str, unit: str, unit_opts: Any) -> tuple[float, tuple[int | None, ...] | None]:
+    """The ``unit_opts`` of a plain LSTM unit: RETURNN's NativeLstm2 ``rec_weight_dropout`` (a rate in
+    [0, 1)) and ``rec_weight_dropout_shape`` (None: a mask entry per entry of W_re; else two entries, each
+    None for the full axis or 1 to share the mask along it). Other options are refused by name."""
+    if not unit_opts:  # None or {} are no options
+        return 0.0, None
+    where = f"Network layer '{layer}': unit_opts {unit_opts!r} on unit {unit!r}"
+    if not isinstance(unit_opts, dict):
+        raise ConfigError(f"{where}: unit_opts must be a dict.")
+    if unit not in NATIVE_LSTM2_UNITS:
+        raise ConfigError(f"{where} is not implemented: RETURNN runs this unit as another cell than "
+                          f"NativeLstm2, whose options ({', '.join(NATIVE_LSTM2_OPTIONS)}) are the ones this "
+                          f"engine takes (on {', '.join(NATIVE_LSTM2_UNITS)}); unit {NORM_LSTM_UNIT!r} takes "
+                          "its cell's options.")
+    unknown = sorted(set(unit_opts) - set(NATIVE_LSTM2_OPTIONS))
+    if unknown:
+        raise ConfigError(f"{where}: {unknown} not implemented; RETURNN's NativeLstm2 options this engine "
+                          f"takes: {', '.join(NATIVE_LSTM2_OPTIONS)}.")
+    if unit_opts.get("forget_bias", 0) != 0:
+        raise ConfigError(f"{where}: RETURNN's NativeLstm2 asserts forget_bias 0 (give the forget gate's "
+                          "bias by bias_init instead).")
+    rate = unit_opts.get("rec_weight_dropout", 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+        raise ConfigError(f"{where}: rec_weight_dropout must be a rate in [0, 1), got {rate!r}.")
+    shape = unit_opts.get("rec_weight_dropout_shape")
+    if shape is not None and (not isinstance(shape, (tuple, list)) or len(shape) != 2
+                              or any(entry not in (None, 1) for entry in shape)):
+        raise ConfigError(f"{where}: rec_weight_dropout_shape must be None or two entries, each None (a mask "
+                          f"entry per row or column of W_re) or 1 (one shared along it), got {shape!r}.")
+    return float(rate), None if shape is None else tuple(shape)
+
+
 def check_unit_opts(layer: str, unit: str, unit_opts: Any) -> None:
     """A ``rec`` layer's ``unit_opts`` for its ``unit`` (a supported name, lower case)."""
     if unit == NORM_LSTM_UNIT:
         norm_lstm_options(layer, unit_opts)
-    elif unit_opts:  # None or {} are no options
-        raise ConfigError(f"Network layer '{layer}': unit_opts {unit_opts!r} on unit {unit!r} is not "
-                          "implemented: this engine's plain LSTM units take no options (RETURNN's "
-                          f"NativeLstm2 and TensorFlow cell options are not implemented); unit "
-                          f"{NORM_LSTM_UNIT!r} takes its cell's options.")
+    else:
+        rec_weight_dropout(layer, unit, unit_opts)

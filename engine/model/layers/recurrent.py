@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from engine.model.dropout import stateless_dropout
 from engine.model.initializers import GLOROT_UNIFORM, ZEROS, Initializer, parse_initializer
 from engine.model.layers.base import Layer, glorot_variable, positive_int
 from engine.model.layers.lstm_choice import LstmKernel, choose_lstm, on_gpu
+from engine.model.layers.lstm_norm_options import rec_weight_dropout
 from engine.runtime.errors import ConfigError
 
 # RETURNN's TF-2 units that run as TensorFlow's LSTM cell (StandardLSTM; TF 2 has no BasicLSTM, so RETURNN
@@ -72,8 +74,26 @@ class Rec(Layer):
         self.params["b"] = inits[2].variable(f"{name}/b", (4 * n,), random_seed)
         # W's rows as RETURNN's variables: W (input) and W_re (recurrent), or one kernel (model.returnn_parts)
         self.returnn_parts = {} if self.unit in ONE_KERNEL_UNITS else {"W": (in_dim, n)}
+        self.rec_weight_dropout, self.rec_weight_dropout_shape = rec_weight_dropout(
+            name, self.unit, opts.get("unit_opts"))
+        self.needs_seed = self.rec_weight_dropout > 0.0
 
-    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+    def _weights(self, training: bool, seed: tf.Tensor | None) -> tf.Tensor:
+        """W; in training with ``rec_weight_dropout``, its recurrent rows (RETURNN's W_re) dropped as
+        RETURNN's NativeLstm2 drops them: one mask per step, the same for every sequence and frame."""
+        weights = self.params["W"]
+        if not (training and self.rec_weight_dropout):
+            return weights
+        n_in = weights.shape[0] - self.n_out
+        recurrent = weights[n_in:]
+        shape = self.rec_weight_dropout_shape
+        noise = None if shape is None else [tf.shape(recurrent)[i] if size is None else size
+                                            for i, size in enumerate(shape)]
+        return tf.concat([weights[:n_in], stateless_dropout(recurrent, self.rec_weight_dropout, seed, noise)],
+                         axis=0)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool,
+                 seed: tf.Tensor | None = None) -> tf.Tensor:
         if self.direction == -1:
             x = tf.reverse_sequence(x, lengths, seq_axis=0, batch_axis=1)
         bias = self.params["b"]
@@ -81,7 +101,8 @@ class Rec(Layer):
             n = self.n_out
             bias = bias + tf.concat([tf.zeros([2 * n]), tf.fill([n], self.forget_bias), tf.zeros([n])], 0)
         # tf_amp: the recurrence stays float32 (no bfloat16 kernels; the cell state sums over all steps)
-        h = tf.cast(self.kernel.run(tf.cast(x, tf.float32), lengths, self.params["W"], bias, self.n_out),
+        h = tf.cast(self.kernel.run(tf.cast(x, tf.float32), lengths, self._weights(training, seed), bias,
+                                    self.n_out),
                     self.compute_dtype)
         if self.direction == -1:
             h = tf.reverse_sequence(h, lengths, seq_axis=0, batch_axis=1)
