@@ -339,8 +339,8 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
             return DimensionTag(kind="spatial", description="time")
 
         def dropped(x):
-            from TFUtil import dropout  # imported beside SpecAugment, mostly never called
-            return dropout(x, keep_prob=0.9)
+            from TFUtil import dropout  # imported beside SpecAugment (13 published configs; 2 call it)
+            return dropout(x, keep_prob=0.5, noise_shape=(None, 1), apply_correction_factor=False)
 
         def lexicon():
             from LmDataset import Lexicon  # imported at the top, never called
@@ -352,14 +352,14 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
     np.testing.assert_array_equal(in_graph(x).numpy(), [[0, 2], [3, 0]])
     with pytest.raises(ConfigError, match=r"RETURNN's TFUtil.nd_indices is not provided by this engine. "
                                           r"Config code can import from RETURNN: .*returnn.tf.util.basic "
-                                          r"\(TFUtil\): get_shape, safe_exp, safe_log, where_bc"):
+                                          r"\(TFUtil\): dropout, get_shape, safe_exp, safe_log, where_bc"):
         config.value("unknown")()
     with pytest.raises(ConfigError, match=r"RETURNN's TFUtil.DimensionTag \(RETURNN's tensor descriptions "
                                           "and dim tags; .*\\) is not available in this engine"):
         config.value("dim_tag")()
-    with pytest.raises(ConfigError, match=r"RETURNN's TFUtil.dropout \(RETURNN's dropout function .*\) is "
-                                          "not available in this engine"):
-        config.value("dropped")(x)
+    rows = config.value("dropped")(tf.ones([400, 3])).numpy()
+    assert set(np.unique(rows)) <= {0.0, 1.0} and (rows == rows[:, :1]).all()  # one draw per row
+    assert 0.4 < rows[:, 0].mean() < 0.6
     with pytest.raises(ConfigError, match=r"RETURNN's LmDataset.Lexicon \(RETURNN's reader of a Bliss "
                                           r"lexicon file .*\) is not available in this engine"):
         config.value("lexicon")()
@@ -393,3 +393,23 @@ def test_tf_util_functions():
         tape.watch(x)
         y = safe_log(x)
     np.testing.assert_allclose(tape.gradient(y, x).numpy(), [1e20, 0.5], rtol=1e-5)  # the max passes it on
+
+
+def test_tf_util_dropout_is_returnns():
+    """RETURNN's TFUtil.dropout: a mask kept at probability keep_prob (a float or a tensor), divided by it
+    with apply_correction_factor, a draw per entry of noise_shape; keep_prob 1 returns x."""
+    from engine.config.returnn_tf_util import dropout
+
+    x = tf.random.stateless_normal([300, 40], seed=[1, 2]) + 5.0
+    np.testing.assert_array_equal(dropout(x, 1.0).numpy(), x.numpy())
+    y = dropout(x, tf.constant(0.8)).numpy()
+    kept = y != 0
+    assert 0.77 < kept.mean() < 0.83
+    np.testing.assert_allclose(y[kept], x.numpy()[kept] / 0.8, rtol=1e-6)
+    z = dropout(x, 0.3, noise_shape=(1, None), apply_correction_factor=False).numpy()
+    assert ((z != 0) == (z != 0)[:1]).all() and 0.1 < (z[0] != 0).mean() < 0.5  # one draw per column
+    np.testing.assert_array_equal(z[z != 0], x.numpy()[z != 0])
+    with pytest.raises(ConfigError, match=r"cond_on_train=True\) is not available .*network.cond_on_train"):
+        dropout(x, 0.5, cond_on_train=True)
+    with pytest.raises(ConfigError, match=r"keep_prob must be in \(0, 1\], got 0"):
+        dropout(x, 0)

@@ -84,7 +84,7 @@ def cleanup_env_var_path(env_var: str, path_prefix: str) -> None:
 PROVIDED: dict[str, dict[str, Callable[[], Any]]] = {
     "returnn.tf.compat": {"v1": _tf_compat("v1"), "v2": _tf_compat("v2")},
     "returnn.tf.util.basic": {name: _from(_TF_UTIL, name) for name in ("where_bc", "safe_log", "safe_exp",
-                                                                       "get_shape")},
+                                                                       "get_shape", "dropout")},
     "returnn.util.basic": {"cleanup_env_var_path": lambda: cleanup_env_var_path},
     "returnn.pretrain": {"WrapEpochValue": _from("engine.config.epoch_value", "WrapEpochValue")},
 }
@@ -93,10 +93,7 @@ _DIM_TAGS = ("RETURNN's tensor descriptions and dim tags; this engine's layers c
              "tensors and take no dim tags")
 # RETURNN's module -> name -> what it is: importable, but a ConfigError once used
 IMPORTABLE_ONLY: dict[str, dict[str, str]] = {
-    "returnn.tf.util.basic": {"Data": _DIM_TAGS, "DimensionTag": _DIM_TAGS,
-                              # imported beside SpecAugment in 13 published configs, called in 2
-                              "dropout": "RETURNN's dropout function (its keep_prob, cond_on_train and "
-                                         "grad_div_noise_shape); use a layer's 'dropout' option"},
+    "returnn.tf.util.basic": {"Data": _DIM_TAGS, "DimensionTag": _DIM_TAGS},
     "returnn.tf.util.data": {name: _DIM_TAGS
                              for name in ("Data", "Dim", "DimensionTag", "FeatureDim", "SpatialDim")},
     # imported at the top of 28 published configs, called in none

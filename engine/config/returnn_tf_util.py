@@ -106,6 +106,34 @@ def get_shape(x: Any) -> list:
     return [dim if dim is not None else dynamic[i] for i, dim in enumerate(x.shape.as_list())]
 
 
+def dropout(x: Any, keep_prob: Any, noise_shape: Any = None, seed: int | None = None, name: str | None = None,
+            cond_on_train: bool = False, apply_correction_factor: bool = True,
+            grad_checkpointing: bool = False) -> tf.Tensor:
+    """RETURNN's ``dropout``: ``x`` times a 0/1 mask (floor of keep_prob plus a uniform draw, so 1 at
+    probability ``keep_prob``; a draw per entry of ``noise_shape``, whose None entries are x's sizes and 1s
+    share a draw along that axis), divided by ``keep_prob`` with ``apply_correction_factor``.
+    ``grad_checkpointing`` (recomputing the mask in the backward pass, to save memory) changes no value.
+    ``cond_on_train`` is refused: config code has no train flag here; ``network.cond_on_train`` has."""
+    from engine.runtime.errors import ConfigError
+
+    if cond_on_train:
+        raise ConfigError("TFUtil.dropout(..., cond_on_train=True) is not available in this engine: config "
+                          "code sees no train flag; wrap the call in network.cond_on_train(train_fn, "
+                          "eval_fn) as RETURNN's SpecAugment functions do.")
+    x = tf.convert_to_tensor(x)
+    if isinstance(keep_prob, (float, int)):
+        if not 0 < keep_prob <= 1:
+            raise ConfigError(f"TFUtil.dropout: keep_prob must be in (0, 1], got {keep_prob!r}.")
+        if keep_prob == 1:
+            return x
+    keep_prob = tf.cast(keep_prob, x.dtype)
+    sizes = tf.shape(x)
+    shape = sizes if noise_shape is None else [sizes[i] if size is None else size
+                                               for i, size in enumerate(noise_shape)]
+    mask = tf.floor(keep_prob + tf.random.uniform(shape, seed=seed, dtype=x.dtype))
+    return x * (mask / keep_prob if apply_correction_factor else mask)
+
+
 class TfWithV1Names(types.ModuleType):
     """TensorFlow 2's ``tf``, where a name it lacks comes from ``tf.compat.v1``: eval expressions written
     for RETURNN on TensorFlow 1 say ``tf.to_float`` or ``tf.log_sigmoid``."""
@@ -121,4 +149,5 @@ class TfWithV1Names(types.ModuleType):
 
 
 # the names an eval expression sees besides tf, source, self and eval_locals (RETURNN: all of TFUtil)
-EVAL_NAMES = {"where_bc": where_bc, "safe_log": safe_log, "safe_exp": safe_exp, "get_shape": get_shape}
+EVAL_NAMES = {"where_bc": where_bc, "safe_log": safe_log, "safe_exp": safe_exp, "get_shape": get_shape,
+              "dropout": dropout}
