@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from engine.model.losses.cross_entropy import ProbabilityCrossEntropy
 from engine.model.network import NetworkModel
 from engine.model.rec.unit import parse_unit, plan_loop
 from engine.runtime.errors import ConfigError
@@ -370,3 +371,44 @@ def test_l2_on_unit_layers_regularizes_their_parameters_as_returnn_does():
     factors = net.l2_factors()
     assert factors["output/readout_in/W"] == 0.01 and factors["output/s/rec/lstm_cell/kernel"] == 0.02
     assert "output/output_prob/W" not in factors and factors["fw/W"] == 0.03
+
+
+# 2022-scale-learning's and 2020-lm-integration's decoders: the CE loss on an eval layer's probabilities
+COMBO_UNIT = {**UNIT, "output_prob": {"class": "softmax", "from": ["readout"], "target": "classes"},
+              "combo_log_prob": {"class": "eval", "from": ["output_prob"], "eval": "safe_log(source(0))"},
+              "combo_prob": {"class": "eval", "from": ["combo_log_prob"], "eval": "tf.exp(source(0))",
+                             "loss": "ce", "target": "classes", "loss_scale": 0.5}}
+COMBO_NETWORK = {**NETWORK, "output": {**NETWORK["output"], "unit": COMBO_UNIT}}
+
+
+def test_a_ce_loss_on_an_eval_layer_reads_its_output_as_probabilities():
+    """exp(log softmax) is the softmax: the loss, error and gradients equal those of the softmax's own CE
+    (RETURNN: -log(max(p_y, 1e-20)) of a layer that is no softmax), and loss_scale scales the objective."""
+    combo, plain = scores_and_gradients(model(COMBO_NETWORK)), scores_and_gradients(model())
+    np.testing.assert_allclose(float(combo[0].loss), float(plain[0].loss), rtol=1e-5)
+    np.testing.assert_allclose(float(combo[0].objective), 0.5 * float(plain[0].objective), rtol=1e-5)
+    assert float(combo[0].error) == float(plain[0].error) and float(combo[0].num_frames) == 9
+    for name, grad in combo[1].items():
+        np.testing.assert_allclose(grad.numpy(), 0.5 * plain[1][name].numpy(), rtol=1e-3, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_the_probability_ce_clips_at_1e_20_and_passes_the_gradient():
+    probabilities = tf.Variable([[0.0, 1.0], [0.25, 0.75]])
+    with tf.GradientTape() as tape:
+        losses = ProbabilityCrossEntropy().frame_losses(probabilities, tf.constant([0, 1]))
+    np.testing.assert_allclose(losses.numpy(), [-np.log(1e-20), -np.log(0.75)], rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(losses, probabilities).numpy(), [[-1e20, 0], [0, -1 / 0.75]],
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"target": "bpe"}, r"target 'bpe' \(known: \['classes'\]\) must be a sparse stream with as many"),
+    ({"loss_opts": {"label_smoothing": 0.1}}, r"option\(s\) \['loss_opts'\] of a eval layer"),
+    ({"loss": "ctc"}, "loss 'ctc' is not supported on a eval layer"),
+])
+def test_an_eval_loss_refuses_what_it_does_not_compute(change, message):
+    network = copy.deepcopy(COMBO_NETWORK)
+    network["output"]["unit"]["combo_prob"].update(change)
+    with pytest.raises(ConfigError, match=message):
+        model(network)

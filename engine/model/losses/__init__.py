@@ -16,7 +16,8 @@ Stage 4 (model): may import runtime, config, report and datasets; imported by th
 from engine.runtime.errors import ConfigError
 
 # the losses each layer class carries here; RETURNN's others (sampling_loss, mse, ...) are refused by name
-LAYER_LOSSES = {"softmax": ("ce", "ctc"), "copy": ("edit_distance",), "decide": ("edit_distance",)}
+LAYER_LOSSES = {"softmax": ("ce", "ctc"), "copy": ("edit_distance",), "decide": ("edit_distance",),
+                "eval": ("ce",)}  # eval: inside a rec unit (engine/model/rec/)
 
 
 def check_loss_name(where: str, cls: str, loss: object) -> None:

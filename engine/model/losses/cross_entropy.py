@@ -105,3 +105,22 @@ class CrossEntropy:
             # of a Conformer hybrid's step
             loss *= (1.0 - tf.exp(-target_loss)) ** self.focal_loss_factor
         return loss
+
+
+def _at_least_passing_gradient(x: tf.Tensor, low: float) -> tf.Tensor:
+    """max(x, low) whose gradient is 1 everywhere (RETURNN's maximum_with_identity_grad)."""
+    return x + tf.stop_gradient(tf.maximum(x, low) - x)
+
+
+@dataclass(frozen=True)
+class ProbabilityCrossEntropy:
+    """The ``ce`` loss of a layer whose output is probabilities but not a softmax's (an ``eval`` layer such
+    as ``tf.exp(log_probs)``), as RETURNN computes it there: -log(max(p_y, 1e-20)), the max passing the
+    gradient (its ``safe_log`` of the gathered target probability; no renormalisation). ``frame_losses``
+    reads the probabilities where the softmax's criterion reads logits."""
+    scale: float = 1.0
+    normalized: bool = False
+
+    def frame_losses(self, probabilities: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        target = tf.gather(probabilities, labels, axis=-1, batch_dims=labels.shape.rank)
+        return -tf.math.log(_at_least_passing_gradient(target, 1e-20))

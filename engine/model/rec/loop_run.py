@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from engine.model.dropout import stateless_dropout
 from engine.model.rec.frames import Value, loose_batch, step_slice
-from engine.model.rec.step_layers import LinearUnit
+from engine.model.rec.step_layers import EvalUnit, LinearUnit
 from engine.model.rec.step_state import LastHiddenState, VariableUnit
 from engine.model.rec.unit import Ref
 from engine.runtime.errors import ConfigError
@@ -70,6 +70,7 @@ class LoopRun:
         self.values: dict[str, Value] = {}  # computed on all steps (in front, behind, or stacked)
         self.rows: tf.Tensor | None = None  # the loop's rows (the batch, times the beam in a search)
         self.steps: tf.Tensor | None = None
+        # what each loss layer's criterion reads: a softmax's logits, an eval's probabilities
         self.logits: dict[str, tf.Tensor] = {}
 
     def _initial(self, name: str, batch: tf.Tensor) -> tf.Tensor:
@@ -111,6 +112,8 @@ class LoopRun:
         if isinstance(unit, LinearUnit) and unit.opts["class"] == "softmax":
             self.logits[name] = y
             y = tf.nn.softmax(y)
+        elif isinstance(unit, EvalUnit) and unit.loss:  # its criterion reads the probabilities themselves
+            self.logits[name] = y
         return Value(y, unit.template, looped)
 
     @staticmethod

@@ -20,6 +20,7 @@ from engine.model.layers.base import positive_int
 from engine.model.layers.dense import ACTIVATIONS, Linear, Softmax, activation_option
 from engine.model.layers.elementwise import COMBINE_KINDS
 from engine.model.layers.eval import LayerView, NetworkView, _Code
+from engine.model.losses.cross_entropy import ProbabilityCrossEntropy, loss_scale
 from engine.model.rec.frames import Axis, Template, Value, aligned, broadcast_axes, pair_static
 from engine.runtime.errors import ConfigError
 
@@ -382,6 +383,15 @@ class EvalUnit(UnitLayer):
         self.config = ctx.config
         self.where = ctx.where(name)
         self.training = False
+        # RETURNN's CE on a layer that is no softmax: the output is taken as the probabilities
+        self.loss, self.only_on_eval = opts.get("loss"), False
+        self.target = opts.get("target", "classes" if self.loss else None)
+        if self.target is not None and ctx.target_dims.get(self.target) != template.dim:
+            raise ConfigError(f"{self.where}: target {self.target!r} (known: {sorted(ctx.target_dims)}) must "
+                              f"be a sparse stream with as many classes as the layer's {template.dim} "
+                              "features.")
+        if self.loss:
+            self.criterion = ProbabilityCrossEntropy(loss_scale(f"{ctx.rec_name}/{name}", opts, {}))
 
     def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
         xs = [aligned(v, self.template.axes, looped) for v in values]

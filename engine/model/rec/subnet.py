@@ -134,10 +134,10 @@ class RecSubnet(Layer):
 
     @property
     def loss_units(self) -> dict[str, Any]:
-        """Unit layer name -> the softmax object of each unit layer with a loss (``loss``, ``target``,
-        ``criterion``, ``only_on_eval`` as the network's loss layers have them)."""
-        return {name: unit.dense for name, unit in self.units.items()
-                if isinstance(unit, LinearUnit) and unit.opts.get("loss")}
+        """Unit layer name -> the object of each unit layer with a loss (``loss``, ``target``,
+        ``criterion``, ``only_on_eval`` as the network's loss layers have them): a softmax's, an eval."""
+        return {name: unit.dense if isinstance(unit, LinearUnit) else unit
+                for name, unit in self.units.items() if unit.opts.get("loss")}
 
     def split_info(self, key: str) -> list[list[int]] | None:
         """How RETURNN splits the unit parameter ``key`` ("<unit layer>/<name>") into blocks when its

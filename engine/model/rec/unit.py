@@ -41,7 +41,7 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "split_dims": {"axis", "dims", "initial_output"},
     "rnn_cell": {"unit", "n_out", "initial_output", "unit_opts"},
     "reduce_out": {"mode", "num_pieces", "initial_output"},
-    "eval": {"eval", "out_type", "n_out", "initial_output"},
+    "eval": {"eval", "out_type", "n_out", "initial_output", "loss", "target", "loss_scale"},
     # the Transformer decoder's (step_attention.py)
     "layer_norm": {"epsilon", "initial_output"},
     "dropout": {"dropout_noise_shape", "initial_output"},
