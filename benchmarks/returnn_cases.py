@@ -30,6 +30,13 @@ CASES: dict[str, dict] = {
                    "from": "embed"},
         "output": {"class": "softmax", "loss": "ce", "use_transposed_weights": True, "from": "hidden"}}},
     **{f"rec_{unit}": _rec_case(unit) for unit in UNITS},
+    # reinterpret_data naming the axes its input has (2022-swb-conformer-hybrid-sat's i-vector paths)
+    "reinterpret_axes": {"extern_data": DENSE, "network": {
+        "hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "from": "data"},
+        "same": {"class": "reinterpret_data", "enforce_batch_major": True, "set_axes": {"F": 2, "T": 1},
+                 "from": "hidden"},
+        "copied": {"class": "reinterpret_data", "from": "same"},
+        "output": {"class": "softmax", "loss": "ce", "from": "copied"}}},
     # NativeLstm2's unit_opts (2022-scale-learning's encoders): the weight dropout acts in training only
     "rec_weight_dropout": {"extern_data": DENSE, "network": {
         "fw": {"class": "rec", "unit": "nativelstm2", "n_out": 3, "from": "data",
@@ -248,11 +255,28 @@ CASES["unit_state"] = {"extern_data": DENSE, "train_flag": True, "network": {
         "energy_bm": {"class": "reinterpret_data", "enforce_batch_major": True, "from": "energy"},
         "output": {"class": "combine", "kind": "mul", "from": ["s_proj", "scale"]}}},
     "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# rnn_cell ZoneoutLSTM (2021-internal-lm-attention's and 2022-scale-learning's decoders), its output and its
+# zoned state, with RETURNN's default output (the LSTM's own) and with use_zoneout_output
+CASES["unit_zoneout"] = {"extern_data": DENSE, "network": {
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "s": {"class": "rnn_cell", "unit": "ZoneoutLSTM", "from": ["data:source", "prev:s2"], "n_out": 3,
+              "unit_opts": {"zoneout_factor_cell": 0.15, "zoneout_factor_output": 0.05}},
+        "state": {"class": "get_last_hidden_state", "from": "prev:s", "n_out": 6},
+        "s2": {"class": "rnn_cell", "unit": "zoneoutlstm", "from": ["s", "state"], "n_out": 2,
+               "unit_opts": {"zoneout_factor_cell": 0.3, "zoneout_factor_output": 0.4,
+                             "use_zoneout_output": True}},
+        "output": {"class": "linear", "activation": None, "from": ["s", "s2"], "n_out": 4}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)
 
 
+# cases RETURNN gives no gradient to compare with, and why (its side computes none)
+NO_RETURNN_GRADIENT = {
+    "unit_zoneout": "RETURNN's rec loop has no gradient outside training (its while_loop without back_prop), "
+                    "and in training its zoneout draws random masks; the outputs are compared (eval)",
+}
 # cases whose gradients are compared on the outputs only, and why
 RETURNN_GRADIENT_WRONG = {
     "rec_NativeLstmLowMem": (
@@ -261,3 +285,6 @@ RETURNN_GRADIENT_WRONG = {
         "by central differences (eps 1e-2 and 3e-3), 0.0832 by the engine; the gradients of fw/rec/b and "
         "both W equal the engine's to 5e-8 (2026-11-28)"),
 }
+
+# the cases whose gradients are not compared, and why
+GRADIENTS_NOT_COMPARED = {**RETURNN_GRADIENT_WRONG, **NO_RETURNN_GRADIENT}

@@ -16,7 +16,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "returnn_ckpt"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 # the script that makes the fixtures judges by these
-from returnn_checkpoints import (RETURNN_GRADIENT_WRONG, TOLERANCE, compared_parts,  # noqa: E402,F401
+from returnn_checkpoints import (GRADIENTS_NOT_COMPARED, TOLERANCE, compared_parts,  # noqa: E402,F401
                                  engine_gradients, engine_outputs, gradient_differences, layer_lengths)
 
 

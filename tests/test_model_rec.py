@@ -385,6 +385,10 @@ def test_a_ce_loss_on_an_eval_layer_reads_its_output_as_probabilities():
     """exp(log softmax) is the softmax: the loss, error and gradients equal those of the softmax's own CE
     (RETURNN: -log(max(p_y, 1e-20)) of a layer that is no softmax), and loss_scale scales the objective."""
     combo, plain = scores_and_gradients(model(COMBO_NETWORK)), scores_and_gradients(model())
+    in_loop = copy.deepcopy(COMBO_NETWORK)
+    in_loop["output"]["optimize_move_layers_out"] = False  # the eval's probabilities from inside the loop
+    np.testing.assert_allclose(float(scores_and_gradients(model(in_loop))[0].loss), float(plain[0].loss),
+                               rtol=1e-5)
     np.testing.assert_allclose(float(combo[0].loss), float(plain[0].loss), rtol=1e-5)
     np.testing.assert_allclose(float(combo[0].objective), 0.5 * float(plain[0].objective), rtol=1e-5)
     assert float(combo[0].error) == float(plain[0].error) and float(combo[0].num_frames) == 9

@@ -102,7 +102,13 @@ def test_size_base_of_a_stream_needs_its_lengths():
     ({"aligned": {"class": "reinterpret_data", "size_base": "nowhere", "from": "up"}},
      r"'aligned': 'size_base' must name a layer of the network or a data stream"),
     ({"aligned": {"class": "reinterpret_data", "size_base": "data:classes", "enforce_batch_major": True,
-                  "from": "up"}}, r"enforce_batch_major"),
+                  "set_axes": {"F": 1, "T": 2}, "from": "up"}},
+     r"'aligned': set_axes \{'F': 1, 'T': 2\} is implemented only with enforce_batch_major True and naming "
+     r"the axes the input \(T, B, F=5\) already has as RETURNN numbers them batch-major "
+     r"\(\{'T': 1, 'F': 2\}\)"),
+    ({"aligned": {"class": "reinterpret_data", "size_base": "data:classes", "set_axes": {"T": 1},
+                  "from": "up"}},
+     r"'aligned': set_axes \{'T': 1\} is implemented only with enforce_batch_major"),
     ({"aligned": {"class": "copy", "from": "up"}}, r"'output' has a frame-wise loss .* but layer 'up' "
                                                    r"changes"),
     ({"up": {**HYBRID["up"], "output_padding": [1]}}, r"'up': 'output_padding' is not implemented"),

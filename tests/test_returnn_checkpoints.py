@@ -21,7 +21,7 @@ from engine.training.checkpoints.file_format import save_checkpoint
 from engine.training.checkpoints.initial_params import init_for_training, load_for_inference
 from engine.training.checkpoints.returnn_files import write_checkpoint
 from helpers import run_rnn
-from returnn_fixtures import (CASES, FIXTURES, RETURNN_GRADIENT_WRONG, TOLERANCE,
+from returnn_fixtures import (CASES, FIXTURES, GRADIENTS_NOT_COMPARED, TOLERANCE,
                               assert_outputs_equal_returnns, engine_gradients, fixture, gradient_differences,
                               model_of, randomise, stored, values, write_variant)
 
@@ -37,7 +37,7 @@ def test_load_gives_returnns_outputs(name):
     assert_outputs_equal_returnns(model, name)
 
 
-@pytest.mark.parametrize("name", sorted(set(CASES) - set(RETURNN_GRADIENT_WRONG)))
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(GRADIENTS_NOT_COMPARED)))
 def test_gradients_from_returnns_checkpoint_are_returnns(name):
     model = model_of(name)
     load_for_inference(Config({"load": fixture(name)}), model, fixture(name))

@@ -47,11 +47,11 @@ _DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating",
 # classes built from their name, options and input dim alone
 _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
                        "activation": Activation, "gating": Gating, "reduce_out": ReduceOut,
-                       "slice": FeatureSlice, "reinterpret_data": ReinterpretData}
+                       "slice": FeatureSlice}
 
 # classes built from their name, options and input axes
 _BUILT_FROM_LAYOUT = {"split_dims": SplitDims, "merge_dims": MergeDims, "window": Window, "pad": Pad,
-                      "swap_axes": SwapAxes, "reduce": Reduce}
+                      "swap_axes": SwapAxes, "reduce": Reduce, "reinterpret_data": ReinterpretData}
 
 
 class BuildOptions(NamedTuple):

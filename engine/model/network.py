@@ -147,7 +147,7 @@ class NetworkModel(SeqModel):
                 seq_lengths[name] = None  # "output" off their time axis
             elif isinstance(layer, TimeUnchunking):
                 seq_lengths[name] = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
-            elif isinstance(layer, ReinterpretData):
+            elif isinstance(layer, ReinterpretData) and layer.base:
                 seq_lengths[name] = self._size_base_lengths(layer, seq_lengths, {})
             elif seq_lengths[source] is not None:
                 seq_lengths[name] = layer.out_lengths(seq_lengths[source])
@@ -257,7 +257,7 @@ class NetworkModel(SeqModel):
             elif isinstance(layer, TimeUnchunking):
                 y = layer.unchunk(x, layer_lengths, time_steps[layer.chunking_layer])
                 layer_lengths = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
-            elif isinstance(layer, ReinterpretData):
+            elif isinstance(layer, ReinterpretData) and layer.base:
                 new_lengths = self._size_base_lengths(layer, seq_lengths, stream_lengths or {})
                 y, layer_lengths = layer.resize(x, layer_lengths, new_lengths), new_lengths
             elif isinstance(layer, Softmax):

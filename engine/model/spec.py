@@ -38,7 +38,7 @@ _CLASS_OPTIONS = {
     "split_dims": {"axis", "dims", "pad_to_multiples", "pad_value"},
     "transposed_conv": {"filter_size", "strides", "padding", "remove_padding", "output_padding", "n_out",
                         "activation", "with_bias", "forward_weights_init", "bias_init"},
-    "reinterpret_data": {"size_base"},
+    "reinterpret_data": {"size_base", "enforce_batch_major", "set_axes"},
     "merge_dims": {"axes", "keep_order", "n_out"},
     "reduce": {"mode", "axes", "axis", "keep_dims", "use_time_mask", "enforce_batch_dim_axis"},
     "layer_norm": {"epsilon"},
@@ -220,7 +220,7 @@ def _check_named_layers(name: str, spec: LayerSpec, specs: dict[str, LayerSpec])
         if specs[shared].cls != spec.cls or specs[shared].shares_params_of:
             raise ConfigError(f"Network layer '{name}': 'reuse_params' names '{shared}', which must be a "
                               f"{spec.cls} layer with parameters of its own.")
-    if spec.cls == "reinterpret_data":
+    if spec.cls == "reinterpret_data" and "size_base" in spec.opts:
         base = spec.opts.get("size_base")
         if not isinstance(base, str) or (spec.size_base and base not in specs):
             raise ConfigError(f"Network layer '{name}': 'size_base' must name a layer of the network or a "

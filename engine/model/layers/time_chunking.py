@@ -111,7 +111,7 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
                 raise ConfigError(f"Network layer '{name}': {key} {ref!r} is on another time axis than its "
                                   f"sources {list(sources)} (a time_chunking, or a conv/pool that changes "
                                   "the number of frames, lies between them).")
-        if cls == "reinterpret_data":  # the frames of its size_base: a layer's, or a data stream's
+        if cls == "reinterpret_data" and "size_base" in opts:  # the frames of a layer or a data stream
             base = opts["size_base"]
             axis = axes[base] if base in axes else () if base in ("data", "data:data") else (base,)
         elif cls == "time_chunking" or name in resampling:

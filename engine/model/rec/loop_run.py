@@ -181,7 +181,7 @@ class LoopRun:
         prev0, cells0 = tf.nest.map_structure(loose_batch, (prev0, cells0))
         arrays = {n: tf.TensorArray(tf.int32 if self.net.templates[n].sparse else tf.float32, size=steps)
                   for n in kept}
-        logit_arrays = {n: tf.TensorArray(tf.float32, size=steps) for n in kept if self._is_softmax(n)}
+        logit_arrays = {n: tf.TensorArray(tf.float32, size=steps) for n in kept if self._gives_loss_input(n)}
         # the layers moved in front, as the loop reads them (shifted once here, not at every step)
         outside = {(r.kind, r.name): self._whole(r, batch) for n in loop
                    for r in spec[n].sources + list(spec[n].options.values())
@@ -238,5 +238,7 @@ class LoopRun:
         y, new_cells[name] = unit.step(inputs, cell_states[name])
         return Value(y, self.net.templates[name], looped=False)
 
-    def _is_softmax(self, name: str) -> bool:
-        return self.net.spec[name].cls == "softmax"
+    def _gives_loss_input(self, name: str) -> bool:
+        """A softmax (its logits) or an eval with a loss (its probabilities): ``self.logits``."""
+        layer = self.net.spec[name]
+        return layer.cls == "softmax" or (layer.cls == "eval" and bool(layer.opts.get("loss")))

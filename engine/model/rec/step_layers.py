@@ -15,6 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from engine.config import returnn_tf_util
+from engine.model.dropout import stateless_dropout
 from engine.model.initializers import option_variable
 from engine.model.layers.base import positive_int
 from engine.model.layers.dense import ACTIVATIONS, Linear, Softmax, activation_option
@@ -22,11 +23,8 @@ from engine.model.layers.elementwise import COMBINE_KINDS
 from engine.model.layers.eval import LayerView, NetworkView, _Code
 from engine.model.losses.cross_entropy import ProbabilityCrossEntropy, loss_scale
 from engine.model.rec.frames import Axis, Template, Value, aligned, broadcast_axes, pair_static
+from engine.model.rec.unit_options import ZONEOUT_UNIT, zoneout_options
 from engine.runtime.errors import ConfigError
-
-# RETURNN's rnn_cell units that run TensorFlow's LSTMCell one step at a time (its get_rnn_cell_class with
-# cell_only on TF 2): LSTMBlock and LSTMBlockFused are mapped to StandardLSTM there
-LSTM_CELL_UNITS = ("lstmblock", "lstmblockfused", "standardlstm", "basiclstm")
 
 
 class UnitContext:
@@ -302,18 +300,16 @@ class ReduceOutUnit(UnitLayer):
 
 
 class LstmCell(UnitLayer):
-    """``rnn_cell`` with an LSTMBlock-like unit: TensorFlow's LSTMCell on one step, state (c, h)."""
+    """``rnn_cell`` with an LSTMBlock-like unit: TensorFlow's LSTMCell on one step, state (c, h)
+    (``unit_options.check_options`` has checked the unit). Unit ZoneoutLSTM (RETURNN's ZoneoutLSTMCell)
+    then zones c and h out with their ``zoneout_factor_cell`` / ``_output`` z: in training each unit keeps
+    its previous value at probability z (RETURNN: (1 - z) * dropout(new - prev, keep 1 - z) + prev),
+    otherwise (1 - z) * new + z * prev; the output is the LSTM's own h unless ``use_zoneout_output``."""
 
     stateful = True
 
     @classmethod
     def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
-        unit = str(opts.get("unit", "")).lower()
-        if unit not in LSTM_CELL_UNITS or opts.get("unit_opts"):
-            raise ConfigError(f"{ctx.where(name)}: rnn_cell unit {opts.get('unit')!r} (unit_opts "
-                              f"{opts.get('unit_opts')!r}) is not implemented here; implemented: LSTMBlock, "
-                              "LSTMBlockFused, StandardLSTM, BasicLSTM without unit_opts (TensorFlow's "
-                              "LSTMCell, as RETURNN runs them on one step).")
         return Template((), positive_int(ctx.where(name), opts, "n_out"))
 
     def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
@@ -323,6 +319,9 @@ class LstmCell(UnitLayer):
             raise ConfigError(f"{ctx.where(name)}: {opts['class']} takes dense sources of one step without "
                               f"time axes, got {[s.describe() for s in sources]}.")
         self.make_params(name, opts, sum(s.dim for s in sources), template.dim, ctx)
+        zoneout = opts["class"] == "rnn_cell" and str(opts.get("unit")).lower() == ZONEOUT_UNIT
+        self.zoneout = zoneout_options(ctx.where(name), opts.get("unit_opts")) if zoneout else None
+        self.training, self.seed = False, None  # set by the loop before each step
 
     def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
         prefix = f"{ctx.rec_name}/rec/{name}/rec/lstm_cell"
@@ -341,9 +340,21 @@ class LstmCell(UnitLayer):
         x = tf.concat([v.tensor for v in values] + [h], axis=-1)
         gates = tf.matmul(x, self.params["rec/lstm_cell/kernel"]) + self.params["rec/lstm_cell/bias"]
         i, j, f, o = tf.split(gates, 4, axis=-1)
-        c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
-        h = tf.sigmoid(o) * tf.tanh(c)
-        return h, (c, h)
+        new_c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
+        new_h = tf.sigmoid(o) * tf.tanh(new_c)
+        if self.zoneout is None:
+            return new_h, (new_c, new_h)
+        cell, output, use_output = self.zoneout
+        zoned_c, zoned_h = self._zoned(c, new_c, cell, 0), self._zoned(h, new_h, output, 1)
+        return zoned_h if use_output else new_h, (zoned_c, zoned_h)
+
+    def _zoned(self, prev: tf.Tensor, new: tf.Tensor, factor: float, part: int) -> tf.Tensor:
+        if not factor:
+            return new
+        if self.training:
+            seed = tf.random.experimental.stateless_fold_in(self.seed, part)
+            return (1.0 - factor) * stateless_dropout(new - prev, factor, seed) + prev
+        return (1.0 - factor) * new + factor * prev
 
 
 class EvalUnit(UnitLayer):

@@ -8,6 +8,12 @@ from engine.runtime.errors import ConfigError
 
 REDUCE_MODES = ("sum", "max", "min", "mean", "avg", "logsumexp")
 FEATURE_AXES = ("f", "F", "feature", "dim")
+# RETURNN's rnn_cell units that run TensorFlow's LSTMCell one step at a time (its get_rnn_cell_class with
+# cell_only on TF 2: LSTMBlock and LSTMBlockFused are mapped to StandardLSTM there), and its ZoneoutLSTMCell
+# (that LSTMCell, then zoneout on c and h)
+LSTM_CELL_UNITS = ("lstmblock", "lstmblockfused", "standardlstm", "basiclstm")
+ZONEOUT_UNIT = "zoneoutlstm"
+ZONEOUT_OPTIONS = ("zoneout_factor_cell", "zoneout_factor_output", "use_zoneout_output")
 # the units RETURNN runs as NativeLstm2 on one step (NativeLstm raises there: its initial state is broken)
 NATIVE_STEP_UNITS = ("lstm", "lstmp", "nativelstm2", "lstmblock", "lstmblockfused")
 # RETURNN's state keys of an LSTM's (c, h): by name, by position, or both concatenated
@@ -19,8 +25,38 @@ def feature_axes(opts: dict) -> Any:
     return axes[0] if isinstance(axes, (list, tuple)) and len(axes) == 1 else axes
 
 
+def zoneout_options(where: str, unit_opts: Any) -> tuple[float, float, bool]:
+    """RETURNN's ZoneoutLSTMCell options: the zoneout factors of c and h (each in [0, 1): a factor of 1
+    makes RETURNN's dropout divide by 0), and whether the output is the zoned h (RETURNN's default for a
+    config without behavior_version: False, the LSTM's own output; configs here have none)."""
+    unit_opts = unit_opts or {}
+    unknown = sorted(set(unit_opts) - set(ZONEOUT_OPTIONS)) if isinstance(unit_opts, dict) else unit_opts
+    if unknown:
+        raise ConfigError(f"{where}: unit_opts {unknown!r} of rnn_cell unit ZoneoutLSTM: it takes "
+                          f"{', '.join(ZONEOUT_OPTIONS)}.")
+    factors = []
+    for key in ZONEOUT_OPTIONS[:2]:
+        value = unit_opts.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ConfigError(f"{where}: unit_opts {key} must be in [0, 1), got {value!r}.")
+        factors.append(float(value))
+    use_output = unit_opts.get("use_zoneout_output", False)
+    if not isinstance(use_output, bool):
+        raise ConfigError(f"{where}: unit_opts use_zoneout_output must be True or False, got {use_output!r}.")
+    return factors[0], factors[1], use_output
+
+
 def check_options(where: str, cls: str, opts: dict) -> None:
-    if cls == "reduce":
+    if cls == "rnn_cell":
+        unit = str(opts.get("unit", "")).lower()
+        if unit == ZONEOUT_UNIT:
+            zoneout_options(where, opts.get("unit_opts"))
+        elif unit not in LSTM_CELL_UNITS or opts.get("unit_opts"):
+            raise ConfigError(f"{where}: rnn_cell unit {opts.get('unit')!r} (unit_opts "
+                              f"{opts.get('unit_opts')!r}) is not implemented here; implemented: LSTMBlock, "
+                              "LSTMBlockFused, StandardLSTM, BasicLSTM without unit_opts (TensorFlow's "
+                              "LSTMCell, as RETURNN runs them on one step), and ZoneoutLSTM.")
+    elif cls == "reduce":
         if feature_axes(opts) not in FEATURE_AXES or opts.get("keep_dims") is not True:
             raise ConfigError(f"{where}: reduce inside a rec unit is implemented over the feature axis with "
                               f"keep_dims True (axes 'f'); got axes {feature_axes(opts)!r}, keep_dims "
