@@ -267,6 +267,21 @@ CASES["unit_zoneout"] = {"extern_data": DENSE, "network": {
                              "use_zoneout_output": True}},
         "output": {"class": "linear", "activation": None, "from": ["s", "s2"], "n_out": 4}}},
     "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# rnn_cell layernormvariantslstm in a decoder's recurrence (2019-asr-layer-norm-lstm's attention setups, their
+# unit_opts: global_norm_joined without cell_norm, per_gate_norm, the defaults); no dropout, so RETURNN's
+# loop runs with train_flag and both sides' gradients are compared
+CASES["unit_lnlstm"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "s": {"class": "rnn_cell", "unit": "layernormvariantslstm", "from": ["data:source", "prev:s3"],
+              "n_out": 3,
+              "unit_opts": {"global_norm": False, "global_norm_joined": True, "cell_norm": False}},
+        "s2": {"class": "rnn_cell", "unit": "LayerNormVariantsLSTM", "from": ["s"], "n_out": 2,
+               "unit_opts": {"global_norm": False, "per_gate_norm": True, "forget_bias": 1.0}},
+        "state": {"class": "get_last_hidden_state", "from": "prev:s2", "n_out": 4},
+        "s3": {"class": "rnn_cell", "unit": "layernormvariantslstm", "from": ["s2", "state"], "n_out": 2,
+               "unit_opts": {"hidden_norm": True, "with_concat": True, "global_norm": False}},
+        "output": {"class": "linear", "activation": None, "from": ["s", "s3"], "n_out": 4}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

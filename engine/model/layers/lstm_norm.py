@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from engine.model.initializers import GLOROT_UNIFORM, Initializer, parse_initializer
 from engine.model.layers.base import Layer, positive_int, time_mask
-from engine.model.layers.lstm_norm_options import NormLstmOptions, norm_lstm_options
+from engine.model.layers.lstm_norm_options import norm_lstm_options
 from engine.runtime.errors import ConfigError
 
 GATES = ("i", "j", "f", "o")  # RETURNN's order of the four column blocks
@@ -63,7 +63,7 @@ class NormLstmRec(Layer):
             raise ConfigError(f"Network layer '{name}': bias_init on unit {opts.get('unit')!r} is refused: "
                               "RETURNN's LayerNormVariantsLSTMCell does not read it (its biases start at 0, "
                               "or at forget_bias in the forget block); remove it.")
-        self.options = o = norm_lstm_options(name, opts.get("unit_opts"))
+        self.options = o = norm_lstm_options(f"Network layer '{name}'", opts.get("unit_opts"))
         given = {key: parse_initializer(name, key, opts[key])
                  for key in ("forward_weights_init", "recurrent_weights_init") if opts.get(key) is not None}
         forward, recurrent = given.get("forward_weights_init"), given.get("recurrent_weights_init")
@@ -120,59 +120,69 @@ class NormLstmRec(Layer):
         beta = self.params.get(f"beta_{where}")
         return y if beta is None else y + beta
 
+    def transformed_input(self, x: tf.Tensor) -> tf.Tensor:
+        """The input's share of a step, (..., 4n), for any number of steps at once (RETURNN's
+        ``get_input_transformed``); with_concat's [x; h] W_ff_re is x W[:in] + h W[in:]."""
+        o, p = self.options, self.params
+        if o.with_concat:
+            below, bias = tf.tensordot(x, p["W_ff_re"][:self.in_dim], 1), p.get("bias_ff_re")
+        else:
+            below, bias = tf.tensordot(x, p["W_ff"], 1), p.get("bias_ff")
+        if bias is not None:
+            below += bias
+        return self._norm(below, "input_below") if o.global_norm else below
+
+    def dropout_masks(self, seed: tf.Tensor | None, batch: tf.Tensor,
+                      training: bool) -> tuple[tf.Tensor | None, tf.Tensor | None]:
+        """The masks of ``dropout`` and ``dropout_h`` (None where not applied): in training one pair per
+        call, the same at every step (RETURNN makes them outside its loop)."""
+        o = self.options
+        if not (training and (o.dropout or o.dropout_h)):
+            return None, None
+        if seed is None:
+            raise ValueError("NormLstmRec needs a seed for its dropout in training")
+        mask_j, mask_h = dropout_masks(seed, batch, self.n_out, (o.dropout, o.dropout_h))
+        return mask_j, mask_h
+
+    def step(self, state: tuple[tf.Tensor, tf.Tensor], below: tf.Tensor, mask_j: tf.Tensor | None,
+             mask_h: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
+        """One step: the new (c, h) from the state and the input's share ``below`` (B, 4n)."""
+        o, p = self.options, self.params
+        c, h = state
+        if mask_h is not None:
+            h = h * mask_h
+        from_h = tf.matmul(h, p["W_ff_re"][self.in_dim:] if o.with_concat else p["W_re"])
+        if o.global_norm:
+            from_h = self._norm(from_h, "state_below")
+        z = below + from_h
+        if o.global_norm_joined:
+            z = self._norm(z, "lstm_in")
+        gates = dict(zip(GATES, tf.split(z, 4, axis=-1)))
+        if o.per_gate_norm:
+            gates = {g: self._norm(value, f"{g}_gate") for g, value in gates.items()}
+        cell_in = tf.tanh(gates["j"])
+        if mask_j is not None:
+            cell_in *= mask_j
+        c = tf.sigmoid(gates["f"]) * c + tf.sigmoid(gates["i"]) * cell_in
+        c_out = c
+        if o.cell_norm:
+            c = self._norm(c, "new_c")
+            c_out = c if o.cell_norm_in_output else c_out
+        h = tf.sigmoid(gates["o"]) * tf.tanh(c_out)
+        if o.hidden_norm:
+            h = self._norm(h, "new_h")
+        return c, h
+
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool,
                  seed: tf.Tensor | None = None) -> tf.Tensor:
-        o: NormLstmOptions = self.options
-        n, p = self.n_out, self.params
         x = tf.cast(x, tf.float32)  # tf_amp: the recurrence stays float32, as for the plain LSTM units
         if self.direction == -1:
             x = tf.reverse_sequence(x, lengths, seq_axis=0, batch_axis=1)
-        # the input's share of every step at once; with_concat's [x; h] W_ff_re is x W[:in] + h W[in:]
-        if o.with_concat:
-            inputs, recurrent = p["W_ff_re"][:self.in_dim], p["W_ff_re"][self.in_dim:]
-            bias = p.get("bias_ff_re")
-        else:
-            inputs, recurrent, bias = p["W_ff"], p["W_re"], p.get("bias_ff")
-        below = tf.einsum("tbi,ij->tbj", x, inputs)
-        if bias is not None:
-            below += bias
-        if o.global_norm:
-            below = self._norm(below, "input_below")
         batch = tf.shape(x)[1]
-        mask_j, mask_h = None, None
-        if training and (o.dropout or o.dropout_h):
-            if seed is None:
-                raise ValueError("NormLstmRec needs a seed for its dropout in training")
-            mask_j, mask_h = dropout_masks(seed, batch, n, (o.dropout, o.dropout_h))
-
-        def step(state: tuple[tf.Tensor, tf.Tensor], below_t: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            c, h = state
-            if mask_h is not None:
-                h = h * mask_h
-            from_h = tf.matmul(h, recurrent)
-            if o.global_norm:
-                from_h = self._norm(from_h, "state_below")
-            z = below_t + from_h
-            if o.global_norm_joined:
-                z = self._norm(z, "lstm_in")
-            gates = dict(zip(GATES, tf.split(z, 4, axis=-1)))
-            if o.per_gate_norm:
-                gates = {g: self._norm(value, f"{g}_gate") for g, value in gates.items()}
-            cell_in = tf.tanh(gates["j"])
-            if mask_j is not None:
-                cell_in *= mask_j
-            c = tf.sigmoid(gates["f"]) * c + tf.sigmoid(gates["i"]) * cell_in
-            c_out = c
-            if o.cell_norm:
-                c = self._norm(c, "new_c")
-                c_out = c if o.cell_norm_in_output else c_out
-            h = tf.sigmoid(gates["o"]) * tf.tanh(c_out)
-            if o.hidden_norm:
-                h = self._norm(h, "new_h")
-            return c, h
-
-        zeros = tf.zeros(tf.stack([batch, n]))
-        _, h = tf.scan(step, below, initializer=(zeros, zeros))
+        mask_j, mask_h = self.dropout_masks(seed, batch, training)
+        zeros = tf.zeros(tf.stack([batch, self.n_out]))
+        _, h = tf.scan(lambda state, below: self.step(state, below, mask_j, mask_h),
+                       self.transformed_input(x), initializer=(zeros, zeros))
         if self.direction == -1:
             h = tf.reverse_sequence(h, lengths, seq_axis=0, batch_axis=1)
         # RETURNN's output is 0 past each sequence's end

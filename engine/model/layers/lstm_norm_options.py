@@ -53,7 +53,7 @@ _TYPES = {f.name: type(f.default) for f in fields(NormLstmOptions)}
 
 
 def _checked(layer: str, key: str, value: Any) -> Any:
-    where = f"Network layer '{layer}': unit_opts {key!r}"
+    where = f"{layer}: unit_opts {key!r}"
     if _TYPES[key] is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be True or False, got {value!r}.")
@@ -67,18 +67,19 @@ def _checked(layer: str, key: str, value: Any) -> Any:
 
 
 def norm_lstm_options(layer: str, unit_opts: Any) -> NormLstmOptions:
-    """The options ``unit_opts`` gives RETURNN's LayerNormVariantsLSTMCell; ConfigError names the layer
+    """The options ``unit_opts`` gives RETURNN's LayerNormVariantsLSTMCell (``layer``: how errors name the
+    layer, "Network layer 'x'"); ConfigError names the layer
     for an unknown or refused option, a wrong type, and each combination the cell asserts against."""
     if unit_opts is None:
         unit_opts = {}
     if not isinstance(unit_opts, dict):
-        raise ConfigError(f"Network layer '{layer}': unit_opts must be a dict, got {unit_opts!r}.")
+        raise ConfigError(f"{layer}: unit_opts must be a dict, got {unit_opts!r}.")
     for key in unit_opts:
         if key in _REFUSED:
-            raise ConfigError(f"Network layer '{layer}': unit_opts {key!r} is not implemented: "
+            raise ConfigError(f"{layer}: unit_opts {key!r} is not implemented: "
                               f"{_REFUSED[key]}.")
         if key not in _TYPES:
-            raise ConfigError(f"Network layer '{layer}': unit_opts {key!r} is no option of RETURNN's "
+            raise ConfigError(f"{layer}: unit_opts {key!r} is no option of RETURNN's "
                               f"LayerNormVariantsLSTMCell; it takes {', '.join(_TYPES)}.")
     options = NormLstmOptions(**{key: _checked(layer, key, value) for key, value in unit_opts.items()})
     # the combinations RETURNN's cell asserts against (global_norm is on unless switched off)
@@ -86,7 +87,7 @@ def norm_lstm_options(layer: str, unit_opts: Any) -> NormLstmOptions:
                ("per_gate_norm", "global_norm_joined"), ("with_concat", "global_norm")]
     for first, second in clashes:
         if getattr(options, first) and getattr(options, second):
-            raise ConfigError(f"Network layer '{layer}': unit_opts {first} and {second} are both on "
+            raise ConfigError(f"{layer}: unit_opts {first} and {second} are both on "
                               "(global_norm is on unless 'global_norm': False), a combination RETURNN's "
                               "LayerNormVariantsLSTMCell refuses; switch one of them off.")
     return options
@@ -127,6 +128,6 @@ def rec_weight_dropout(layer: str, unit: str, unit_opts: Any) -> tuple[float, tu
 def check_unit_opts(layer: str, unit: str, unit_opts: Any) -> None:
     """A ``rec`` layer's ``unit_opts`` for its ``unit`` (a supported name, lower case)."""
     if unit == NORM_LSTM_UNIT:
-        norm_lstm_options(layer, unit_opts)
+        norm_lstm_options(f"Network layer '{layer}'", unit_opts)
     else:
         rec_weight_dropout(layer, unit, unit_opts)

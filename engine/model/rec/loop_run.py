@@ -235,6 +235,8 @@ class LoopRun:
         if hasattr(unit, "seed"):  # its own draws (a self_attention's attention_dropout)
             unit.training = self.training
             unit.seed = _own_draws(seed)
+        if hasattr(unit, "call_seed"):  # its own draws, the same at every step (variational masks)
+            unit.call_seed = _own_draws(self._layer_seed(name)) if self.training else None
         y, new_cells[name] = unit.step(inputs, cell_states[name])
         return Value(y, self.net.templates[name], looped=False)
 

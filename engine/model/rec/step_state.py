@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from engine.model.initializers import parse_initializer
 from engine.model.layers.base import positive_int
+from engine.model.layers.lstm_norm import NormLstmRec
 from engine.model.layers.recurrent import initializers
 from engine.model.layers.reduce import REDUCE_OPS
 from engine.model.rec.frames import Template, Value
@@ -28,6 +29,27 @@ from engine.runtime.errors import ConfigError
 
 # RETURNN's state keys of one part of an LSTM's state tuple (c, h): by name or by position
 _LSTM_STATE_POSITIONS = {"c": 0, "h": 1, 0: 0, 1: 1}
+
+
+class NormLstmCell(LstmCell):
+    """``rnn_cell`` with unit ``layernormvariantslstm``: RETURNN's LayerNormVariantsLSTMCell on one step
+    (``layers/lstm_norm.py`` computes it; parameters ``<rec>/rec/<layer>/rec/<RETURNN's name>``). Its
+    dropout masks are drawn once per loop in training (``call_seed``, set by the loop), the same at every
+    step, as RETURNN draws them outside its loop."""
+
+    def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
+        cell_opts = {key: opts[key] for key in ("unit", "unit_opts", "forward_weights_init",
+                                                "recurrent_weights_init") if key in opts}
+        self.cell = NormLstmRec(f"{ctx.rec_name}/rec/{name}/rec", {**cell_opts, "n_out": n}, in_dim,
+                                random_seed=ctx.random_seed)
+        self.params = {f"rec/{key}": variable for key, variable in self.cell.params.items()}
+        self.call_seed = None
+
+    def step(self, values: list[Value], state: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tuple]:
+        x = tf.concat([v.tensor for v in values], axis=-1)
+        mask_j, mask_h = self.cell.dropout_masks(self.call_seed, tf.shape(x)[0], self.training)
+        c, h = self.cell.step(state, self.cell.transformed_input(x), mask_j, mask_h)
+        return h, (c, h)
 
 
 class VariableUnit(UnitLayer):

@@ -23,7 +23,7 @@ from engine.model.rec.loop_run import LoopRun, topological
 from engine.model.rec.search import BeamSearch, choice_options
 from engine.model.rec.step_layers import GenericAttention, LinearUnit, UnitContext, UnitLayer
 from engine.model.rec.step_state import LastHiddenState
-from engine.model.rec.templates import UNIT_CLASSES, unit_templates
+from engine.model.rec.templates import unit_class, unit_templates
 from engine.model.rec.unit import LoopPlan, Ref, max_len_layers, parse_unit, plan_loop
 from engine.runtime import log
 from engine.runtime.errors import ConfigError, DataError
@@ -90,7 +90,7 @@ class RecSubnet(Layer):
         if layer.opts.get("dropout") and any(s.sparse for s in sources):
             raise ConfigError(f"{self.ctx.where(name)}: 'dropout' on class ids (a sparse source such as the "
                               "choice's labels) is not implemented; put it on a layer of features.")
-        cls = UNIT_CLASSES[layer.cls]
+        cls = unit_class(layer)
         if layer.cls == "get_last_hidden_state":
             cells = [ref.name for ref in layer.sources
                      if ref.kind in ("cur", "prev") and self.spec[ref.name].cls == "rnn_cell"]

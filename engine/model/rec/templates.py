@@ -6,15 +6,26 @@ RETURNN builds its templates around the uninitialised ones.
 """
 from __future__ import annotations
 
+from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.rec.frames import Template
 from engine.model.rec.step_attention import CLASSES as ATTENTION_CLASSES
-from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext
+from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext, UnitLayer
 from engine.model.rec.step_state import CLASSES as STATE_CLASSES
+from engine.model.rec.step_state import NormLstmCell
 from engine.model.rec.unit import Ref, UnitLayerSpec
 from engine.runtime.errors import ConfigError
 
 # every class a unit layer can have (the Transformer's in step_attention.py)
 UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES, **STATE_CLASSES}
+
+
+def unit_class(layer: UnitLayerSpec) -> type[UnitLayer]:
+    """The class that runs ``layer``: by its class, and an rnn_cell's by its unit."""
+    if layer.cls == "rnn_cell" and str(layer.opts.get("unit")).lower() == NORM_LSTM_UNIT:
+        return NormLstmCell
+    return UNIT_CLASSES[layer.cls]
+
+
 # classes whose template comes from their options alone (an LSTM cell's, a variable's, a state's size)
 _FROM_OPTIONS = {"rnn_cell", "rec", "variable", "get_last_hidden_state"}
 

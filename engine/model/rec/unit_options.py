@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, norm_lstm_options
 from engine.runtime.errors import ConfigError
 
 REDUCE_MODES = ("sum", "max", "min", "mean", "avg", "logsumexp")
@@ -51,11 +52,14 @@ def check_options(where: str, cls: str, opts: dict) -> None:
         unit = str(opts.get("unit", "")).lower()
         if unit == ZONEOUT_UNIT:
             zoneout_options(where, opts.get("unit_opts"))
+        elif unit == NORM_LSTM_UNIT:
+            norm_lstm_options(where, opts.get("unit_opts"))
         elif unit not in LSTM_CELL_UNITS or opts.get("unit_opts"):
             raise ConfigError(f"{where}: rnn_cell unit {opts.get('unit')!r} (unit_opts "
                               f"{opts.get('unit_opts')!r}) is not implemented here; implemented: LSTMBlock, "
                               "LSTMBlockFused, StandardLSTM, BasicLSTM without unit_opts (TensorFlow's "
-                              "LSTMCell, as RETURNN runs them on one step), and ZoneoutLSTM.")
+                              "LSTMCell, as RETURNN runs them on one step), ZoneoutLSTM and "
+                              "LayerNormVariantsLSTM.")
     elif cls == "reduce":
         if feature_axes(opts) not in FEATURE_AXES or opts.get("keep_dims") is not True:
             raise ConfigError(f"{where}: reduce inside a rec unit is implemented over the feature axis with "

@@ -1,6 +1,7 @@
-"""``rnn_cell`` unit ZoneoutLSTM in a rec unit (2021-internal-lm-attention's and 2022-scale-learning's
-decoders): TensorFlow's LSTMCell, then c and h zoned out. Outside training its outputs equal RETURNN's
-(fixture case ``unit_zoneout``, tests/test_returnn_checkpoints.py); here what training draws."""
+"""``rnn_cell`` units in a rec unit beyond TensorFlow's LSTMCell: ZoneoutLSTM (2021-internal-lm-attention's
+and 2022-scale-learning's decoders: that LSTMCell, then c and h zoned out) and LayerNormVariantsLSTM
+(2019-asr-layer-norm-lstm's). Their outputs equal RETURNN's (fixture cases ``unit_zoneout`` outside
+training, ``unit_lnlstm`` with gradients: tests/test_returnn_checkpoints.py); here what training draws."""
 from __future__ import annotations
 
 import copy
@@ -86,5 +87,24 @@ def test_other_rnn_cell_units_are_refused_by_the_check():
     unit = copy.deepcopy(UNIT)
     unit["s"].update(unit="NativeLstm2", unit_opts=None)
     with pytest.raises(ConfigError, match=r"unit layer 's': rnn_cell unit 'NativeLstm2' .* is not "
-                                          "implemented here; implemented: LSTMBlock, .* and ZoneoutLSTM"):
+                                          "implemented here; implemented: LSTMBlock, .* ZoneoutLSTM and "
+                                          "LayerNormVariantsLSTM"):
         parse_unit("loop", unit)
+
+
+def test_a_layer_norm_lstm_cell_keeps_its_dropout_masks_over_the_steps():
+    """rnn_cell layernormvariantslstm: RETURNN draws its dropout masks once, outside its loop; the loop
+    hands the cell one seed per call (``call_seed``), whatever the step's own seed."""
+    network = copy.deepcopy(NETWORK)
+    network["loop"]["unit"]["s"].update(unit="LayerNormVariantsLSTM", unit_opts={"dropout_h": 0.5})
+    model = NetworkModel(network, input_dim=3, input_sparse=False, target_dims={"classes": 2}, random_seed=1)
+    unit = model.layers["loop"].units["s"]
+    unit.call_seed = tf.constant([7, 8], tf.int64)
+    (first, _), _ = run(unit, True, seed=(1, 2))
+    (again, _), _ = run(unit, True, seed=(5, 6))  # another step: the same masks
+    np.testing.assert_array_equal(first.numpy(), again.numpy())
+    unit.call_seed = tf.constant([9, 10], tf.int64)
+    (other, _), _ = run(unit, True)
+    assert not np.allclose(other.numpy(), first.numpy())
+    (evaluated, _), _ = run(unit, False)
+    assert not np.allclose(evaluated.numpy(), first.numpy())
