@@ -30,6 +30,23 @@ CASES: dict[str, dict] = {
                    "from": "embed"},
         "output": {"class": "softmax", "loss": "ce", "use_transposed_weights": True, "from": "hidden"}}},
     **{f"rec_{unit}": _rec_case(unit) for unit in UNITS},
+    # 2022-swb-conformer-hybrid-sat's i-vector path: an utterance's average (and max) over time as one frame,
+    # a score per frame by dot with it, and its projection weighted by that score (dot with one frame)
+    "ivector_dot": {"extern_data": DENSE, "network": {
+        "frames": {"class": "linear", "activation": "tanh", "n_out": 4, "from": "data"},
+        "ivec_avg": {"class": "reduce", "mode": "avg", "axis": "T", "keep_dims": True, "from": "data"},
+        "ivec_max": {"class": "reduce", "mode": "max", "axes": ["T"], "keep_dims": True, "from": "data"},
+        "ivec_ff": {"class": "linear", "activation": None, "n_out": 4, "from": "ivec_avg"},
+        "ivec_norm": {"class": "eval", "eval": "tf.math.l2_normalize(source(0), axis=2)", "from": "ivec_ff"},
+        "score": {"class": "dot", "red1": 2, "red2": 2, "var1": 1, "var2": 1,
+                  "from": ["frames", "ivec_norm"]},
+        "score_bm": {"class": "reinterpret_data", "enforce_batch_major": True, "set_axes": {"F": 2, "T": 1},
+                     "from": "score"},
+        "weight": {"class": "activation", "activation": "sigmoid", "from": "score_bm"},
+        "bias": {"class": "linear", "activation": None, "n_out": 4, "from": ["ivec_norm", "ivec_max"]},
+        "weighted": {"class": "dot", "red1": 2, "red2": 1, "var1": 1, "var2": 2, "from": ["weight", "bias"]},
+        "added": {"class": "eval", "eval": "source(0) + source(1)", "from": ["frames", "weighted"]},
+        "output": {"class": "softmax", "loss": "ce", "from": "added"}}},
     # reinterpret_data naming the axes its input has (2022-swb-conformer-hybrid-sat's i-vector paths)
     "reinterpret_axes": {"extern_data": DENSE, "network": {
         "hidden": {"class": "linear", "activation": "tanh", "n_out": 6, "from": "data"},

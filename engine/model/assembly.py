@@ -28,6 +28,7 @@ from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.layers.norm import LayerNorm
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.reduce import Reduce
+from engine.model.layers.dot import Dot
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking
@@ -42,7 +43,7 @@ from engine.runtime.errors import ConfigError
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
 _DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice",
                 "split_dims", "merge_dims", "batch_norm", "transposed_conv", "window", "pad", "swap_axes",
-                "reduce")
+                "reduce", "dot")
 
 # classes built from their name, options and input dim alone
 _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
@@ -140,6 +141,8 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
             layer = Decide(name, spec.opts, layout.feature, options.target_dims)
         elif spec.cls == "combine":
             layer = Combine(name, spec.opts, {s: layouts[s].feature for s in spec.sources})
+        elif spec.cls == "dot":
+            layer = Dot(name, spec.opts, [layouts[s] for s in spec.sources])
         elif spec.cls == "eval":
             layer = Eval.for_network(name, specs, layouts, sparse, options.config)
         else:

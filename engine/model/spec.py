@@ -57,6 +57,7 @@ _CLASS_OPTIONS = {
     "window": {"window_size", "window_left", "window_right", "axis", "padding", "stride"},
     "pad": {"axes", "padding", "value", "mode", "handle_dynamic_dims"},
     "swap_axes": {"axis1", "axis2"},
+    "dot": {"red1", "red2", "var1", "var2"},  # layers/dot.py checks their values
     "eval": {"eval", "eval_locals", "out_type", "n_out", "activation", "with_bias", "eval_for_output_loss",
              "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }

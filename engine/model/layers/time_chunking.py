@@ -85,6 +85,16 @@ class TimeUnchunking(Layer):
         return unchunk_time(y, chunk_lengths, self.size, self.step, n_time)
 
 
+ONE_FRAME = "one frame"  # the time axis a reduce over time with keep_dims leaves
+
+
+def reduces_time(opts: dict) -> bool:
+    """A reduce's options name the time axis alone, with keep_dims (one frame is left)."""
+    axes = opts.get("axes", opts.get("axis"))
+    axes = axes[0] if isinstance(axes, (list, tuple)) and len(axes) == 1 else axes
+    return isinstance(axes, str) and axes.lower() in ("t", "time") and opts.get("keep_dims") is True
+
+
 def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
                     resampling: Collection[str] = (), frame_loss_layers: Collection[str] = ()) -> None:
     """Every layer reads sources on one time axis; ``time_unchunking`` undoes the innermost chunking; loss
@@ -100,6 +110,13 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
             unit_target = opts.get("target") or opts["unit"]["output"].get("target", "classes")
             axes[name] = (f"data:{unit_target}",)
             continue
+        if cls == "dot":  # the first source's frames and one frame of the second (layers/dot.py)
+            one = axes.get(sources[-1], ())
+            if len(sources) != 2 or one != (ONE_FRAME,):
+                raise ConfigError(f"Network layer '{name}': dot's second source must be one frame (a reduce "
+                                  "over time with keep_dims), read frame against frame with the first's.")
+            axes[name] = axes.get(sources[0], (sources[0],))
+            continue
         source_axes = {axes.get(src, (src,)) for src in sources}  # a 'data:<stream>' on its own frames
         if len(source_axes) > 1:
             raise ConfigError(f"Network layer '{name}': its sources {list(sources)} are on different time "
@@ -114,6 +131,8 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
         if cls == "reinterpret_data" and "size_base" in opts:  # the frames of a layer or a data stream
             base = opts["size_base"]
             axis = axes[base] if base in axes else () if base in ("data", "data:data") else (base,)
+        elif cls == "reduce" and reduces_time(opts):
+            axis = (ONE_FRAME,)  # one frame is one frame, whichever reduce made it
         elif cls == "time_chunking" or name in resampling:
             axis = axis + (name,)
         elif cls == "time_unchunking":
@@ -130,6 +149,9 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
             axis = axis[:-1]
         axes[name] = axis
     for name in set(loss_layers) | {"output"}:
+        if axes.get(name) == (ONE_FRAME,):
+            raise ConfigError(f"Network layer '{name}' is one frame per sequence (a reduce over time with "
+                              "keep_dims): a loss or the output needs the frames.")
         chunked = [layer for layer in axes.get(name, ())
                    if layer not in resampling and not layer.startswith("data:")]  # a stream's frames
         if chunked:
