@@ -108,3 +108,20 @@ def test_a_layer_norm_lstm_cell_keeps_its_dropout_masks_over_the_steps():
     assert not np.allclose(other.numpy(), first.numpy())
     (evaluated, _), _ = run(unit, False)
     assert not np.allclose(evaluated.numpy(), first.numpy())
+
+
+def test_a_state_of_a_cell_returnn_moves_out_of_the_loop_is_refused():
+    """RETURNN moves a cell no recurrence reads out of the loop; its get_last_hidden_state there is the state
+    after the last frame (found beside RETURNN 1.20261022: 0.04-0.45 apart from the step's state)."""
+    network = copy.deepcopy(NETWORK)
+    network["loop"]["unit"] = {
+        "s": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["data:source"], "n_out": 3},
+        "state": {"class": "get_last_hidden_state", "from": "s", "n_out": 6},
+        "s2": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["s", "state"], "n_out": 2},
+        "output": {"class": "copy", "from": "s2"}}
+    options = dict(input_dim=3, input_sparse=False, target_dims={"classes": 2}, random_seed=1)
+    with pytest.raises(ConfigError, match=r"unit layer 'state': RETURNN's plan moves the cell\(s\) \['s'\] "
+                                          "out of the loop"):
+        NetworkModel(copy.deepcopy(network), **options)
+    network["loop"]["unit"]["s"]["from"] = ["data:source", "prev:s2"]  # in a recurrence: stays in the loop
+    NetworkModel(network, **options)

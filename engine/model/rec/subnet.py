@@ -80,7 +80,7 @@ class RecSubnet(Layer):
         if not isinstance(self.optimize, bool):
             raise ConfigError(f"Network layer '{name}': optimize_move_layers_out must be True or False.")
         self.plan: LoopPlan = plan_loop(self.spec, search=False, optimize=self.optimize)
-        self._check_states_in_loop(self.plan)
+        self._check_states_in_loop(self.plan, search=False)
         for line in self.plan.log_lines(name, search=False, training=True):
             log.info(line)
 
@@ -107,7 +107,7 @@ class RecSubnet(Layer):
                                     self._template(layer.options["base"]))
         return cls(name, layer.opts, sources, self.templates[name], self.ctx)
 
-    def _check_states_in_loop(self, plan: LoopPlan) -> None:
+    def _check_states_in_loop(self, plan: LoopPlan, search: bool) -> None:
         """A cell's state exists only step by step: a get_last_hidden_state that nothing in the loop reads
         would be moved out of it, where RETURNN hands it the cell's stacked outputs instead."""
         moved = [n for n in plan.inputs_moved_out + plan.outputs_moved_out
@@ -117,6 +117,22 @@ class RecSubnet(Layer):
                               "read by no layer of the loop, so the move-out optimisation would run them "
                               "outside it, where no cell state exists: not implemented (read them in the "
                               "loop, or set optimize_move_layers_out False).")
+        if not self.optimize:
+            return
+        # RETURNN moves a cell that no recurrence of the loop reads out of it, where its state is the one
+        # after the sequence's last frame: a get_last_hidden_state of it then differs from the step's state
+        returnn_plan = plan_loop(self.spec, search=search, cells_stay=False)
+        outside = set(returnn_plan.inputs_moved_out + returnn_plan.outputs_moved_out)
+        for name in plan.in_loop:
+            if self.spec[name].cls == "get_last_hidden_state":
+                cells = [r.name for r in self.spec[name].sources if r.name in outside]
+                if cells:
+                    raise ConfigError(
+                        f"Network layer '{self.layer_name}', unit layer '{name}': RETURNN's plan moves the "
+                        f"cell(s) {cells} out of the loop (no recurrence of the loop reads them), where "
+                        "get_last_hidden_state gives the state after each sequence's last frame; this "
+                        "engine runs cells step by step only: not implemented. Feed the cell from a "
+                        "previous step ('prev:...') to keep it in the loop.")
 
     def _template(self, ref: Ref) -> Template:
         if ref.kind == "base":
@@ -178,7 +194,7 @@ class RecSubnet(Layer):
     def _search(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]],
                 decide_by_length: bool) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
         plan = plan_loop(self.spec, search=True, optimize=self.optimize)
-        self._check_states_in_loop(plan)
+        self._check_states_in_loop(plan, search=True)
         # the layers RETURNN moves in front (a variable, what reads only it or the encoder) give the same on
         # every step: the search computes them in its loop
         if plan.outputs_moved_out:

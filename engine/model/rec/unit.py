@@ -216,9 +216,12 @@ def needed_outputs(layers: dict[str, UnitLayerSpec], search: bool) -> list[str]:
     return sorted(needed)
 
 
-def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = True) -> LoopPlan:
+def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = True,
+              cells_stay: bool = True) -> LoopPlan:
     """RETURNN's move-out optimisation (see the module docstring) on the unit's dependency graph; without
-    ``optimize`` (RETURNN's ``optimize_move_layers_out`` False) every layer of the unit runs in the loop."""
+    ``optimize`` (RETURNN's ``optimize_move_layers_out`` False) every layer of the unit runs in the loop.
+    ``cells_stay``: a layer with a state of its own stays in the loop (here it runs step by step only);
+    RETURNN also moves such a cell out where no recurrence of the loop reads it (False: its plan)."""
     if not optimize:
         needed_outputs(layers, search)  # its checks
         return LoopPlan((), (), tuple(sorted(layers)), ())
@@ -226,7 +229,7 @@ def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = T
     deps = {name: [r.name for r in layer.refs(training) if r.kind in ("cur", "prev")]
             for name, layer in layers.items()}
     for name, layer in layers.items():  # a layer with its own state reads its previous step
-        if layer.cls in STATEFUL_CLASSES and name not in deps[name]:
+        if cells_stay and layer.cls in STATEFUL_CLASSES and name not in deps[name]:
             deps[name].append(name)
     loop: list[str] = []
 
