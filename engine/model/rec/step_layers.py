@@ -15,15 +15,12 @@ from typing import Any
 import tensorflow as tf
 
 from engine.config import returnn_tf_util
-from engine.model.dropout import stateless_dropout
-from engine.model.initializers import option_variable
 from engine.model.layers.base import positive_int
 from engine.model.layers.dense import ACTIVATIONS, Linear, Softmax, activation_option
 from engine.model.layers.elementwise import COMBINE_KINDS
 from engine.model.layers.eval import LayerView, NetworkView, _Code
 from engine.model.losses.cross_entropy import ProbabilityCrossEntropy, loss_scale
 from engine.model.rec.frames import Axis, Template, Value, aligned, broadcast_axes, pair_static
-from engine.model.rec.unit_options import ZONEOUT_UNIT, zoneout_options
 from engine.runtime.errors import ConfigError
 
 
@@ -299,64 +296,6 @@ class ReduceOutUnit(UnitLayer):
         return reduce(pieces, axis=-1)
 
 
-class LstmCell(UnitLayer):
-    """``rnn_cell`` with an LSTMBlock-like unit: TensorFlow's LSTMCell on one step, state (c, h)
-    (``unit_options.check_options`` has checked the unit). Unit ZoneoutLSTM (RETURNN's ZoneoutLSTMCell)
-    then zones c and h out with their ``zoneout_factor_cell`` / ``_output`` z: in training each unit keeps
-    its previous value at probability z (RETURNN: (1 - z) * dropout(new - prev, keep 1 - z) + prev),
-    otherwise (1 - z) * new + z * prev; the output is the LSTM's own h unless ``use_zoneout_output``."""
-
-    stateful = True
-
-    @classmethod
-    def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
-        return Template((), positive_int(ctx.where(name), opts, "n_out"))
-
-    def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
-                 ctx: UnitContext) -> None:
-        super().__init__(name, opts, sources, template)
-        if any(s.axes or s.sparse for s in sources):
-            raise ConfigError(f"{ctx.where(name)}: {opts['class']} takes dense sources of one step without "
-                              f"time axes, got {[s.describe() for s in sources]}.")
-        self.make_params(name, opts, sum(s.dim for s in sources), template.dim, ctx)
-        zoneout = opts["class"] == "rnn_cell" and str(opts.get("unit")).lower() == ZONEOUT_UNIT
-        self.zoneout = zoneout_options(ctx.where(name), opts.get("unit_opts")) if zoneout else None
-        self.training, self.seed = False, None  # set by the loop before each step
-
-    def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
-        prefix = f"{ctx.rec_name}/rec/{name}/rec/lstm_cell"
-        # RETURNN's rnn_cell: TF's glorot_uniform over the whole [input; recurrent] kernel, zero bias
-        self.params["rec/lstm_cell/kernel"] = option_variable(
-            ctx.where(name), {}, "forward_weights_init", f"{prefix}/kernel", (in_dim + n, 4 * n),
-            ctx.random_seed)
-        self.params["rec/lstm_cell/bias"] = tf.Variable(tf.zeros([4 * n]), name=f"{prefix}/bias")
-
-    def initial_state(self, batch: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        zeros = tf.zeros(tf.stack([batch, self.template.dim]))
-        return zeros, zeros
-
-    def step(self, values: list[Value], state: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tuple]:
-        c, h = state
-        x = tf.concat([v.tensor for v in values] + [h], axis=-1)
-        gates = tf.matmul(x, self.params["rec/lstm_cell/kernel"]) + self.params["rec/lstm_cell/bias"]
-        i, j, f, o = tf.split(gates, 4, axis=-1)
-        new_c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
-        new_h = tf.sigmoid(o) * tf.tanh(new_c)
-        if self.zoneout is None:
-            return new_h, (new_c, new_h)
-        cell, output, use_output = self.zoneout
-        zoned_c, zoned_h = self._zoned(c, new_c, cell, 0), self._zoned(h, new_h, output, 1)
-        return zoned_h if use_output else new_h, (zoned_c, zoned_h)
-
-    def _zoned(self, prev: tf.Tensor, new: tf.Tensor, factor: float, part: int) -> tf.Tensor:
-        if not factor:
-            return new
-        if self.training:
-            seed = tf.random.experimental.stateless_fold_in(self.seed, part)
-            return (1.0 - factor) * stateless_dropout(new - prev, factor, seed) + prev
-        return (1.0 - factor) * new + factor * prev
-
-
 class EvalUnit(UnitLayer):
     """``eval``: the expression over the sources broadcast to their common axes (``source(i)``)."""
 
@@ -425,5 +364,5 @@ CLASSES: dict[str, type[UnitLayer]] = {
     "copy": Elementwise, "compare": Elementwise, "reinterpret_data": Elementwise,
     "softmax_over_spatial": SoftmaxOverSpatial,
     "generic_attention": GenericAttention, "merge_dims": MergeDims, "reduce_out": ReduceOutUnit,
-    "rnn_cell": LstmCell, "eval": EvalUnit,
+    "eval": EvalUnit,
 }

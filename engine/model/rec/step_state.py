@@ -1,11 +1,6 @@
 """More unit layers of RETURNN's LSTM attention decoders: ``variable`` (a parameter of the unit, the same on
-every step), ``rec`` with an LSTM unit on one step, ``get_last_hidden_state`` (an LSTM's state, not its
-output), and ``reduce`` over the features (an attention energy).
-
-A ``rec`` layer with an LSTM unit inside a loop runs RETURNN's NativeLstm2 on one frame (RETURNN adds a
-time axis of 1 and takes the previous step's state as initial state): parameters ``<rec>/rec/<layer>/rec/W``
-(in, 4n), ``.../W_re`` (n, 4n), ``.../b``, gates (cell input, input, forget, output), no forget bias, state
-(c, h). TensorFlow 2's RETURNN maps lstm, lstmp, LSTMBlock and LSTMBlockFused there to NativeLstm2.
+every step), ``get_last_hidden_state`` (an LSTM cell's state, not its output: ``step_cells.py``), and
+``reduce`` over the features (an attention energy).
 
 RETURNN's ``variable`` has no batch axis by default (``add_batch_axis`` False since November 2021, True
 before; the change "should not have any influence on behavior", its commit says): here it is broadcast
@@ -20,36 +15,13 @@ import tensorflow as tf
 
 from engine.model.initializers import parse_initializer
 from engine.model.layers.base import positive_int
-from engine.model.layers.lstm_norm import NormLstmRec
-from engine.model.layers.recurrent import initializers
 from engine.model.layers.reduce import REDUCE_OPS
 from engine.model.rec.frames import Template, Value
-from engine.model.rec.step_layers import LstmCell, UnitContext, UnitLayer
+from engine.model.rec.step_layers import UnitContext, UnitLayer
 from engine.runtime.errors import ConfigError
 
 # RETURNN's state keys of one part of an LSTM's state tuple (c, h): by name or by position
 _LSTM_STATE_POSITIONS = {"c": 0, "h": 1, 0: 0, 1: 1}
-
-
-class NormLstmCell(LstmCell):
-    """``rnn_cell`` with unit ``layernormvariantslstm``: RETURNN's LayerNormVariantsLSTMCell on one step
-    (``layers/lstm_norm.py`` computes it; parameters ``<rec>/rec/<layer>/rec/<RETURNN's name>``). Its
-    dropout masks are drawn once per loop in training (``call_seed``, set by the loop), the same at every
-    step, as RETURNN draws them outside its loop."""
-
-    def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
-        cell_opts = {key: opts[key] for key in ("unit", "unit_opts", "forward_weights_init",
-                                                "recurrent_weights_init") if key in opts}
-        self.cell = NormLstmRec(f"{ctx.rec_name}/rec/{name}/rec", {**cell_opts, "n_out": n}, in_dim,
-                                random_seed=ctx.random_seed)
-        self.params = {f"rec/{key}": variable for key, variable in self.cell.params.items()}
-        self.call_seed = None
-
-    def step(self, values: list[Value], state: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tuple]:
-        x = tf.concat([v.tensor for v in values], axis=-1)
-        mask_j, mask_h = self.cell.dropout_masks(self.call_seed, tf.shape(x)[0], self.training)
-        c, h = self.cell.step(state, self.cell.transformed_input(x), mask_j, mask_h)
-        return h, (c, h)
 
 
 class VariableUnit(UnitLayer):
@@ -73,31 +45,6 @@ class VariableUnit(UnitLayer):
         """The vector for ``rows`` rows, on ``steps`` steps at once (None: one step)."""
         shape = [rows] + ([] if steps is None else [steps]) + [self.template.dim]
         return tf.broadcast_to(self.params[self.name], tf.stack(shape))
-
-
-class NativeLstmStep(LstmCell):
-    """``rec`` with an LSTM unit inside a unit: one NativeLstm2 step, state (c, h)."""
-
-    @classmethod
-    def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
-        return Template((), positive_int(ctx.where(name), opts, "n_out"))  # the unit: unit_options
-
-    def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
-        prefix = f"{ctx.rec_name}/rec/{name}/rec"
-        forward, recurrent, bias = initializers(ctx.where(name), opts, opts["unit"].lower())
-        self.params["rec/W"] = forward.variable(f"{prefix}/W", (in_dim, 4 * n), ctx.random_seed)
-        self.params["rec/W_re"] = recurrent.variable(f"{prefix}/W_re", (n, 4 * n), ctx.random_seed)
-        self.params["rec/b"] = bias.variable(f"{prefix}/b", (4 * n,), ctx.random_seed)
-
-    def step(self, values: list[Value], state: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tuple]:
-        c, h = state
-        x = tf.concat([v.tensor for v in values], axis=-1)
-        gates = (tf.matmul(x, self.params["rec/W"]) + tf.matmul(h, self.params["rec/W_re"])
-                 + self.params["rec/b"])
-        cell_in, gate_in, forget, gate_out = tf.split(gates, 4, axis=-1)
-        c = tf.sigmoid(gate_in) * tf.tanh(cell_in) + tf.sigmoid(forget) * c
-        h = tf.sigmoid(gate_out) * tf.tanh(c)
-        return h, (c, h)
 
 
 class LastHiddenState(UnitLayer):
@@ -147,4 +94,4 @@ class ReduceFeatures(UnitLayer):
 
 
 CLASSES: dict[str, type[UnitLayer]] = {"variable": VariableUnit, "get_last_hidden_state": LastHiddenState,
-                                       "reduce": ReduceFeatures, "rec": NativeLstmStep}
+                                       "reduce": ReduceFeatures}

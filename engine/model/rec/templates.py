@@ -9,14 +9,15 @@ from __future__ import annotations
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.rec.frames import Template
 from engine.model.rec.step_attention import CLASSES as ATTENTION_CLASSES
+from engine.model.rec.step_cells import CLASSES as CELL_CLASSES
+from engine.model.rec.step_cells import NormLstmCell
 from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext, UnitLayer
 from engine.model.rec.step_state import CLASSES as STATE_CLASSES
-from engine.model.rec.step_state import NormLstmCell
 from engine.model.rec.unit import Ref, UnitLayerSpec
 from engine.runtime.errors import ConfigError
 
 # every class a unit layer can have (the Transformer's in step_attention.py)
-UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES, **STATE_CLASSES}
+UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES, **CELL_CLASSES, **STATE_CLASSES}
 
 
 def unit_class(layer: UnitLayerSpec) -> type[UnitLayer]:

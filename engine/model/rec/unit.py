@@ -39,7 +39,7 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "generic_attention": {"weights", "base", "initial_output"},
     "merge_dims": {"axes", "keep_order", "initial_output"},
     "split_dims": {"axis", "dims", "initial_output"},
-    "rnn_cell": {"unit", "n_out", "initial_output", "unit_opts"},
+    "rnn_cell": {"unit", "n_out", "initial_output", "unit_opts"},  # step_cells.py
     "reduce_out": {"mode", "num_pieces", "initial_output"},
     "eval": {"eval", "out_type", "n_out", "initial_output", "loss", "target", "loss_scale"},
     # the Transformer decoder's (step_attention.py)
@@ -54,7 +54,7 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "get_last_hidden_state": {"n_out", "combine", "key", "initial_output"},
     "reduce": {"mode", "axes", "axis", "keep_dims", "n_out", "initial_output"},
     "rec": {"unit", "n_out", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
-            "initial_output"},
+            "initial_output"},  # step_cells.py
     "reinterpret_data": {"enforce_batch_major", "initial_output"},  # a copy: the layout is the engine's
 }
 _COMMON = {"class", "from", "dropout", "is_output_layer", "trainable", "L2"}

@@ -1,5 +1,6 @@
-"""The option values of the unit layer classes of ``step_state.py``, checked without TensorFlow, so that
-``rnn.py --check`` refuses what the build would refuse (``parse_unit`` calls ``check_options``)."""
+"""The option values of the unit layer classes of ``step_state.py`` and ``step_cells.py``, checked without
+TensorFlow, so that ``rnn.py --check`` refuses what the build would refuse (``parse_unit`` calls
+``check_options``)."""
 from __future__ import annotations
 
 from typing import Any
