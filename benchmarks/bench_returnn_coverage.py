@@ -147,7 +147,8 @@ def check(setup: Setup, corpus: str) -> list[str]:
 def config_functions(root: str, path: str) -> list[str]:
     """The source of the config's top-level functions and imports, which its ``eval`` layers may call (as
     ``self.network.get_config().typed_value('transform')``), and the top-level constants those functions
-    read (``num_inputs = 40`` of a SpecAugment function); whether they import is the engine's to say."""
+    read (``num_inputs = 40`` of a SpecAugment function) or eval strings name by ``typed_value('...')``
+    (``bias_weight_threshold``); whether they import is the engine's to say."""
     full = os.path.join(root, path)
     with open(full, encoding="utf8", errors="replace") as f:
         source = f.read()
@@ -155,6 +156,7 @@ def config_functions(root: str, path: str) -> list[str]:
     body = ast.parse(source).body
     read = {node.id for top in body if isinstance(top, (ast.FunctionDef, ast.ClassDef))
             for node in ast.walk(top) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    read |= set(re.findall(r"typed_value\(\s*['\"](\w+)['\"]", source))
     kept = []
     for node in body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -61,11 +61,28 @@ def test_the_check_accepts_the_setup_and_names_each_refusal(tmp_path):
     coverage.make_corpus(corpus, coverage.streams(setup.namespace), ctc=False)
     assert coverage.check(setup, corpus) == []
     setup.namespace["network"]["output"]["from"] = ["decision"]
-    setup.namespace["network"]["decision"] = {"class": "dot", "from": ["lstm0_fw"]}
-    assert coverage.check(setup, corpus) == ["layer class 'dot'"]
+    setup.namespace["network"]["decision"] = {"class": "scatter_nd", "from": ["lstm0_fw"]}
+    assert coverage.check(setup, corpus) == ["layer class 'scatter_nd'"]
     setup.namespace["network"]["decision"] = {"class": "rec", "from": [], "unit": {
         "output": {"class": "choice", "target": "classes", "beam_size": 4, "from": "x"},
         "x": {"class": "twod_lstm", "from": "prev:output"}}}
     assert coverage.check(setup, corpus) == ["unit layer class 'twod_lstm'"]
     setup.namespace["network"]["decision"] = {"class": "linear", "n_out": 3, "spatial_smoothing": 0.1}
     assert coverage.check(setup, corpus) == ["layer option linear:spatial_smoothing"]
+
+
+def test_a_training_config_keeps_the_constants_functions_and_eval_strings_read(tmp_path):
+    write(tmp_path, "2022-x/base.config", """
+    import os
+    num_inputs = 40
+    threshold = 0.5
+    unused = 3
+    corpus = os.path.join("/nonexistent", "train.hdf")
+    def transform(x):
+        return x * num_inputs
+    network = {"t": {"class": "eval",
+                     "eval": "source(0) + self.network.get_config().typed_value('threshold')"}}
+    """)
+    kept = coverage.config_functions(str(tmp_path), "2022-x/base.config")
+    assert kept == ["import os", "num_inputs = 40", "threshold = 0.5",
+                    "def transform(x):\n    return x * num_inputs"]
