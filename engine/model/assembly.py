@@ -20,6 +20,7 @@ from engine.model.layers.batch_norm import BatchNorm
 from engine.model.layers.conv import Conv, Pool, window_axes
 from engine.model.layers.conv2d import Conv2D, Pool2D
 from engine.model.layers.dense import Copy, Linear, Softmax
+from engine.model.layers.dot import Dot
 from engine.model.layers.elementwise import Activation, Combine
 from engine.model.layers.eval import Eval
 from engine.model.layers.features import FeatureSlice, Gating, ReduceOut
@@ -28,7 +29,6 @@ from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.layers.norm import LayerNorm
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.reduce import Reduce
-from engine.model.layers.dot import Dot
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking

@@ -3,8 +3,8 @@
 
 Unit ``layernormvariantslstm`` is RETURNN's LayerNormVariantsLSTMCell (``lstm_norm.py`` runs it); its
 ``unit_opts`` are the keyword arguments of that cell, with its defaults (``NormLstmOptions``). The plain
-LSTM units (``spec.LSTM_UNITS``) that RETURNN runs as its NativeLstm2 take that cell's
-``rec_weight_dropout`` (``rec_weight_dropout``; ``recurrent.py`` applies it).
+LSTM units (``spec.LSTM_UNITS``) that RETURNN runs as its NativeLstm2 take that cell's options
+(``rec_weight_dropout``; ``recurrent.py`` applies them).
 """
 from __future__ import annotations
 
@@ -52,42 +52,42 @@ class NormLstmOptions:
 _TYPES = {f.name: type(f.default) for f in fields(NormLstmOptions)}
 
 
-def _checked(layer: str, key: str, value: Any) -> Any:
-    where = f"{layer}: unit_opts {key!r}"
+def _checked(where: str, key: str, value: Any) -> Any:
+    option = f"{where}: unit_opts {key!r}"
     if _TYPES[key] is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be True or False, got {value!r}.")
+            raise ConfigError(f"{option} must be True or False, got {value!r}.")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where} must be a number, got {value!r}.")
+        raise ConfigError(f"{option} must be a number, got {value!r}.")
     if key in ("dropout", "dropout_h") and not 0.0 <= value < 1.0:
         # RETURNN scales the kept units by 1 / (1 - rate): a rate of 1 divides by zero
-        raise ConfigError(f"{where} must be a rate in [0, 1), got {value!r}.")
+        raise ConfigError(f"{option} must be a rate in [0, 1), got {value!r}.")
     return float(value)
 
 
-def norm_lstm_options(layer: str, unit_opts: Any) -> NormLstmOptions:
-    """The options ``unit_opts`` gives RETURNN's LayerNormVariantsLSTMCell (``layer``: how errors name the
-    layer, "Network layer 'x'"); ConfigError names the layer
-    for an unknown or refused option, a wrong type, and each combination the cell asserts against."""
+def norm_lstm_options(where: str, unit_opts: Any) -> NormLstmOptions:
+    """The options ``unit_opts`` gives RETURNN's LayerNormVariantsLSTMCell; ConfigError, starting with
+    ``where`` ("Network layer 'x'"), names an unknown or refused option, a wrong type, and each combination
+    the cell asserts against."""
     if unit_opts is None:
         unit_opts = {}
     if not isinstance(unit_opts, dict):
-        raise ConfigError(f"{layer}: unit_opts must be a dict, got {unit_opts!r}.")
+        raise ConfigError(f"{where}: unit_opts must be a dict, got {unit_opts!r}.")
     for key in unit_opts:
         if key in _REFUSED:
-            raise ConfigError(f"{layer}: unit_opts {key!r} is not implemented: "
+            raise ConfigError(f"{where}: unit_opts {key!r} is not implemented: "
                               f"{_REFUSED[key]}.")
         if key not in _TYPES:
-            raise ConfigError(f"{layer}: unit_opts {key!r} is no option of RETURNN's "
+            raise ConfigError(f"{where}: unit_opts {key!r} is no option of RETURNN's "
                               f"LayerNormVariantsLSTMCell; it takes {', '.join(_TYPES)}.")
-    options = NormLstmOptions(**{key: _checked(layer, key, value) for key, value in unit_opts.items()})
+    options = NormLstmOptions(**{key: _checked(where, key, value) for key, value in unit_opts.items()})
     # the combinations RETURNN's cell asserts against (global_norm is on unless switched off)
     clashes = [("global_norm", "global_norm_joined"), ("per_gate_norm", "global_norm"),
                ("per_gate_norm", "global_norm_joined"), ("with_concat", "global_norm")]
     for first, second in clashes:
         if getattr(options, first) and getattr(options, second):
-            raise ConfigError(f"{layer}: unit_opts {first} and {second} are both on "
+            raise ConfigError(f"{where}: unit_opts {first} and {second} are both on "
                               "(global_norm is on unless 'global_norm': False), a combination RETURNN's "
                               "LayerNormVariantsLSTMCell refuses; switch one of them off.")
     return options

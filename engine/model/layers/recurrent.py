@@ -80,7 +80,8 @@ class Rec(Layer):
 
     def _weights(self, training: bool, seed: tf.Tensor | None) -> tf.Tensor:
         """W; in training with ``rec_weight_dropout``, its recurrent rows (RETURNN's W_re) dropped as
-        RETURNN's NativeLstm2 drops them: one mask per step, the same for every sequence and frame."""
+        RETURNN's NativeLstm2 drops them: one mask per training step, the same for every sequence and
+        frame."""
         weights = self.params["W"]
         if not (training and self.rec_weight_dropout):
             return weights
