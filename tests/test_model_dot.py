@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from engine.model import build_model
+from engine.model.spec import parse_network
 from engine.runtime.errors import ConfigError
 
 NETWORK = {
@@ -60,6 +61,11 @@ def test_what_is_not_implemented_is_named(changes, match):
 def test_time_is_reduced_only_to_one_frame():
     network = {"avg": {"class": "reduce", "mode": "avg", "axis": "T", "from": "data"},
                "output": {"class": "softmax", "loss": "ce", "from": "avg", "n_out": 2}}
-    with pytest.raises(ConfigError, match=r"'avg': 'axes' 'T' of its input .* must be static spatial axes .* "
-                                          r"\(time alone with keep_dims True makes one frame\)"):
+    message = (r"'avg': reduce over the time axis is implemented alone and with keep_dims True \(one frame "
+               r"per sequence\); RETURNN's output without a time axis is not \(axes 'T', keep_dims False\)")
+    with pytest.raises(ConfigError, match=message):
+        parse_network(network)  # rnn.py --check, without TensorFlow
+    del network["avg"]["axis"]
+    network["avg"].update(axes=["T", "F"], keep_dims=True)
+    with pytest.raises(ConfigError, match=r"\(axes \['T', 'F'\], keep_dims True\)"):
         build_model(network, input_dim=3, input_sparse=False, target_dims={"classes": 2})

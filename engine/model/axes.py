@@ -99,3 +99,20 @@ def resolve_axes(layout: Layout, description: Any, *, layer: str, option: str) -
     for item in items:
         axes += [axis for axis in _resolve_one(layout, item, layer, option) if axis not in axes]
     return axes
+
+
+def _time_names(description: Any) -> list[bool]:
+    items = description if isinstance(description, (list, tuple)) else [description]
+    return [isinstance(item, str) and item.lower() in ("t", "time") for item in items]
+
+
+def reduces_time(opts: dict) -> bool:
+    """A reduce's options name the time axis alone, with keep_dims (one frame is left)."""
+    named = _time_names(opts.get("axes", opts.get("axis")))
+    return named == [True] and opts.get("keep_dims") is True
+
+
+def reduces_time_away(opts: dict) -> bool:
+    """A reduce's options name the time axis ("T") among others, or without keep_dims: its output would
+    have no time axis, which no layer here gives (``rnn.py --check`` refuses it without TensorFlow)."""
+    return any(_time_names(opts.get("axes", opts.get("axis")))) and not reduces_time(opts)

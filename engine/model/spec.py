@@ -13,6 +13,7 @@ from typing import Any, Collection, NamedTuple
 from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import Finding, Scope, classify
 from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
+from engine.model.axes import reduces_time_away
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit import max_len_layers, parse_unit
@@ -163,6 +164,11 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
                               f"{_UNIT_NAMES} (each a plain LSTM), and LayerNormVariantsLSTM.")
         if cls == "rec" and not isinstance(unit, dict):
             check_unit_opts(name, unit.lower(), opts.get("unit_opts"))
+        if cls == "reduce" and reduces_time_away(opts):
+            raise ConfigError(f"Network layer '{name}': reduce over the time axis is implemented alone and "
+                              "with keep_dims True (one frame per sequence); RETURNN's output without a time "
+                              f"axis is not (axes {opts.get('axes', opts.get('axis'))!r}, keep_dims "
+                              f"{opts.get('keep_dims', False)!r}).")
         if not isinstance(opts.get("trainable", True), bool):
             raise ConfigError(f"Network layer '{name}': 'trainable' must be True or False, got "
                               f"{opts['trainable']!r}.")

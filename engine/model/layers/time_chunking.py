@@ -14,6 +14,7 @@ from typing import Collection
 
 import tensorflow as tf
 
+from engine.model.axes import reduces_time
 from engine.model.layers.base import Layer, positive_int
 from engine.runtime.errors import ConfigError
 
@@ -86,13 +87,6 @@ class TimeUnchunking(Layer):
 
 
 ONE_FRAME = "one frame"  # the time axis a reduce over time with keep_dims leaves
-
-
-def reduces_time(opts: dict) -> bool:
-    """A reduce's options name the time axis alone, with keep_dims (one frame is left)."""
-    axes = opts.get("axes", opts.get("axis"))
-    axes = axes[0] if isinstance(axes, (list, tuple)) and len(axes) == 1 else axes
-    return isinstance(axes, str) and axes.lower() in ("t", "time") and opts.get("keep_dims") is True
 
 
 def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
