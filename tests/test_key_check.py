@@ -383,3 +383,25 @@ def test_num_outputs_reads_as_returnn_reads_it():
     assert (dims.input_dim, dims.input_sparse, dims.target_dims) == (7, True, {"delayed": 7})
     dims = data_dims(Config({"num_inputs": 3, "num_outputs": 5, "target": "bpe"}), None)
     assert (dims.input_dim, dims.input_sparse, dims.target_dims) == (3, False, {"bpe": 5})
+
+
+def test_published_configs_debug_and_constant_names_have_no_effect(tmp_path, capsys):
+    """Hundreds of RETURNN's published configs set these: a print of the layers' templates, a profile, and
+    'dropout' as their own constant (RETURNN's key of that name acts only without a 'network')."""
+    cfg = config(tmp_path, """
+        debug_print_layer_output_template = True
+        store_metadata_mod_step = 100
+        debug_grad_summaries = True
+        patch_atfork = True
+        dropout = 0.1
+        network = {"output": {"class": "softmax", "loss": "ce", "dropout": dropout}}
+    """)
+    check_at_start(cfg)
+    out = capsys.readouterr().out
+    for name in ("debug_print_layer_output_template", "store_metadata_mod_step", "debug_grad_summaries",
+                 "patch_atfork", "dropout"):
+        assert out.count(f"config key '{name}'") == 1, out
+    cfg.set("network", None)
+    cfg.set("get_model", lambda: None)
+    with pytest.raises(ConfigError, match="config key 'dropout'"):
+        check_at_start(cfg)

@@ -91,6 +91,8 @@ _section(
     ("tf_amp", "any", None, "mixed precision, RETURNN's name: 'bfloat16' | 'float16' (or {'dtype': ...}): "
      "layers compute in it, parameters, LSTM and loss stay float32; float16 with dynamic loss scaling",
      "off (float32)"),
+    ("debug_add_check_numerics_on_output", "bool", False,
+     "a 'network' dict's layers: stop the step with the layer's name where its output has a NaN or Inf"),
 )
 _section(
     "pretrain",

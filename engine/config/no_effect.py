@@ -59,6 +59,19 @@ CONFIG_KEYS: dict[str, NoEffect] = {
                      "'network' dict each layer's own 'loss' decides",
                      lambda value, context: context.get("network") is not None, "with a 'network'"),
     "description": NoEffect("a free-text description of the experiment"),
+    # set in hundreds of published configs: a network built as written must not stop at them
+    "debug_print_layer_output_template": NoEffect("RETURNN prints each layer's output template (its dims) "
+                                                  "while it builds the network; a log, not a computation"),
+    "dropout": NoEffect("RETURNN's default dropout of a network built from hidden_size/hidden_type (a "
+                        "Theano-era description RETURNN removed in 2022); with a 'network' dict each layer's "
+                        "own 'dropout' decides, and configs use the name for their own constant",
+                        lambda value, context: context.get("network") is not None, "with a 'network'"),
+    "store_metadata_mod_step": NoEffect("RETURNN stores TensorFlow's run metadata (a profile) every N "
+                                        "steps; a profile, not a computation"),
+    "debug_grad_summaries": NoEffect("RETURNN writes TensorBoard summaries of the gradients; a log, not a "
+                                     "computation"),
+    "patch_atfork": NoEffect("RETURNN patches the C library's fork handlers of its own process; a process "
+                             "detail, not a computation"),
     "decouple_constraints_factor": NoEffect(
         "RETURNN's TensorFlow updater still computes a factor from it, but since 2022-11 no update uses "
         "it: the decoupled decay is 2 * L2 * w per step at any value, as here (decouple_constraints)"),

@@ -71,6 +71,7 @@ class NetworkModel(SeqModel):
         check_time_axes(self.specs, self.order, losses, resampling=resampling,
                         frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
+        self.check_numerics = bool(config is not None and config.bool("debug_add_check_numerics_on_output"))
         self.compute_dtype = compute_dtype  # placement.py's summary line reads it
         if input_sparse:  # sparse input is a target too (an LM's 'data', read as 'data:delayed')
             target_dims = {"data": input_dim, **target_dims}
@@ -265,7 +266,7 @@ class NetworkModel(SeqModel):
                 # (T, B, classes) logits for the losses would cost more than the matmul's input transpose
                 logits = tf.cast(layer(_batch_major(x), layer_lengths, training), tf.float32)  # tf_amp
                 seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
-                result[f"{name}:logits"], result[name] = logits, tf.nn.softmax(logits)
+                result[f"{name}:logits"], result[name] = logits, self._checked(name, tf.nn.softmax(logits))
                 outs[name] = _batch_major(result[name])  # later layers see the probabilities, as in RETURNN
                 continue
             elif isinstance(layer, Eval):  # RETURNN's global_train_step for config code
@@ -277,11 +278,19 @@ class NetworkModel(SeqModel):
             else:
                 y = layer(x, layer_lengths, training, **refs)
                 layer_lengths = layer.out_lengths(layer_lengths)
+            y = self._checked(name, y)
             outs[name], seq_lengths[name] = y, layer_lengths
             y = tf.cast(y, tf.float32)
             result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major
             result[f"{name}:lengths"] = layer_lengths
         return result
+
+    def _checked(self, name: str, y: tf.Tensor) -> tf.Tensor:
+        """RETURNN's ``debug_add_check_numerics_on_output``: a NaN or Inf in the output stops the step."""
+        if not self.check_numerics or not y.dtype.is_floating:
+            return y
+        return tf.debugging.check_numerics(y, f"Network layer '{name}': its output has a NaN or Inf "
+                                              "(debug_add_check_numerics_on_output)")
 
     def search(self, data: tf.Tensor, lengths: tf.Tensor, layer: str) -> dict[str, tf.Tensor]:
         """RETURNN's search: the hypotheses of ``layer`` (a decide layer or a rec layer with a subnetwork
