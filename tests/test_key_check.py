@@ -393,14 +393,24 @@ def test_published_configs_debug_and_constant_names_have_no_effect(tmp_path, cap
         store_metadata_mod_step = 100
         debug_grad_summaries = True
         patch_atfork = True
+        start_batch = "auto"
+        context_window = 1
         dropout = 0.1
         network = {"output": {"class": "softmax", "loss": "ce", "dropout": dropout}}
     """)
     check_at_start(cfg)
     out = capsys.readouterr().out
     for name in ("debug_print_layer_output_template", "store_metadata_mod_step", "debug_grad_summaries",
-                 "patch_atfork", "dropout"):
+                 "patch_atfork", "start_batch", "context_window", "dropout"):
         assert out.count(f"config key '{name}'") == 1, out
+    cfg.set("start_batch", 100)  # RETURNN refuses any other value too
+    cfg.set("context_window", 3)
+    refused = (r"config key 'start_batch' \(no effect here only \"auto\"; it is 100\); "
+               r"config key 'context_window' \(no effect here only 1; it is 3\)")
+    with pytest.raises(ConfigError, match=refused):
+        check_at_start(cfg)
+    cfg.set("start_batch", "auto")
+    cfg.set("context_window", 1)
     cfg.set("network", None)
     cfg.set("get_model", lambda: None)
     with pytest.raises(ConfigError, match="config key 'dropout'"):

@@ -70,6 +70,11 @@ CONFIG_KEYS: dict[str, NoEffect] = {
                                         "steps; a profile, not a computation"),
     "debug_grad_summaries": NoEffect("RETURNN writes TensorBoard summaries of the gradients; a log, not a "
                                      "computation"),
+    "start_batch": NoEffect("RETURNN's first batch of the epoch training resumes at; 'auto', its only "
+                            "value, starts each epoch at its first batch after the newest checkpoint, as "
+                            "start_epoch 'auto' does here", _is("auto"), '"auto"'),
+    "context_window": NoEffect("RETURNN's default context window of the datasets' frames; 1 is each frame "
+                               "alone, as here", _is(1), "1"),
     "patch_atfork": NoEffect("RETURNN patches the C library's fork handlers of its own process; a process "
                              "detail, not a computation"),
     "decouple_constraints_factor": NoEffect(
