@@ -18,13 +18,16 @@ Prints: the counts (configs, networks read, accepted by the check, trained a ste
 number of networks they stop (each network's every refusal counted once; a layer class that the check
 refuses hides the refusals of the layers after it), the layer classes this engine does not implement by
 the number of networks that use them anywhere (subnetworks included), and the networks that the check
-accepted but that did not train, with the last line of their error.
+accepted but that did not train, with the last line of their error. A rec unit's subnetwork that loads
+its parameters from the authors' checkpoint (``load_on_init``, not published) loads a stand-in written from
+the engine's initial values of it (``stand_in_checkpoints``).
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import collections
+import copy
 import os
 import re
 import subprocess
@@ -171,6 +174,30 @@ def config_functions(root: str, path: str) -> list[str]:
     return [ast.get_source_segment(source, node) for node in kept]
 
 
+def stand_in_checkpoints(network: dict, extern: dict, target: Any, folder: str, name: str) -> dict:
+    """The network with each rec unit subnetwork's ``load_on_init`` (the authors' LM checkpoint, which is
+    not published) replaced by a RETURNN checkpoint written here from this engine's initial values of that
+    subnetwork, under the names inside it: so the training step loads one as the setup would."""
+    loads = [(rec, sub) for rec, layer in network.items() if isinstance(layer, dict)
+             and isinstance(layer.get("unit"), dict)
+             for sub, opts in layer["unit"].items() if isinstance(opts, dict) and opts.get("load_on_init")]
+    if not loads:
+        return network
+    from engine.tools.export_returnn_checkpoint import build
+    from engine.training.checkpoints.returnn_files import write_checkpoint
+    from engine.training.checkpoints.returnn_format import ReturnnView
+
+    network = copy.deepcopy(network)
+    config = {"network": network, "extern_data": extern, **({"target": target} if target else {})}
+    values = ReturnnView(build(Config(config))).values()
+    for rec, sub in loads:
+        prefix = f"{rec}/rec/{sub}/"
+        path = os.path.join(folder, f"{name}.{rec}.{sub}.lm")
+        write_checkpoint(path, {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)})
+        network[rec]["unit"][sub]["load_on_init"] = path
+    return network
+
+
 def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]],
                root: str) -> str:
     """'' when ``rnn.py`` trained the network one epoch; else the last line of its error."""
@@ -182,8 +209,12 @@ def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int
     name = re.sub(r"[^\w.-]", "_", setup.path)
     config = os.path.join(folder, f"{name}.py")
     extern = {k: {"dim": d, "sparse": s} for k, (d, s) in dims.items()}
+    try:
+        network = stand_in_checkpoints(setup.network, extern, setup.namespace.get("target"), folder, name)
+    except EngineError as exc:
+        return f"the stand-in for its load_on_init checkpoint: {str(exc)[:200]}"
     lines = config_functions(root, setup.path) + [
-        f"network = {text}", f"extern_data = {extern!r}",
+        f"network = {network!r}", f"extern_data = {extern!r}",
         f"train = {{'class': 'HDFDataset', 'files': [{corpus!r}]}}", "dev = train",
         "num_epochs = 1", "batch_size = 100000", "max_seqs = 2", f"model = {os.path.join(folder, name)!r}"]
     if "target" in setup.namespace:

@@ -299,6 +299,21 @@ CASES["unit_lnlstm"] = {"extern_data": DENSE, "train_flag": True, "network": {
                "unit_opts": {"hidden_norm": True, "with_concat": True, "global_norm": False}},
         "output": {"class": "linear", "activation": None, "from": ["s", "s3"], "n_out": 4}}},
     "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# a subnetwork inside a rec unit (the LM of shallow fusion in 2020-lm-integration, 2022-scale-learning):
+# 'data' its input, a layer without 'from' reading it, 'base:' the unit around it, 'prev:' its own layers,
+# an LSTMBlock rnn_cell with unit_opts forget_bias 0 (the published LMs'), transposed output weights
+CASES["unit_subnetwork"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "am": {"class": "linear", "activation": "tanh", "from": "data:source", "n_out": 3},
+        "lm": {"class": "subnetwork", "from": ["prev:output", "data:source"], "n_out": 4, "subnetwork": {
+            "input": {"class": "linear", "activation": "identity", "n_out": 3},
+            "lstm0": {"class": "rnn_cell", "unit": "LSTMBlock", "n_out": 2, "unit_opts": {"forget_bias": 0.0},
+                      "from": ["input", "base:am"]},
+            "mix": {"class": "combine", "kind": "add", "from": ["lstm0", "prev:lstm0"]},
+            "output": {"class": "linear", "activation": "identity", "use_transposed_weights": True,
+                       "n_out": 4, "from": "mix"}}},
+        "output": {"class": "linear", "activation": "tanh", "from": ["am", "lm"], "n_out": 4}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

@@ -322,8 +322,9 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
         from TFUtil import DimensionTag  # importable; an error only when used
         import returnn.tf.util.basic as tf_util
         from returnn.tf.util.data import Dim
-        from Util import cleanup_env_var_path
+        from Util import cleanup_env_var_path, cf
         cleanup_env_var_path("ENGINE_TEST_PATH", "/opt/old")
+        cached = cf("/data/corpus.hdf")  # i6's cache manager: off its cluster, the file itself
 
         def f(x):
             from returnn.tf.compat import v1 as tf
@@ -347,6 +348,7 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
             return Lexicon("lexicon.xml.gz")
         """)
     assert "returnn" not in sys.modules and "TFUtil" not in sys.modules and "TFCompat" not in sys.modules
+    assert config.value("cached") == "/data/corpus.hdf"
     x = tf.constant([[-1.0, 2.0], [3.0, -4.0]])
     in_graph = tf.function(config.value("f"), autograph=False)
     np.testing.assert_array_equal(in_graph(x).numpy(), [[0, 2], [3, 0]])

@@ -86,10 +86,22 @@ def test_bad_unit_opts_are_refused_by_the_check(unit_opts, match):
 def test_other_rnn_cell_units_are_refused_by_the_check():
     unit = copy.deepcopy(UNIT)
     unit["s"].update(unit="NativeLstm2", unit_opts=None)
-    with pytest.raises(ConfigError, match=r"unit layer 's': rnn_cell unit 'NativeLstm2' .* is not "
+    with pytest.raises(ConfigError, match=r"unit layer 's': rnn_cell unit 'NativeLstm2' is not "
                                           "implemented here; implemented: LSTMBlock, .* ZoneoutLSTM and "
                                           "LayerNormVariantsLSTM"):
         parse_unit("loop", unit)
+
+
+def test_an_lstm_cell_takes_forget_bias_alone_in_its_unit_opts():
+    """The published LMs' ``{"forget_bias": 0.0}`` on LSTMBlock (fixture case ``unit_subnetwork``)."""
+    unit = copy.deepcopy(UNIT)
+    unit["s"].update(unit="LSTMBlock", unit_opts={"forget_bias": 0.0})
+    parse_unit("loop", unit)
+    for unit_opts, words in (({"forget_bias": 0.0, "use_peepholes": True}, "only 'forget_bias'"),
+                             ({"forget_bias": "0"}, "forget_bias must be a number")):
+        unit["s"]["unit_opts"] = unit_opts
+        with pytest.raises(ConfigError, match=words):
+            parse_unit("loop", unit)
 
 
 def test_a_layer_norm_lstm_cell_keeps_its_dropout_masks_over_the_steps():

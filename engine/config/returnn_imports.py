@@ -80,12 +80,18 @@ def cleanup_env_var_path(env_var: str, path_prefix: str) -> None:
     os.environ[env_var] = ":".join(kept)
 
 
+def cache_file(filename: str) -> str:
+    """RETURNN's ``Util.cf``: i6's cache manager, used on i6's cluster only; anywhere else RETURNN returns
+    the file's own name, as here."""
+    return filename
+
+
 # RETURNN's module -> name -> a function returning this engine's object
 PROVIDED: dict[str, dict[str, Callable[[], Any]]] = {
     "returnn.tf.compat": {"v1": _tf_compat("v1"), "v2": _tf_compat("v2")},
     "returnn.tf.util.basic": {name: _from(_TF_UTIL, name) for name in ("where_bc", "safe_log", "safe_exp",
                                                                        "get_shape", "dropout")},
-    "returnn.util.basic": {"cleanup_env_var_path": lambda: cleanup_env_var_path},
+    "returnn.util.basic": {"cleanup_env_var_path": lambda: cleanup_env_var_path, "cf": lambda: cache_file},
     "returnn.pretrain": {"WrapEpochValue": _from("engine.config.epoch_value", "WrapEpochValue")},
 }
 

@@ -164,6 +164,11 @@ class NetworkModel(SeqModel):
         return {f"{name}/{key}": var for name, layer in self._owners().items()
                 for key, var in layer.params.items()}
 
+    def load_on_init(self) -> list[tuple[str, str, str]]:
+        """(rec layer, subnetwork layer of its unit, checkpoint) of each ``load_on_init``."""
+        return [(name, subnetwork, path) for name, layer in self.layers.items()
+                if isinstance(layer, RecSubnet) for subnetwork, path in layer.load_on_init.items()]
+
     def running_state(self) -> dict[str, tf.Variable]:
         return {f"{name}/{key}": layer.params[key] for name, layer in self._owners().items()
                 for key in layer.running_keys}

@@ -2,8 +2,9 @@
 with an LSTM unit, one step at a time.
 
 - ``rnn_cell`` with an LSTMBlock-like unit: TensorFlow's LSTMCell, as RETURNN runs LSTMBlock,
-  LSTMBlockFused, StandardLSTM and BasicLSTM on one step (gates i, j, f, o, forget bias 1; parameters
-  ``<rec>/rec/<layer>/rec/lstm_cell/kernel`` and ``.../bias``); unit ZoneoutLSTM is that cell with zoneout;
+  LSTMBlockFused, StandardLSTM and BasicLSTM on one step (gates i, j, f, o, unit_opts forget_bias [1];
+  parameters ``<rec>/rec/<layer>/rec/lstm_cell/kernel`` and ``.../bias``); unit ZoneoutLSTM is that cell
+  with zoneout;
 - ``rnn_cell`` with unit ``layernormvariantslstm``: RETURNN's LayerNormVariantsLSTMCell (``lstm_norm.py``);
 - ``rec`` with an LSTM unit: RETURNN's NativeLstm2 on one frame (RETURNN adds a time axis of 1 and takes the
   previous step's state as initial state): parameters ``<rec>/rec/<layer>/rec/W`` (in, 4n), ``.../W_re``
@@ -21,7 +22,8 @@ from engine.model.layers.lstm_norm import NormLstmRec
 from engine.model.layers.recurrent import initializers
 from engine.model.rec.frames import Template, Value
 from engine.model.rec.step_layers import UnitContext, UnitLayer
-from engine.model.rec.unit_options import ZONEOUT_UNIT, zoneout_options
+from engine.model.rec.unit_options import (LSTM_CELL_UNITS, ZONEOUT_UNIT, lstm_cell_forget_bias,
+                                           zoneout_options)
 from engine.runtime.errors import ConfigError
 
 
@@ -47,6 +49,8 @@ class LstmCell(UnitLayer):
         self.make_params(name, opts, sum(s.dim for s in sources), template.dim, ctx)
         zoneout = opts["class"] == "rnn_cell" and str(opts.get("unit")).lower() == ZONEOUT_UNIT
         self.zoneout = zoneout_options(ctx.where(name), opts.get("unit_opts")) if zoneout else None
+        plain = opts["class"] == "rnn_cell" and str(opts.get("unit")).lower() in LSTM_CELL_UNITS
+        self.forget_bias = lstm_cell_forget_bias(ctx.where(name), opts.get("unit_opts")) if plain else 1.0
         self.training, self.seed = False, None  # set by the loop before each step
 
     def make_params(self, name: str, opts: dict, in_dim: int, n: int, ctx: UnitContext) -> None:
@@ -66,7 +70,7 @@ class LstmCell(UnitLayer):
         x = tf.concat([v.tensor for v in values] + [h], axis=-1)
         gates = tf.matmul(x, self.params["rec/lstm_cell/kernel"]) + self.params["rec/lstm_cell/bias"]
         i, j, f, o = tf.split(gates, 4, axis=-1)
-        new_c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
+        new_c = tf.sigmoid(f + self.forget_bias) * c + tf.sigmoid(i) * tf.tanh(j)
         new_h = tf.sigmoid(o) * tf.tanh(new_c)
         if self.zoneout is None:
             return new_h, (new_c, new_h)

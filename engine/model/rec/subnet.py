@@ -25,6 +25,7 @@ from engine.model.rec.step_layers import GenericAttention, LinearUnit, UnitConte
 from engine.model.rec.step_state import LastHiddenState
 from engine.model.rec.templates import unit_class, unit_templates
 from engine.model.rec.unit import LoopPlan, Ref, max_len_layers, parse_unit, plan_loop
+from engine.model.rec.unit_subnetwork import subnetwork_loads
 from engine.runtime import log
 from engine.runtime.errors import ConfigError, DataError
 
@@ -39,6 +40,7 @@ class RecSubnet(Layer):
         """``source``: one frame of the rec layer's input (its sources concatenated), which the loop runs
         over (``data:source``); None: the loop runs over the labels of its choice's target."""
         self.spec = parse_unit(name, opts["unit"])
+        self.load_on_init = subnetwork_loads(opts["unit"])  # subnetwork layer -> checkpoint
         super().__init__(0)
         self.layer_name = name
         if opts.get("cheating"):

@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit_options import check_options
+from engine.model.rec.unit_subnetwork import flatten_subnetworks
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -110,7 +111,9 @@ class UnitLayerSpec:
 
 
 def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
-    """The unit's layers; ConfigError names the rec layer and the sublayer."""
+    """The unit's layers (a subnetwork's as its own: ``unit_subnetwork.py``); ConfigError names the rec
+    layer and the sublayer."""
+    unit = flatten_subnetworks(rec_name, unit)
     layers = {}
     for name, opts in unit.items():
         where = f"Network layer '{rec_name}', unit layer '{name}'"
@@ -130,7 +133,11 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
             raise ConfigError(f"{where}: 'reuse_params' {opts['reuse_params']!r} is not implemented inside a "
                               "rec unit here: its layers do not share parameters (None, the default, is "
                               "accepted).")
-        unknown = sorted(set(opts) - _COMMON - {"reuse_params"} - set(NO_EFFECT) - UNIT_CLASS_OPTIONS[cls])
+        if "target" in opts and "target" not in UNIT_CLASS_OPTIONS[cls]:
+            log.info(f"{where}: option 'target' has no effect on a {cls} layer (RETURNN reads a layer's "
+                     "target for its loss or its output size; this class takes neither).")
+        unknown = sorted(set(opts) - _COMMON - {"reuse_params", "target"} - set(NO_EFFECT)
+                         - UNIT_CLASS_OPTIONS[cls])
         if unknown:
             raise ConfigError(f"{where}: option(s) {unknown} of a {cls} layer are not implemented inside a "
                               "rec unit here.")

@@ -48,6 +48,19 @@ def zoneout_options(where: str, unit_opts: Any) -> tuple[float, float, bool]:
     return factors[0], factors[1], use_output
 
 
+def lstm_cell_forget_bias(where: str, unit_opts: Any) -> float:
+    """The ``unit_opts`` of an rnn_cell unit RETURNN runs as TensorFlow's LSTMCell: ``forget_bias`` only,
+    added to the forget gate before its sigmoid (TensorFlow's default 1.0)."""
+    unit_opts = unit_opts or {}
+    if not isinstance(unit_opts, dict) or set(unit_opts) - {"forget_bias"}:
+        raise ConfigError(f"{where}: unit_opts {unit_opts!r} of an LSTMCell unit (LSTMBlock, LSTMBlockFused, "
+                          "StandardLSTM, BasicLSTM): only 'forget_bias' is implemented.")
+    value = unit_opts.get("forget_bias", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: unit_opts forget_bias must be a number, got {value!r}.")
+    return float(value)
+
+
 def check_options(where: str, cls: str, opts: dict) -> None:
     if cls == "rnn_cell":
         unit = str(opts.get("unit", "")).lower()
@@ -55,10 +68,11 @@ def check_options(where: str, cls: str, opts: dict) -> None:
             zoneout_options(where, opts.get("unit_opts"))
         elif unit == NORM_LSTM_UNIT:
             norm_lstm_options(where, opts.get("unit_opts"))
-        elif unit not in LSTM_CELL_UNITS or opts.get("unit_opts"):
-            raise ConfigError(f"{where}: rnn_cell unit {opts.get('unit')!r} (unit_opts "
-                              f"{opts.get('unit_opts')!r}) is not implemented here; implemented: LSTMBlock, "
-                              "LSTMBlockFused, StandardLSTM, BasicLSTM without unit_opts (TensorFlow's "
+        elif unit in LSTM_CELL_UNITS:
+            lstm_cell_forget_bias(where, opts.get("unit_opts"))
+        else:
+            raise ConfigError(f"{where}: rnn_cell unit {opts.get('unit')!r} is not implemented here; "
+                              "implemented: LSTMBlock, LSTMBlockFused, StandardLSTM, BasicLSTM (TensorFlow's "
                               "LSTMCell, as RETURNN runs them on one step), ZoneoutLSTM and "
                               "LayerNormVariantsLSTM.")
     elif cls == "reduce":

@@ -5,11 +5,15 @@
 When each applies (RETURNN's ``EngineBase.get_epoch_model`` and ``Engine.init_network_from_config``):
 
 - training that starts at epoch 1 (no checkpoint of the ``model`` prefix to continue): first the
+  ``load_on_init`` of subnetworks in rec units (RETURNN's initial values of their variables); then the
   ``preload_from_files`` entries with ``init_for_train``, in the sorted order of their names; then
   ``import_model_train_epoch1``, else ``load`` (with an explicit ``start_epoch = 1``: ``load``, else
   ``import_model_train_epoch1``);
-- eval and forward: first the entries without ``init_for_train``, then the model (``load``, ``load_epoch``
-  or the newest checkpoint).
+- eval, forward and search: first ``load_on_init``, then the entries without ``init_for_train``, then the
+  model (``load``, ``load_epoch`` or the newest checkpoint).
+- A training that continues from its own checkpoint takes everything from it (RETURNN would take a
+  ``load_on_init`` subnetwork's variables from that file again: the same values where the subnetwork is
+  not trainable, as in RETURNN's published setups).
 
 A parameter that one of these loaded is not loaded again by a later one: the first entry wins, and the
 model does not overwrite what an entry gave (RETURNN marks such variables and skips them).
@@ -106,6 +110,9 @@ class Options:
     ignore_params: tuple[str, ...] = ()
     ignore_params_prefixes: tuple[str, ...] = ()
     var_name_mapping: dict[str, str] = field(default_factory=dict)
+    # load_on_init: the file's format -> the prefix every selected parameter has, removed for its name in
+    # the file (RETURNN's params_prefix); variables of the file no parameter reads are then no error
+    within: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, entry: PreloadEntry) -> "Options":
@@ -176,8 +183,13 @@ def load_params(path: str, model, options: Options, loaded: Loaded) -> set[str]:
     returnn = stored.format == RETURNN_FORMAT
     model_shapes = view.shapes()
     wanted: dict[str, str] = {}  # parameter -> its name in the file (before var_name_mapping)
+    within = options.within.get(stored.format)
     for name in model_shapes:
         source = name
+        if within is not None:
+            if not name.startswith(within):
+                continue
+            source = name[len(within):]
         if options.prefix:
             if options.prefix not in name:
                 continue
@@ -206,6 +218,10 @@ def load_params(path: str, model, options: Options, loaded: Loaded) -> set[str]:
         log.warning(f"{options.what}: {len(missing)} parameter(s) not in '{stored.path}' keep their values "
                     f"(ignore_missing): {', '.join(missing[:SHOWN])}.")
         missing = []
+    if unused and options.within:
+        log.info(f"{options.what}: {len(unused)} variable(s) of '{stored.path}' are read by no parameter of "
+                 f"it (as RETURNN, not an error): {', '.join(unused[:SHOWN])}.")
+        unused = []
     if missing or unused or wrong:
         raise ConfigError(_mismatch(stored, view, options, missing, unused, wrong))
     if not found:
@@ -262,10 +278,22 @@ def _load_model(path: str, what: str, model, loaded: Loaded) -> None:
     load_params(path, model, Options(what), loaded)
 
 
+def _load_on_init(model, loaded: Loaded) -> None:
+    """The parameters of the subnetworks of rec units with ``load_on_init``
+    (``engine/model/rec/unit_subnetwork.py``), first: RETURNN makes them the variables' initial values,
+    which its later loads (preload_from_files, load, the model's checkpoint) then skip."""
+    for rec_name, subnetwork, path in getattr(model, "load_on_init", lambda: [])():
+        within = {RETURNN_FORMAT: f"{rec_name}/rec/{subnetwork}/", ENGINE_FORMAT: f"{rec_name}/{subnetwork}/"}
+        what = f"Network layer '{rec_name}', unit layer '{subnetwork}': load_on_init"
+        load_params(path, model, Options(what, within=within), loaded)
+
+
 def init_for_training(config: Config, model) -> str | None:
-    """Rank 0, training that starts at epoch 1: the preloads with ``init_for_train``, then
-    ``import_model_train_epoch1`` or ``load``. Returns the file the whole network came from, if any."""
+    """Rank 0, training that starts at epoch 1: the subnetworks' ``load_on_init``, the preloads with
+    ``init_for_train``, then ``import_model_train_epoch1`` or ``load``. Returns the file the whole network
+    came from, if any."""
     loaded = Loaded(model)
+    _load_on_init(model, loaded)
     _preload(config, model, loaded, for_training=True)
     explicit_start = config.typed("start_epoch") not in ("auto", None)
     keys = ("load", "import_model_train_epoch1") if explicit_start else ("import_model_train_epoch1", "load")
@@ -277,8 +305,10 @@ def init_for_training(config: Config, model) -> str | None:
 
 
 def load_for_inference(config: Config, model, path: str, what: str = "load") -> None:
-    """Rank 0, eval and forward: the preloads without ``init_for_train``, then the model from ``path``
+    """Rank 0, eval and forward: the subnetworks' ``load_on_init``, the preloads without
+    ``init_for_train``, then the model from ``path``
     (``what``: the key that named it, for messages)."""
     loaded = Loaded(model)
+    _load_on_init(model, loaded)
     _preload(config, model, loaded, for_training=False)
     _load_model(path, what, model, loaded)
