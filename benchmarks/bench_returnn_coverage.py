@@ -147,11 +147,13 @@ def check(setup: Setup, corpus: str) -> list[str]:
     return refusals(findings, problems) if stop_reason(findings, problems) else []
 
 
-def config_functions(root: str, path: str) -> list[str]:
+def config_functions(root: str, path: str, namespace: dict[str, Any] | None = None) -> list[str]:
     """The source of the config's top-level functions and imports, which its ``eval`` layers may call (as
     ``self.network.get_config().typed_value('transform')``), and the top-level constants those functions
     read (``num_inputs = 40`` of a SpecAugment function) or eval strings name by ``typed_value('...')``
-    (``bias_weight_threshold``); whether they import is the engine's to say."""
+    (``bias_weight_threshold``); whether they import is the engine's to say. A constant computed by code
+    (``ext_lm_scale = config.float("ext_lm_scale", 0.36)``) is written with its value in ``namespace``
+    (the config's, as ``read_setup`` ran it) where that is a literal."""
     full = os.path.join(root, path)
     with open(full, encoding="utf8", errors="replace") as f:
         source = f.read()
@@ -163,15 +165,24 @@ def config_functions(root: str, path: str) -> list[str]:
     kept = []
     for node in body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                ast.literal_eval(node.value)
-            except (ValueError, TypeError, SyntaxError, RecursionError):
+            name = node.targets[0].id
+            if name not in read:
                 continue
-            if node.targets[0].id in read:
-                kept.append(node)
+            if _literal(ast.get_source_segment(source, node.value)):
+                kept.append(ast.get_source_segment(source, node))
+            elif namespace is not None and name in namespace and _literal(repr(namespace[name])):
+                kept.append(f"{name} = {namespace[name]!r}")
         elif isinstance(node, kinds):
-            kept.append(node)
-    return [ast.get_source_segment(source, node) for node in kept]
+            kept.append(ast.get_source_segment(source, node))
+    return kept
+
+
+def _literal(text: str) -> bool:
+    try:
+        ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def stand_in_checkpoints(network: dict, extern: dict, target: Any, folder: str, name: str) -> dict:
@@ -213,7 +224,7 @@ def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int
         network = stand_in_checkpoints(setup.network, extern, setup.namespace.get("target"), folder, name)
     except EngineError as exc:
         return f"the stand-in for its load_on_init checkpoint: {str(exc)[:200]}"
-    lines = config_functions(root, setup.path) + [
+    lines = config_functions(root, setup.path, setup.namespace) + [
         f"network = {network!r}", f"extern_data = {extern!r}",
         f"train = {{'class': 'HDFDataset', 'files': [{corpus!r}]}}", "dev = train",
         "num_epochs = 1", "batch_size = 100000", "max_seqs = 2", f"model = {os.path.join(folder, name)!r}"]

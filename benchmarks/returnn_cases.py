@@ -314,6 +314,17 @@ CASES["unit_subnetwork"] = {"extern_data": DENSE, "train_flag": True, "network":
                        "n_out": 4, "from": "mix"}}},
         "output": {"class": "linear", "activation": "tanh", "from": ["am", "lm"], "n_out": 4}}},
     "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# the step ':i' and switch inside a rec unit (2021-internal-lm-attention's ILM: is_first_frame chooses
+# between a zero attention and another): at step 0 the one branch, then the other
+CASES["unit_switch_step"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "first": {"class": "compare", "from": ":i", "kind": "equal", "value": 0},
+        "h": {"class": "linear", "activation": "tanh", "from": ["data:source", "prev:output"], "n_out": 4},
+        "zero": {"class": "eval", "from": "h", "eval": "tf.zeros_like(source(0))"},
+        "sel": {"class": "switch", "condition": "first", "true_from": "zero", "false_from": "prev:h"},
+        "later": {"class": "switch", "condition": "first", "true_from": "h", "false_from": "sel"},
+        "output": {"class": "linear", "activation": None, "from": ["h", "sel", "later"], "n_out": 3}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

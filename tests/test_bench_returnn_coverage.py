@@ -76,13 +76,17 @@ def test_a_training_config_keeps_the_constants_functions_and_eval_strings_read(t
     import os
     num_inputs = 40
     threshold = 0.5
+    scale = float("0.36")
     unused = 3
     corpus = os.path.join("/nonexistent", "train.hdf")
     def transform(x):
-        return x * num_inputs
+        return x * num_inputs * scale
     network = {"t": {"class": "eval",
                      "eval": "source(0) + self.network.get_config().typed_value('threshold')"}}
     """)
     kept = coverage.config_functions(str(tmp_path), "2022-x/base.config")
     assert kept == ["import os", "num_inputs = 40", "threshold = 0.5",
-                    "def transform(x):\n    return x * num_inputs"]
+                    "def transform(x):\n    return x * num_inputs * scale"]
+    # a value computed by code: from the config's namespace, as it ran
+    kept = coverage.config_functions(str(tmp_path), "2022-x/base.config", {"scale": 0.36})
+    assert "scale = 0.36" in kept

@@ -224,7 +224,7 @@ def test_search_in_a_graph_gives_what_it_gives_eagerly():
     ({"x": {"class": "reduce", "axes": "f", "mode": "sum", "from": "s"}}, "with keep_dims True (axes 'f')"),
     ({"x": {"class": "variable", "shape": [2, 3]}}, "variable 'shape' [2, 3] is not implemented"),
     ({"x": {"class": "combine", "kind": "add", "from": [":i", "s"]}},
-     "':i' (the step) is not provided inside a rec unit here: RETURNN's published setups read it only"),
+     "reads ':i' (the step); here a compare layer reads it, a combine layer does not"),
 ])
 def test_what_the_unit_refuses_is_named(change, message):
     network = copy.deepcopy(NETWORK)

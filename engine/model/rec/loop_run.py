@@ -10,7 +10,8 @@ from typing import Any
 import tensorflow as tf
 
 from engine.model.dropout import stateless_dropout
-from engine.model.rec.frames import Value, loose_batch, step_slice
+from engine.model.rec.frames import Template, Value, loose_batch, step_slice
+from engine.model.rec.step_select import all_steps_value, step_value
 from engine.model.rec.step_layers import EvalUnit, LinearUnit
 from engine.model.rec.step_state import LastHiddenState, VariableUnit
 from engine.model.rec.unit import Ref
@@ -141,6 +142,8 @@ class LoopRun:
     def _whole(self, ref: Ref, batch: tf.Tensor) -> Value:
         if ref.kind == "base":
             return self.base[ref.name]
+        if ref.kind == "step":  # a layer the plan moved behind the loop
+            return all_steps_value(batch, self.steps)
         if ref.kind == "data":
             return self.source
         value = self.values[ref.name]
@@ -179,8 +182,7 @@ class LoopRun:
         prev0 = {n: self._initial(n, batch) for n in read_prev}
         cells0 = {n: units[n].initial_state(batch) for n in cells}
         prev0, cells0 = tf.nest.map_structure(loose_batch, (prev0, cells0))
-        arrays = {n: tf.TensorArray(tf.int32 if self.net.templates[n].sparse else tf.float32, size=steps)
-                  for n in kept}
+        arrays = {n: tf.TensorArray(_array_dtype(self.net.templates[n]), size=steps) for n in kept}
         logit_arrays = {n: tf.TensorArray(tf.float32, size=steps) for n in kept if self._gives_loss_input(n)}
         # the layers moved in front, as the loop reads them (shifted once here, not at every step)
         outside = {(r.kind, r.name): self._whole(r, batch) for n in loop
@@ -194,6 +196,8 @@ class LoopRun:
             def resolve(ref: Ref) -> Value:
                 if ref.kind == "base":
                     return self.base[ref.name]
+                if ref.kind == "step":
+                    return step_value(batch, t)
                 if ref.kind == "cur" and ref.name in frame:
                     return frame[ref.name]
                 if ref.kind == "prev" and ref.name in prev:
@@ -244,3 +248,10 @@ class LoopRun:
         """A softmax (its logits) or an eval with a loss (its probabilities): ``self.logits``."""
         layer = self.net.spec[name]
         return layer.cls == "softmax" or (layer.cls == "eval" and bool(layer.opts.get("loss")))
+
+
+def _array_dtype(template: Template) -> tf.DType:
+    """How a layer's steps are kept: a compare's as bool, class ids as int32, features as float32."""
+    if template.dtype == tf.bool:
+        return tf.bool
+    return tf.int32 if template.sparse else tf.float32

@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from engine.model.rec.frames import Value, loose_batch
+from engine.model.rec.step_select import step_value
 from engine.model.rec.unit import Ref
 from engine.runtime.errors import ConfigError
 
@@ -108,6 +109,8 @@ class BeamSearch:
             def resolve(ref: Ref) -> Value:
                 if ref.kind == "base":
                     return run.base[ref.name]
+                if ref.kind == "step":
+                    return step_value(rows, t)
                 if ref.kind == "cur":
                     return frame[ref.name]
                 return Value(state["prev"][ref.name], net.templates[ref.name], looped=False)

@@ -22,9 +22,11 @@ from engine.model.rec.frames import Template, Value
 from engine.model.rec.loop_run import LoopRun, topological
 from engine.model.rec.search import BeamSearch, choice_options
 from engine.model.rec.step_layers import GenericAttention, LinearUnit, UnitContext, UnitLayer
+from engine.model.rec.step_select import STEP, Switch
 from engine.model.rec.step_state import LastHiddenState
 from engine.model.rec.templates import unit_class, unit_templates
 from engine.model.rec.unit import LoopPlan, Ref, max_len_layers, parse_unit, plan_loop
+from engine.model.rec.unit_options import SWITCH_OPTIONS
 from engine.model.rec.unit_subnetwork import subnetwork_loads
 from engine.runtime import log
 from engine.runtime.errors import ConfigError, DataError
@@ -103,6 +105,12 @@ class RecSubnet(Layer):
                                   f"{[str(r) for r in layer.sources]} names other layers.")
             return LastHiddenState(name, layer.opts, sources, self.templates[name], self.ctx,
                                    [self.templates[c].dim for c in cells])
+        if layer.cls == "switch":  # its template may have been derived from one branch
+            found = Switch.switch_template(name, *(self._template(layer.options[k]) for k in SWITCH_OPTIONS),
+                                           self.ctx)
+            if found != self.templates[name]:
+                raise ConfigError(f"{self.ctx.where(name)}: switch's branches give {found.describe()}, but "
+                                  f"the unit's layers read it as {self.templates[name].describe()}.")
         if layer.cls == "generic_attention":
             return GenericAttention(name, layer.opts, sources, self.templates[name], self.ctx,
                                     self._template(layer.options["weights"]),
@@ -137,6 +145,8 @@ class RecSubnet(Layer):
                         "previous step ('prev:...') to keep it in the loop.")
 
     def _template(self, ref: Ref) -> Template:
+        if ref.kind == "step":
+            return STEP
         if ref.kind == "base":
             return self.base_templates[ref.name]
         if ref.kind == "data":  # unit_templates has refused it where the rec layer has no sources

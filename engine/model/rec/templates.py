@@ -12,12 +12,14 @@ from engine.model.rec.step_attention import CLASSES as ATTENTION_CLASSES
 from engine.model.rec.step_cells import CLASSES as CELL_CLASSES
 from engine.model.rec.step_cells import NormLstmCell
 from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext, UnitLayer
+from engine.model.rec.step_select import STEP, Switch
 from engine.model.rec.step_state import CLASSES as STATE_CLASSES
 from engine.model.rec.unit import Ref, UnitLayerSpec
+from engine.model.rec.unit_options import SWITCH_OPTIONS
 from engine.runtime.errors import ConfigError
 
 # every class a unit layer can have (the Transformer's in step_attention.py)
-UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES, **CELL_CLASSES, **STATE_CLASSES}
+UNIT_CLASSES = {**CLASSES, **ATTENTION_CLASSES, **CELL_CLASSES, **STATE_CLASSES, "switch": Switch}
 
 
 def unit_class(layer: UnitLayerSpec) -> type[UnitLayer]:
@@ -47,10 +49,7 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
         if ref.kind == "data":
             raise ConfigError(f"{ctx.where(reader)}: '{ref}' is the rec layer's input frame, but the rec "
                               "layer has no sources ('from': []): its loop runs over output labels.")
-        raise ConfigError(f"{ctx.where(reader)}: '{ref}' (the step) is not provided inside a rec unit here: "
-                          "RETURNN's published setups read it only in RNN-transducer decoders (as a "
-                          "gather_nd position into windows of the encoder), whose layers this engine does "
-                          "not build either.")
+        return STEP  # ':i' (parse_unit has checked its reader)
 
     def attempt(layer: UnitLayerSpec, relaxed: bool) -> Template | None:
         if layer.cls == "choice":
@@ -60,6 +59,13 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
             if weights is None or values is None:
                 return None
             return GenericAttention.attention_template(layer.name, weights, values, ctx)
+        if layer.cls == "switch":  # a branch's previous step may wait, as a source's does
+            condition, true, false = (of(layer.options[key], layer.name) for key in SWITCH_OPTIONS)
+            waiting = [layer.options[k] for k, t in (("true_from", true), ("false_from", false)) if t is None]
+            if condition is None or len(waiting) == 2 or (waiting and (not relaxed
+                                                                       or waiting[0].kind == "cur")):
+                return None
+            return Switch.switch_template(layer.name, condition, true or false, false or true, ctx)
         if layer.cls == "eval" and "shape" in (layer.opts.get("out_type") or {}):
             return EvalUnit.declared_template(layer.name, layer.opts, ctx)
         sources = []

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
-from engine.model.rec.unit_options import check_options
+from engine.model.rec.unit_options import STEP_READERS, SWITCH_OPTIONS, check_options
 from engine.model.rec.unit_subnetwork import flatten_subnetworks
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -57,6 +57,7 @@ UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "rec": {"unit", "n_out", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
             "initial_output"},  # step_cells.py
     "reinterpret_data": {"enforce_batch_major", "initial_output"},  # a copy: the layout is the engine's
+    "switch": {*SWITCH_OPTIONS, "initial_output"},  # step_select.py
 }
 _COMMON = {"class", "from", "dropout", "is_output_layer", "trainable", "L2"}
 # options RETURNN's layers take that change nothing computed: accepted with an info line
@@ -64,7 +65,10 @@ NO_EFFECT = {"param_device": "where RETURNN places the layer's parameters; a pla
 # classes that carry state from step to step of their own, beyond their output (RETURNN's rec_vars_outputs)
 STATEFUL_CLASSES = {"rnn_cell", "rec"}
 # options naming other layers of the unit (or base:/prev: ones), besides 'from'
-LAYER_OPTIONS = {"generic_attention": ("weights", "base")}
+LAYER_OPTIONS = {"generic_attention": ("weights", "base"), "switch": SWITCH_OPTIONS}
+
+
+STEP = ":i"  # the step: a reference, and a node of RETURNN's plan
 
 
 def max_len_layers(max_seq_len: Any) -> list[str]:
@@ -146,7 +150,8 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
             check_loss_opts(where, opts.get("loss"), opts.get("loss_opts"))
             check_loss_only_on_non_search(where, opts)
         check_options(where, cls, opts)
-        sources = opts.get("from", [] if cls in ("generic_attention", "variable") else "data:source")
+        no_from = ("generic_attention", "variable", "switch")
+        sources = opts.get("from", [] if cls in no_from else "data:source")
         sources = [sources] if isinstance(sources, str) else sources
         if not isinstance(sources, (list, tuple)) or not all(isinstance(s, str) for s in sources):
             raise ConfigError(f"{where}: 'from' must be a layer name or a list of names, got {sources!r}.")
@@ -160,6 +165,11 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
             if ref.kind in ("cur", "prev") and ref.name not in layers:
                 raise ConfigError(f"Network layer '{rec_name}', unit layer '{layer.name}' reads '{ref}', "
                                   f"which is not a layer of the unit; its layers: {', '.join(layers)}.")
+            if ref.kind == "step" and layer.cls not in STEP_READERS:
+                raise ConfigError(f"Network layer '{rec_name}', unit layer '{layer.name}' reads ':i' (the "
+                                  f"step); here a {' or '.join(STEP_READERS)} layer reads it, a {layer.cls} "
+                                  "layer does not (RETURNN's other readers of it, gather_nd positions of the "
+                                  "RNN-transducer setups, are not implemented).")
             if ref.kind == "data" and ref.name != "source":
                 raise ConfigError(f"Network layer '{rec_name}', unit layer '{layer.name}' reads '{ref}'; "
                                   "inside a unit this engine provides 'data:source' (the rec layer's input "
@@ -198,12 +208,17 @@ class LoopPlan:
     outputs_moved_out: tuple[str, ...]
     in_loop: tuple[str, ...]
     unused: tuple[str, ...]
+    # where ':i' is in RETURNN's lists (no layer of the unit: not run, only logged), if read
+    step_at: tuple[str, int] | None = None
 
     def log_lines(self, rec_name: str, search: bool, training: bool) -> list[str]:
         lines = [f"Rec layer '{rec_name}' (search {search}, train {training}) sub net:"]
+        lists = {"outputs": list(self.outputs_moved_out), "loop": list(self.in_loop)}
+        if self.step_at is not None:
+            lists[self.step_at[0]].insert(self.step_at[1], STEP)
         for title, names in (("Input layers moved out of loop", self.inputs_moved_out),
-                             ("Output layers moved out of loop", self.outputs_moved_out),
-                             ("Layers in loop", self.in_loop), ("Unused layers", self.unused)):
+                             ("Output layers moved out of loop", lists["outputs"]),
+                             ("Layers in loop", lists["loop"]), ("Unused layers", self.unused)):
             lines.append(f"  {title}: (#: {len(names)})")
             lines += [f"    {name}" for name in names] or ["    None"]
         return lines
@@ -231,10 +246,14 @@ def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = T
     RETURNN also moves such a cell out where no recurrence of the loop reads it (False: its plan)."""
     if not optimize:
         needed_outputs(layers, search)  # its checks
-        return LoopPlan((), (), tuple(sorted(layers)), ())
+        reads = any(r.kind == "step" for layer in layers.values() for r in layer.refs(not search))
+        return LoopPlan((), (), tuple(sorted(layers)), (), step_at=("loop", 0) if reads else None)
     training = not search
-    deps = {name: [r.name for r in layer.refs(training) if r.kind in ("cur", "prev")]
+    # ':i' is a node of RETURNN's plan too (never moved in front), listed where it ends up
+    deps = {name: [r.name if r.kind != "step" else STEP for r in layer.refs(training)
+                   if r.kind in ("cur", "prev", "step")]
             for name, layer in layers.items()}
+    deps[STEP] = []
     for name, layer in layers.items():  # a layer with its own state reads its previous step
         if cells_stay and layer.cls in STATEFUL_CLASSES and name not in deps[name]:
             deps[name].append(name)
@@ -247,7 +266,7 @@ def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = T
                 visit(deps[name])
 
     visit(needed_outputs(layers, search))
-    searched = {n for n in loop if search and layers[n].cls == "choice"}
+    searched = {n for n in loop if search and n != STEP and layers[n].cls == "choice"}
 
     def output_movable(name: str) -> bool:
         if name == "end" or name in searched or name in deps[name]:
@@ -255,7 +274,7 @@ def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = T
         return not any(name in deps[other] for other in loop if other != name)
 
     def input_movable(name: str) -> bool:
-        if name == "end" or name in searched:
+        if name in ("end", STEP) or name in searched:
             return False
         return not any(other in deps[name] for other in loop)
 
@@ -279,4 +298,7 @@ def plan_loop(layers: dict[str, UnitLayerSpec], search: bool, optimize: bool = T
         loop.remove(found)
         inputs.append(found)
     used = set(inputs) | set(outputs) | set(loop)
-    return LoopPlan(tuple(inputs), tuple(outputs), tuple(loop), tuple(sorted(set(layers) - used)))
+    step_at = next(((kind, names.index(STEP)) for kind, names in (("outputs", outputs), ("loop", loop))
+                    if STEP in names), None)
+    return LoopPlan(tuple(inputs), tuple(n for n in outputs if n != STEP),
+                    tuple(n for n in loop if n != STEP), tuple(sorted(set(layers) - used)), step_at)

@@ -18,6 +18,9 @@ ZONEOUT_UNIT = "zoneoutlstm"
 ZONEOUT_OPTIONS = ("zoneout_factor_cell", "zoneout_factor_output", "use_zoneout_output")
 # the units RETURNN runs as NativeLstm2 on one step (NativeLstm raises there: its initial state is broken)
 NATIVE_STEP_UNITS = ("lstm", "lstmp", "nativelstm2", "lstmblock", "lstmblockfused")
+SWITCH_OPTIONS = ("condition", "true_from", "false_from")
+# the unit classes that may read the step index ':i' (engine/model/rec/step_select.py)
+STEP_READERS = ("compare",)
 # RETURNN's state keys of an LSTM's (c, h): by name, by position, or both concatenated
 LSTM_STATE_KEYS = ("*", "flat", "c", "h", 0, 1)
 
@@ -62,7 +65,13 @@ def lstm_cell_forget_bias(where: str, unit_opts: Any) -> float:
 
 
 def check_options(where: str, cls: str, opts: dict) -> None:
-    if cls == "rnn_cell":
+    if cls == "switch":
+        for key in SWITCH_OPTIONS:
+            if not isinstance(opts.get(key), str):
+                raise ConfigError(f"{where}: switch needs '{key}', the name of a layer; got "
+                                  f"{opts.get(key)!r} (RETURNN's constants in place of a layer are not "
+                                  "implemented).")
+    elif cls == "rnn_cell":
         unit = str(opts.get("unit", "")).lower()
         if unit == ZONEOUT_UNIT:
             zoneout_options(where, opts.get("unit_opts"))
