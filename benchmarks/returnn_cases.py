@@ -325,6 +325,16 @@ CASES["unit_switch_step"] = {"extern_data": DENSE, "train_flag": True, "network"
         "later": {"class": "switch", "condition": "first", "true_from": "h", "false_from": "sel"},
         "output": {"class": "linear", "activation": None, "from": ["h", "sel", "later"], "n_out": 3}}},
     "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# a reduce over time without keep_dims (one vector per sequence) read by a rec unit as base: at every step
+# (2021-internal-lm-attention's encoder_mean: a linear's source and a switch's branch)
+CASES["unit_base_vector"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "mean": {"class": "reduce", "mode": "mean", "axes": ["t"], "keep_dims": False, "from": "data"},
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "first": {"class": "compare", "from": ":i", "kind": "equal", "value": 0},
+        "h": {"class": "linear", "activation": "tanh", "from": ["data:source", "base:mean"], "n_out": 5},
+        "sel": {"class": "switch", "condition": "first", "true_from": "base:mean", "false_from": "prev:h"},
+        "output": {"class": "linear", "activation": None, "from": ["h", "sel"], "n_out": 3}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

@@ -225,9 +225,13 @@ def gradient_differences(expected: dict, got: dict) -> dict[str, float]:
 
 def compared_parts(case: dict, layer: str, value: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     """What of a layer's output (batch-major) is compared: each sequence's valid frames (the padding
-    differs by design), or all of an output without batch axis (``WITHOUT_BATCH``)."""
-    if case["network"][layer]["class"] in WITHOUT_BATCH:
+    differs by design), or all of an output without batch axis (``WITHOUT_BATCH``). RETURNN's one vector
+    per sequence (a reduce over time without keep_dims, (B, F)) is the engine's one frame (B, 1, F)."""
+    opts = case["network"][layer]
+    if opts["class"] in WITHOUT_BATCH:
         return [value]
+    if opts["class"] == "reduce" and not opts.get("keep_dims") and value.ndim == 2:
+        value = value[:, None]
     return [value[b, :n] for b, n in enumerate(lengths)]
 
 

@@ -58,11 +58,11 @@ def test_what_is_not_implemented_is_named(changes, match):
         model(**changes)
 
 
-def test_time_is_reduced_only_to_one_frame():
+def test_time_is_reduced_alone_to_one_frame_or_one_vector_which_only_rec_units_read():
     network = {"avg": {"class": "reduce", "mode": "avg", "axis": "T", "from": "data"},
                "output": {"class": "softmax", "loss": "ce", "from": "avg", "n_out": 2}}
-    message = (r"'avg': reduce over the time axis is implemented alone and with keep_dims True \(one frame "
-               r"per sequence\); RETURNN's output without a time axis is not \(axes 'T', keep_dims False\)")
+    message = (r"'output' reads 'avg', one vector per sequence \(a reduce over time without keep_dims\); "
+               r"here only a rec unit reads such a layer")
     with pytest.raises(ConfigError, match=message):
         parse_network(network)  # rnn.py --check, without TensorFlow
     del network["avg"]["axis"]

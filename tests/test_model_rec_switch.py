@@ -22,6 +22,11 @@ SWITCHED["output"]["unit"].update({
     "prev_att": {"class": "switch", "condition": "is_first_frame", "true_from": "zero_att",
                  "false_from": "prev:att"},
     "s": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["prev:target_embed", "prev_att"], "n_out": 8}})
+# ilm_seq_avg's: the encoder's mean over time in place of the attention after the first label
+SEQ_AVG = copy.deepcopy(SWITCHED)
+SEQ_AVG["enc_mean"] = {"class": "reduce", "mode": "mean", "axes": ["t"], "keep_dims": False,
+                       "from": "encoder"}
+SEQ_AVG["output"]["unit"]["prev_att"]["false_from"] = "base:enc_mean"
 
 
 def test_what_reads_the_step_stays_in_the_loop_and_the_log_lists_the_step_there():
@@ -69,10 +74,12 @@ def test_what_is_not_implemented_is_refused_naming_the_layer(change, words):
         model(network)
 
 
-def test_a_searched_hypothesis_through_the_switch_scores_its_log_probability():
-    """The search reads ':i' per step on the beam's rows as training does per label: the decided
-    hypothesis' score is its log probability when the network is run on it as a target."""
-    network = copy.deepcopy(SWITCHED)
+@pytest.mark.parametrize("base", [SWITCHED, SEQ_AVG], ids=["zero", "seq-avg"])
+def test_a_searched_hypothesis_through_the_switch_scores_its_log_probability(base):
+    """The search reads ':i' per step on the beam's rows (and a vector per sequence, tiled by the beam)
+    as training does per label: the decided hypothesis' score is its log probability when the network is
+    run on it as a target."""
+    network = copy.deepcopy(base)
     network["output"]["unit"]["output"].update(beam_size=3, length_normalization=False)
     net = model(network)
     data, lengths, _, _ = batch()
@@ -86,3 +93,16 @@ def test_a_searched_hypothesis_through_the_switch_scores_its_log_probability():
         np.testing.assert_allclose(found["scores"][b], expected, rtol=1e-4)
         checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("network, words", [
+    ({"mean": {"class": "reduce", "mode": "mean", "axes": "T", "from": "data"},
+      "output": {"class": "softmax", "loss": "ce", "from": "mean"}}, "reads 'mean', one vector per sequence"),
+    ({"output": {"class": "reduce", "mode": "mean", "axes": "T", "from": "data"}},
+     "'output' is one vector per sequence"),
+])
+def test_one_vector_per_sequence_is_read_by_rec_units_only(network, words):
+    """A reduce over time without keep_dims (2021-internal-lm-attention's encoder_mean): RETURNN's (B, F),
+    which a rec unit reads as base: at every step (fixture case ``unit_base_vector``)."""
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        model(network)

@@ -131,7 +131,7 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
                     raise ConfigError(f"Network layer '{name}': its input {layout.describe()} has static "
                                       "axes besides the features; a rec unit takes frames of features.")
                 source = Template((), layout.feature)
-            layers[name] = RecSubnet(name, spec.opts, _base_templates(spec, layouts),
+            layers[name] = RecSubnet(name, spec.opts, _base_templates(spec, layouts, layers),
                                      target_dims=options.target_dims, random_seed=options.random_seed,
                                      config=options.config, source=source)
             layouts[name] = Layout((), layers[name].n_out)
@@ -162,12 +162,18 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
     return layers
 
 
-def _base_templates(spec: LayerSpec, layouts: dict[str, Layout]) -> dict[str, Template]:
+def _base_templates(spec: LayerSpec, layouts: dict[str, Layout],
+                    layers: dict[str, Layer]) -> dict[str, Template]:
     """The templates of the layers a unit reads as ``base:``: their time axis (one for all: the unit
-    checks at run time that their lengths agree) and their static axes."""
-    return {name: Template((Axis("T:base", None),) + tuple(
-        Axis(f"S{size}:{name}:{index}", size) for index, size in enumerate(layouts[name].spatial)),
-        layouts[name].feature) for name in spec.unit_bases}
+    checks at run time that their lengths agree) and their static axes; none for one vector per sequence
+    (a reduce over time without keep_dims)."""
+    templates = {}
+    for name in spec.unit_bases:
+        static = tuple(Axis(f"S{size}:{name}:{index}", size)
+                       for index, size in enumerate(layouts[name].spatial))
+        time = () if getattr(layers.get(name), "per_sequence", False) else (Axis("T:base", None),)
+        templates[name] = Template(time + static, layouts[name].feature)
+    return templates
 
 
 def _check_sparse_sources(name: str, spec: LayerSpec, layers: dict[str, Layer]) -> None:

@@ -112,7 +112,15 @@ def reduces_time(opts: dict) -> bool:
     return named == [True] and opts.get("keep_dims") is True
 
 
+def reduces_time_to_vector(opts: dict) -> bool:
+    """A reduce's options name the time axis alone, without keep_dims: one vector per sequence, which
+    only a rec unit reads here (as ``base:``)."""
+    named = _time_names(opts.get("axes", opts.get("axis")))
+    return named == [True] and opts.get("keep_dims", False) is False
+
+
 def reduces_time_away(opts: dict) -> bool:
-    """A reduce's options name the time axis ("T") among others, or without keep_dims: its output would
-    have no time axis, which no layer here gives (``rnn.py --check`` refuses it without TensorFlow)."""
-    return any(_time_names(opts.get("axes", opts.get("axis")))) and not reduces_time(opts)
+    """A reduce's options name the time axis ("T") among others: its output would have no time axis and
+    other axes reduced, which no layer here gives (``rnn.py --check`` refuses it without TensorFlow)."""
+    return (any(_time_names(opts.get("axes", opts.get("axis")))) and not reduces_time(opts)
+            and not reduces_time_to_vector(opts))

@@ -13,7 +13,7 @@ from typing import Any, Collection, NamedTuple
 from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import Finding, Scope, classify
 from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
-from engine.model.axes import reduces_time_away
+from engine.model.axes import reduces_time_away, reduces_time_to_vector
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit import max_len_layers, parse_unit
@@ -165,9 +165,9 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         if cls == "rec" and not isinstance(unit, dict):
             check_unit_opts(name, unit.lower(), opts.get("unit_opts"))
         if cls == "reduce" and reduces_time_away(opts):
-            raise ConfigError(f"Network layer '{name}': reduce over the time axis is implemented alone and "
-                              "with keep_dims True (one frame per sequence); RETURNN's output without a time "
-                              f"axis is not (axes {opts.get('axes', opts.get('axis'))!r}, keep_dims "
+            raise ConfigError(f"Network layer '{name}': reduce over the time axis is implemented alone (with "
+                              "keep_dims True one frame per sequence, without it one vector per sequence), "
+                              f"not with other axes (axes {opts.get('axes', opts.get('axis'))!r}, keep_dims "
                               f"{opts.get('keep_dims', False)!r}).")
         if not isinstance(opts.get("trainable", True), bool):
             raise ConfigError(f"Network layer '{name}': 'trainable' must be True or False, got "
@@ -208,6 +208,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
                               f"are no layers of the network; layers: {', '.join(specs)}.")
     if "output" not in specs:
         raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
+    _check_vector_readers(specs)
     if specs["output"].cls in UNBATCHED_CLASSES:
         raise ConfigError(f"Network layer 'output': a {specs['output'].cls} layer's output has no batch "
                           f"axis; it is read only as {UNBATCHED_CLASSES[specs['output'].cls]}.")
@@ -357,3 +358,19 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     if unused:
         log.info(f"Network layers {unused} feed no output or loss layer and are not built.")
     return order
+
+
+def _check_vector_readers(specs: dict[str, LayerSpec]) -> None:
+    """One vector per sequence (a reduce over time without keep_dims: RETURNN's (B, F)) is read by rec
+    units only, as ``base:`` (``rec/loop_run.py``); the layers here otherwise read frames."""
+    vectors = {name for name, spec in specs.items()
+               if spec.cls == "reduce" and reduces_time_to_vector(spec.opts)}
+    for name, spec in specs.items():
+        read = [src for src in spec.sources if src in vectors]
+        if read:
+            raise ConfigError(f"Network layer '{name}' reads '{read[0]}', one vector per sequence (a reduce "
+                              "over time without keep_dims); here only a rec unit reads such a layer (as "
+                              "'base:...'); with keep_dims it is one frame, which more layers read.")
+    if "output" in vectors:
+        raise ConfigError("Network layer 'output' is one vector per sequence (a reduce over time without "
+                          "keep_dims): the output needs the frames.")

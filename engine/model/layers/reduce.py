@@ -5,9 +5,10 @@ The ResNet/LACE hybrids of RETURNN's setups average the frequency axis that thei
 Conformer hybrids (2022-swb-conformer-hybrid-sat) average an utterance's i-vectors over time with
 ``keep_dims`` (``{"axis": "T", "keep_dims": True}``): the output keeps a time axis of one frame (RETURNN: a
 static axis of size 1), over each sequence's valid frames as RETURNN masks them; a ``dot`` combines it
-with the frames of another layer. The batch axis is not reduced, time without ``keep_dims`` neither (a
-layer's output keeps a time axis here), nor the feature axis (RETURNN then makes the last remaining axis
-the feature, which this layout cannot follow): refused with the reason.
+with the frames of another layer. Without ``keep_dims`` (2021-internal-lm-attention's ``encoder_mean``)
+RETURNN's output is one vector per sequence: the same frame here, read only by rec units (``base:``),
+as the same vector at every step. The batch axis is not reduced, nor the feature axis (RETURNN then makes
+the last remaining axis the feature, which this layout cannot follow): refused with the reason.
 """
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ class Reduce(Layer):
             raise ConfigError(f"Network layer '{name}': 'keep_dims' must be True or False, got "
                               f"{keep_dims!r}.")
         axes = resolve_axes(layout, opts.get("axes", opts.get("axis")), layer=name, option="'axes'")
-        self.over_time = axes == [TIME] and keep_dims
+        self.over_time = axes == [TIME]
+        # without keep_dims RETURNN gives (B, F): kept here as its one frame, which only rec units read
+        # (as base:, a vector per sequence; spec.py refuses other readers)
+        self.per_sequence = self.over_time and not keep_dims
         if self.over_time:
             if mode not in MASKED:
                 raise ConfigError(f"Network layer '{name}': mode {mode!r} over time is not implemented; over "

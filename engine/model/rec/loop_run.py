@@ -58,8 +58,11 @@ class LoopRun:
         self.axis_sizes: dict[str, tf.Tensor] = {}
         for name in subnet.base_layers:
             x, lengths = base[name]
-            x = tf.transpose(x, [1, 0, *range(2, x.shape.rank)])
             template = subnet.base_templates[name]
+            if not template.axes or template.axes[0].label != "T:base":  # one vector per sequence
+                self.base[name] = Value(x[0], template, looped=False)
+                continue
+            x = tf.transpose(x, [1, 0, *range(2, x.shape.rank)])
             self.base[name] = Value(x, template, looped=False)
             time = template.axes[0]
             if time.label in self.axis_lengths:  # the base layers a unit reads share their time axis
