@@ -335,6 +335,43 @@ CASES["unit_base_vector"] = {"extern_data": DENSE, "train_flag": True, "network"
         "sel": {"class": "switch", "condition": "first", "true_from": "base:mean", "false_from": "prev:h"},
         "output": {"class": "linear", "activation": None, "from": ["h", "sel"], "n_out": 3}}},
     "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# length and a compare of it (a flag per sequence), read by a rec unit's switch as base: (the multi-input
+# decoders of 2019-e2e-speech-to-text-comparison choose their attention by whether a sequence has audio)
+CASES["seq_length_switch"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "len": {"class": "length", "from": "data"},
+    "short": {"class": "compare", "from": "len", "kind": "less_equal", "value": 4},
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "a": {"class": "linear", "activation": "tanh", "from": "data:source", "n_out": 3},
+        "b": {"class": "linear", "activation": "tanh", "from": ["data:source", "prev:output"], "n_out": 3},
+        "sel": {"class": "switch", "condition": "base:short", "true_from": "a", "false_from": "b"},
+        "output": {"class": "linear", "activation": None, "from": ["sel", "b"], "n_out": 3}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# a rec unit attending to base layers of two time axes (the data's frames, and half as many after a
+# pooling), each with its own lengths: 2019-e2e-speech-to-text-comparison's decoders attend to an audio and
+# a text encoder
+CASES["unit_two_time_axes"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "pooled": {"class": "pool", "mode": "max", "padding": "same", "pool_size": (2,), "from": "data"},
+    "ctx_a": {"class": "linear", "activation": "tanh", "from": "data", "n_out": 3},
+    "val_a": {"class": "split_dims", "axis": "F", "dims": (1, 5), "from": "data"},
+    "ctx_b": {"class": "linear", "activation": "tanh", "from": "pooled", "n_out": 3},
+    "val_b": {"class": "split_dims", "axis": "F", "dims": (1, 5), "from": "pooled"},
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "s": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["data:source", "prev:att_a", "prev:att_b"],
+              "n_out": 3},
+        "s_a": {"class": "linear", "activation": None, "from": "s", "n_out": 3},
+        "in_a": {"class": "combine", "kind": "add", "from": ["base:ctx_a", "s_a"]},
+        "en_a": {"class": "linear", "activation": None, "with_bias": False, "from": "in_a", "n_out": 1},
+        "w_a": {"class": "softmax_over_spatial", "from": "en_a"},
+        "att0_a": {"class": "generic_attention", "weights": "w_a", "base": "base:val_a"},
+        "att_a": {"class": "merge_dims", "axes": "except_batch", "from": "att0_a"},
+        "s_b": {"class": "linear", "activation": None, "from": "s", "n_out": 3},
+        "in_b": {"class": "combine", "kind": "add", "from": ["base:ctx_b", "s_b"]},
+        "en_b": {"class": "linear", "activation": None, "with_bias": False, "from": "in_b", "n_out": 1},
+        "w_b": {"class": "softmax_over_spatial", "from": "en_b"},
+        "att0_b": {"class": "generic_attention", "weights": "w_b", "base": "base:val_b"},
+        "att_b": {"class": "merge_dims", "axes": "except_batch", "from": "att0_b"},
+        "output": {"class": "linear", "activation": "tanh", "from": ["s", "att_a", "att_b"], "n_out": 3}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

@@ -225,13 +225,18 @@ def gradient_differences(expected: dict, got: dict) -> dict[str, float]:
 
 def compared_parts(case: dict, layer: str, value: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     """What of a layer's output (batch-major) is compared: each sequence's valid frames (the padding
-    differs by design), or all of an output without batch axis (``WITHOUT_BATCH``). RETURNN's one vector
-    per sequence (a reduce over time without keep_dims, (B, F)) is the engine's one frame (B, 1, F)."""
+    differs by design), or all of an output without batch axis (``WITHOUT_BATCH``). RETURNN's values per
+    sequence (a reduce over time without keep_dims (B, F), a length or a compare of it (B,)) are the
+    engine's one frame."""
     opts = case["network"][layer]
     if opts["class"] in WITHOUT_BATCH:
         return [value]
     if opts["class"] == "reduce" and not opts.get("keep_dims") and value.ndim == 2:
         value = value[:, None]
+    if opts["class"] in ("length", "compare") and value.ndim == 1:  # RETURNN's (B,): one frame here
+        value = value[:, None]
+    if opts["class"] == "length" and value.ndim == 3:  # the engine's (B, 1, 1)
+        value = value[..., 0]
     return [value[b, :n] for b, n in enumerate(lengths)]
 
 

@@ -62,7 +62,7 @@ def test_time_is_reduced_alone_to_one_frame_or_one_vector_which_only_rec_units_r
     network = {"avg": {"class": "reduce", "mode": "avg", "axis": "T", "from": "data"},
                "output": {"class": "softmax", "loss": "ce", "from": "avg", "n_out": 2}}
     message = (r"'output' reads 'avg', one vector per sequence \(a reduce over time without keep_dims\); "
-               r"here only a rec unit reads such a layer")
+               r"here only a rec unit \(as 'base:...'\) reads such a layer")
     with pytest.raises(ConfigError, match=message):
         parse_network(network)  # rnn.py --check, without TensorFlow
     del network["avg"]["axis"]

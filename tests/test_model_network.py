@@ -269,8 +269,8 @@ def test_target_config_key_is_the_default_target_of_loss_layers():
         ({"output": {"class": "slice", "axis": "F", "slice_start": 1, "n_out": 2}}, r"n_out 2 must be 3"),
         ({"#config": {"batch_size": 3}, "output": {"class": "softmax", "n_out": 3}},
          r"Network entry '#config' \(config keys that hold while this network trains.*not implemented"),
-        ({"output": {"class": "length"}},
-         r"'output': class 'length' is a RETURNN layer class this engine does not implement"),
+        ({"output": {"class": "gather_nd"}},
+         r"'output': class 'gather_nd' is a RETURNN layer class this engine does not implement"),
         ({"output": {"class": "sofmax", "n_out": 3}}, r"'output': unknown class 'sofmax' \(did you mean"),
         (
             {

@@ -27,6 +27,7 @@ from engine.model.layers.features import FeatureSlice, Gating, ReduceOut
 from engine.model.layers.lstm_norm import NormLstmRec
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.layers.norm import LayerNorm
+from engine.model.layers.per_sequence import Length, SequenceCompare
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.reduce import Reduce
 from engine.model.layers.reinterpret import ReinterpretData
@@ -48,7 +49,7 @@ _DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating",
 # classes built from their name, options and input dim alone
 _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
                        "activation": Activation, "gating": Gating, "reduce_out": ReduceOut,
-                       "slice": FeatureSlice}
+                       "slice": FeatureSlice, "length": Length, "compare": SequenceCompare}
 
 # classes built from their name, options and input axes
 _BUILT_FROM_LAYOUT = {"split_dims": SplitDims, "merge_dims": MergeDims, "window": Window, "pad": Pad,
@@ -114,8 +115,10 @@ def _stream_layouts(specs: dict[str, LayerSpec], order: list[str],
     return layouts
 
 
-def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOptions) -> dict[str, Layer]:
-    """Every layer of ``order``, built after the layers it reads."""
+def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOptions,
+                 time_axes: dict[str, tuple[str, ...]]) -> dict[str, Layer]:
+    """Every layer of ``order``, built after the layers it reads; ``time_axes``: each layer's time axis
+    (``time_chunking.check_time_axes``)."""
     layouts = _stream_layouts(specs, order, options)
     sparse = set(sparse_streams(options))
     layers: dict[str, Layer] = {}
@@ -131,7 +134,7 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
                     raise ConfigError(f"Network layer '{name}': its input {layout.describe()} has static "
                                       "axes besides the features; a rec unit takes frames of features.")
                 source = Template((), layout.feature)
-            layers[name] = RecSubnet(name, spec.opts, _base_templates(spec, layouts, layers),
+            layers[name] = RecSubnet(name, spec.opts, _base_templates(spec, layouts, layers, time_axes),
                                      target_dims=options.target_dims, random_seed=options.random_seed,
                                      config=options.config, source=source)
             layouts[name] = Layout((), layers[name].n_out)
@@ -162,16 +165,21 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
     return layers
 
 
-def _base_templates(spec: LayerSpec, layouts: dict[str, Layout],
-                    layers: dict[str, Layer]) -> dict[str, Template]:
-    """The templates of the layers a unit reads as ``base:``: their time axis (one for all: the unit
-    checks at run time that their lengths agree) and their static axes; none for one vector per sequence
-    (a reduce over time without keep_dims)."""
+def _base_templates(spec: LayerSpec, layouts: dict[str, Layout], layers: dict[str, Layer],
+                    time_axes: dict[str, tuple[str, ...]]) -> dict[str, Template]:
+    """The templates of the layers a unit reads as ``base:``: their time axis (layers on the same one share
+    its label, ``T:<the layers that made its frames>``: an audio encoder's and a text encoder's differ; the
+    unit checks at run time that the lengths of a label's layers agree) and their static axes; none for a
+    value per sequence (``layers/per_sequence.py``)."""
     templates = {}
     for name in spec.unit_bases:
         static = tuple(Axis(f"S{size}:{name}:{index}", size)
                        for index, size in enumerate(layouts[name].spatial))
-        time = () if getattr(layers.get(name), "per_sequence", False) else (Axis("T:base", None),)
+        if isinstance(layers.get(name), SequenceCompare):  # a flag per sequence, (B,) in the unit
+            templates[name] = Template((), 1, sparse=True, dtype=tf.bool)
+            continue
+        label = "T:" + ("/".join(time_axes.get(name, (name,))) or "data")
+        time = () if getattr(layers.get(name), "per_sequence", False) else (Axis(label, None),)
         templates[name] = Template(time + static, layouts[name].feature)
     return templates
 

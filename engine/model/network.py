@@ -68,8 +68,9 @@ class NetworkModel(SeqModel):
             self.specs[n].cls in ("conv", "pool")
             and not window_options(n, self.specs[n].opts, self.specs[n].cls)[0].keeps_time)]
         resampling += [n for n in self.order if changes_time(self.specs[n].cls, self.specs[n].opts)]
-        check_time_axes(self.specs, self.order, losses, resampling=resampling,
-                        frame_loss_layers=[n for n in losses if self.specs[n].opts.get("loss") == "ce"])
+        time_axes = check_time_axes(self.specs, self.order, losses, resampling=resampling,
+                                    frame_loss_layers=[n for n in losses
+                                                       if self.specs[n].opts.get("loss") == "ce"])
         self.random_seed = random_seed
         self.check_numerics = bool(config is not None and config.bool("debug_add_check_numerics_on_output"))
         self.compute_dtype = compute_dtype  # placement.py's summary line reads it
@@ -77,7 +78,7 @@ class NetworkModel(SeqModel):
             target_dims = {"data": input_dim, **target_dims}
         options = BuildOptions(input_dim, input_sparse, target_dims, random_seed, twice_differentiable,
                                lstm_implementation, compute_dtype, config)
-        self.layers: dict[str, Layer] = build_layers(self.specs, self.order, options)
+        self.layers: dict[str, Layer] = build_layers(self.specs, self.order, options, time_axes)
         self.sparse_dims = sparse_streams(options)  # source name -> number of classes
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
         self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}

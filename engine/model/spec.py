@@ -59,6 +59,8 @@ _CLASS_OPTIONS = {
     "pad": {"axes", "padding", "value", "mode", "handle_dynamic_dims"},
     "swap_axes": {"axis1", "axis2"},
     "dot": {"red1", "red2", "var1", "var2"},  # layers/dot.py checks their values
+    "length": {"axis", "add_time_axis", "dtype", "sparse"},  # layers/per_sequence.py checks their values
+    "compare": {"kind", "value"},
     "eval": {"eval", "eval_locals", "out_type", "n_out", "activation", "with_bias", "eval_for_output_loss",
              "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }
@@ -208,7 +210,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
                               f"are no layers of the network; layers: {', '.join(specs)}.")
     if "output" not in specs:
         raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
-    _check_vector_readers(specs)
+    _check_per_sequence_readers(specs)
     if specs["output"].cls in UNBATCHED_CLASSES:
         raise ConfigError(f"Network layer 'output': a {specs['output'].cls} layer's output has no batch "
                           f"axis; it is read only as {UNBATCHED_CLASSES[specs['output'].cls]}.")
@@ -360,17 +362,33 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     return order
 
 
-def _check_vector_readers(specs: dict[str, LayerSpec]) -> None:
-    """One vector per sequence (a reduce over time without keep_dims: RETURNN's (B, F)) is read by rec
-    units only, as ``base:`` (``rec/loop_run.py``); the layers here otherwise read frames."""
-    vectors = {name for name, spec in specs.items()
-               if spec.cls == "reduce" and reduces_time_to_vector(spec.opts)}
+def _check_per_sequence_readers(specs: dict[str, LayerSpec]) -> None:
+    """Values per sequence, not per frame (``layers/per_sequence.py``): one vector per sequence (a reduce
+    over time without keep_dims: RETURNN's (B, F)) and a ``compare`` flag are read by rec units only, as
+    ``base:`` (``rec/loop_run.py``); a ``length`` by a ``compare`` only. The layers here otherwise read
+    frames."""
+    kinds = {name: kind for name, spec in specs.items() if (kind := _per_sequence_kind(spec))}
+    readers = {"vector": "a rec unit (as 'base:...') reads such a layer (with keep_dims it is one frame, "
+                         "which more layers read)",
+               "flag": "a rec unit (as 'base:...', a switch's condition) reads such a layer",
+               "length": "a compare layer reads such a layer"}
+    what = {"vector": "one vector per sequence (a reduce over time without keep_dims)",
+            "flag": "a flag per sequence (a compare of a length)", "length": "a length per sequence"}
     for name, spec in specs.items():
-        read = [src for src in spec.sources if src in vectors]
+        if spec.cls == "compare" and (len(spec.sources) != 1 or kinds.get(spec.sources[0]) != "length"):
+            raise ConfigError(f"Network layer '{name}': compare at the top level is implemented on one "
+                              f"length layer's output (a number per sequence), got {list(spec.sources)}.")
+        read = [src for src in spec.sources if src in kinds and not (spec.cls == "compare"
+                                                                     and kinds[src] == "length")]
+        read += [base for base in spec.unit_bases if kinds.get(base) == "length"]
         if read:
-            raise ConfigError(f"Network layer '{name}' reads '{read[0]}', one vector per sequence (a reduce "
-                              "over time without keep_dims); here only a rec unit reads such a layer (as "
-                              "'base:...'); with keep_dims it is one frame, which more layers read.")
-    if "output" in vectors:
-        raise ConfigError("Network layer 'output' is one vector per sequence (a reduce over time without "
-                          "keep_dims): the output needs the frames.")
+            raise ConfigError(f"Network layer '{name}' reads '{read[0]}', {what[kinds[read[0]]]}; here only "
+                              f"{readers[kinds[read[0]]]}.")
+    if "output" in kinds:
+        raise ConfigError(f"Network layer 'output' is {what[kinds['output']]}: the output needs the frames.")
+
+
+def _per_sequence_kind(spec: LayerSpec) -> str | None:
+    if spec.cls == "reduce" and reduces_time_to_vector(spec.opts):
+        return "vector"
+    return {"length": "length", "compare": "flag"}.get(spec.cls)

@@ -90,13 +90,15 @@ ONE_FRAME = "one frame"  # the time axis a reduce over time with keep_dims leave
 
 
 def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
-                    resampling: Collection[str] = (), frame_loss_layers: Collection[str] = ()) -> None:
+                    resampling: Collection[str] = (),
+                    frame_loss_layers: Collection[str] = ()) -> dict[str, tuple[str, ...]]:
     """Every layer reads sources on one time axis; ``time_unchunking`` undoes the innermost chunking; loss
     layers and ``output`` see the data's own time axis, or one made from it by ``resampling`` layers
     (conv/pool with a stride or "valid" padding), except ``frame_loss_layers`` (one target per input
     frame, or the frames of their target stream, which a ``reinterpret_data`` with ``size_base`` makes);
     layers named by reference options (``key_shift``) share the sources' axis. ``specs``: name ->
-    ``spec.LayerSpec``."""
+    ``spec.LayerSpec``. Returns each layer's time axis: the chunking and resampling layers its frames passed
+    (``()`` the data's, ``("data:<stream>",)`` another stream's), which rec units tell apart."""
     axes: dict[str, tuple[str, ...]] = {"data": ()}  # the chunking/resampling layers a layer's frames passed
     for name in order:
         cls, sources, opts = specs[name]
@@ -160,3 +162,4 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
             raise ConfigError(f"Network layer '{name}' has a frame-wise loss (one target per input frame), "
                               f"but layer '{axes[name][-1]}' changes the number of frames (a stride or "
                               f"'valid' padding).")
+    return axes

@@ -59,7 +59,7 @@ class LoopRun:
         for name in subnet.base_layers:
             x, lengths = base[name]
             template = subnet.base_templates[name]
-            if not template.axes or template.axes[0].label != "T:base":  # one vector per sequence
+            if not template.axes or not template.axes[0].dynamic:  # a value per sequence
                 self.base[name] = Value(x[0], template, looped=False)
                 continue
             x = tf.transpose(x, [1, 0, *range(2, x.shape.rank)])

@@ -311,16 +311,21 @@ class EvalUnit(UnitLayer):
         return Template(_union(sources), dim)
 
     @classmethod
-    def declared_template(cls, name: str, opts: dict, ctx: UnitContext) -> Template:
-        """From ``out_type``'s ``shape`` (without batch): a None is the base layers' time axis (the one
-        time axis a unit reads here), an int a static axis; the last entry is the features."""
+    def declared_template(cls, name: str, opts: dict, ctx: UnitContext, time_labels: set[str]) -> Template:
+        """From ``out_type``'s ``shape`` (without batch): a None is a time axis of the base layers, the one
+        of ``time_labels`` (those of the layer's base sources, else of all the unit reads), an int a static
+        axis; the last entry is the features."""
         out_type = opts["out_type"]
         shape = tuple(out_type["shape"])
         dim = out_type.get("dim", shape[-1] if shape else None)
         if not shape or shape[-1] != dim or not isinstance(dim, int) or shape.count(None) > 1:
             raise ConfigError(f"{ctx.where(name)}: out_type {out_type!r} must end in its 'dim' and name at "
                               "most one time axis (None) here.")
-        axes = tuple(Axis("T:base", None) if size is None else Axis(f"S{size}:{name}:{index}", size)
+        if None in shape and len(time_labels) != 1:
+            raise ConfigError(f"{ctx.where(name)}: out_type {out_type!r} names a time axis (None), but the "
+                              f"unit reads {len(time_labels)} ({sorted(time_labels)}); read one base layer "
+                              "of that axis among the layer's sources.")
+        axes = tuple(Axis(min(time_labels), None) if size is None else Axis(f"S{size}:{name}:{index}", size)
                      for index, size in enumerate(shape[:-1]))
         return Template(axes, dim)
 

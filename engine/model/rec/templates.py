@@ -67,7 +67,9 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
                 return None
             return Switch.switch_template(layer.name, condition, true or false, false or true, ctx)
         if layer.cls == "eval" and "shape" in (layer.opts.get("out_type") or {}):
-            return EvalUnit.declared_template(layer.name, layer.opts, ctx)
+            labels = {a.label for ref in layer.sources if ref.kind == "base" for a in base[ref.name].axes
+                      if a.dynamic} or {a.label for t in base.values() for a in t.axes if a.dynamic}
+            return EvalUnit.declared_template(layer.name, layer.opts, ctx, labels)
         sources = []
         for ref in layer.sources:
             template = of(ref, layer.name)
@@ -85,6 +87,11 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
         for relaxed in (False, True):
             for name in list(pending):
                 template = attempt(layers[name], relaxed)
+                times = [a.label for a in template.axes if a.dynamic] if template is not None else []
+                if len(times) > 1:
+                    raise ConfigError(f"{ctx.where(name)}: its sources are on different time axes ({times}: "
+                                      "base layers whose frames differ, e.g. before and after a pooling); a "
+                                      "unit layer here reads one time axis.")
                 if template is not None:
                     templates[name] = template
                     pending.remove(name)
