@@ -372,6 +372,15 @@ CASES["unit_two_time_axes"] = {"extern_data": DENSE, "train_flag": True, "networ
         "att_b": {"class": "merge_dims", "axes": "except_batch", "from": "att0_b"},
         "output": {"class": "linear", "activation": "tanh", "from": ["s", "att_a", "att_b"], "n_out": 3}}},
     "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
+# a unit layer read outside its rec layer ("<rec>/<layer>", the triangle models' "output2/readout"): its
+# output on every step, with the loop's lengths
+CASES["unit_layer_outside"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "h": {"class": "linear", "activation": "tanh", "from": ["data:source", "prev:h"], "n_out": 4,
+              "is_output_layer": True},
+        "output": {"class": "linear", "activation": None, "from": "h", "n_out": 3}}},
+    "hh": {"class": "linear", "activation": "tanh", "from": "loop/h", "n_out": 3},
+    "output": {"class": "softmax", "loss": "ce", "from": ["loop", "hh"]}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

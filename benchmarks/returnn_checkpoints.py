@@ -130,10 +130,12 @@ def returnn_side(jobs_path: str) -> None:
             else:
                 net.load_params_from_file(job["checkpoint"], session)
             extern = net.extern_data.data["data"]
-            layers = [name for name in case["network"]]
+            # the network's layers, and unit layers read outside their rec layer ("<rec>/<layer>")
+            layers = list(case["network"]) + sorted(
+                {src for opts in case["network"].values() for src in _sources(opts) if "/" in src})
             # an output without batch axis (WITHOUT_BATCH) as it is: copy_as_batch_major asserts one
             fetches = [(out.copy_as_batch_major() if out.have_batch_axis() else out).placeholder
-                       for out in (net.layers[name].output for name in layers)]
+                       for out in (net.get_layer(name).output for name in layers)]
             # the targets' lengths are the data's (a hybrid's alignment), for a size_base of "data:classes"
             feed = {extern.placeholder: data, extern.get_sequence_lengths(): lengths,
                     net.extern_data.data["classes"].get_sequence_lengths(): lengths}
@@ -223,12 +225,17 @@ def gradient_differences(expected: dict, got: dict) -> dict[str, float]:
     return result
 
 
+def _sources(opts: dict) -> list[str]:
+    sources = opts.get("from", [])
+    return [sources] if isinstance(sources, str) else list(sources)
+
+
 def compared_parts(case: dict, layer: str, value: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     """What of a layer's output (batch-major) is compared: each sequence's valid frames (the padding
     differs by design), or all of an output without batch axis (``WITHOUT_BATCH``). RETURNN's values per
     sequence (a reduce over time without keep_dims (B, F), a length or a compare of it (B,)) are the
     engine's one frame."""
-    opts = case["network"][layer]
+    opts = case["network"].get(layer, {"class": "(a rec unit's layer)"})  # "<rec>/<layer>": its steps
     if opts["class"] in WITHOUT_BATCH:
         return [value]
     if opts["class"] == "reduce" and not opts.get("keep_dims") and value.ndim == 2:

@@ -37,8 +37,9 @@ from engine.model.layers.transposed_conv import TransposedConv
 from engine.model.layers.window_pad import Pad, SwapAxes, Window
 from engine.model.rec.decide import Decide
 from engine.model.rec.frames import Axis, Template
+from engine.model.rec.outside import UnitOutput
 from engine.model.rec.subnet import RecSubnet
-from engine.model.spec import LayerSpec, sparse_stream_dims, stream_sources
+from engine.model.spec import UNIT_OUTPUT, LayerSpec, sparse_stream_dims, stream_sources
 from engine.runtime.errors import ConfigError
 
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
@@ -124,6 +125,10 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
     layers: dict[str, Layer] = {}
     for name in order:
         spec = specs[name]
+        if spec.cls == UNIT_OUTPUT:  # a unit layer's output over the loop's steps (rec/outside.py)
+            layers[name] = UnitOutput(name, layers[spec.sources[0]], spec.opts["unit_layer"])
+            layouts[name] = Layout((), layers[name].n_out)
+            continue
         _check_dense_input(name, spec, sparse)
         _check_sparse_sources(name, spec, layers)
         if spec.subnetwork:

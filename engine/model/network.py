@@ -27,6 +27,7 @@ from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
 from engine.model.layers.window_pad import changes_time
 from engine.model.rec.decide import Decide
+from engine.model.rec.outside import UnitOutput
 from engine.model.rec.subnet import RecSubnet
 from engine.model.losses.regularization import darc1_factor, darc1_term, l2_factor, l2_term
 from engine.model.spec import RECURRENT_CLASSES, build_order, layer_findings, parse_network
@@ -247,6 +248,14 @@ class NetworkModel(SeqModel):
                 outs[name] = y
                 result.update(unit_outputs)
                 result[name], result[f"{name}:lengths"] = _batch_major(y), seq_lengths[name]
+                continue
+            if isinstance(layer, UnitOutput):  # "<rec>/<unit layer>": its steps, (L, B, F)
+                if search and self.layers[layer.rec_name].choice:
+                    raise ConfigError(f"Network layer '{name}' reads a unit layer of '{layer.rec_name}', "
+                                      "whose loop is searched here: reading its steps outside is implemented "
+                                      "in training and eval (on the target's labels), not in a search.")
+                outs[name] = tf.transpose(result[name], [1, 0, 2])
+                seq_lengths[name] = result[f"{name}:lengths"] = seq_lengths[layer.rec_name]
                 continue
             if isinstance(layer, Decide):  # without search: the rec layer's one sequence per batch entry
                 source = self.specs[name].sources[0]

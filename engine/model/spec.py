@@ -17,6 +17,7 @@ from engine.model.axes import reduces_time_away, reduces_time_to_vector
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit import max_len_layers, parse_unit
+from engine.model.rec.unit_subnetwork import flatten_subnetworks
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
@@ -64,6 +65,9 @@ _CLASS_OPTIONS = {
     "eval": {"eval", "eval_locals", "out_type", "n_out", "activation", "with_bias", "eval_for_output_loss",
              "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
 }
+# the class of a "<rec>/<unit layer>" source (a unit layer's output over the loop's steps, read outside the
+# rec layer): an entry of the parsed network, never a class a config names
+UNIT_OUTPUT = "(a rec unit's layer)"
 IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
 # options of a rec layer with a dict unit (engine/model/rec/)
 _SUBNETWORK_OPTIONS = {"target", "max_seq_len", "cheating", "optimize_move_layers_out"}
@@ -152,7 +156,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
                 f"Network layer '{name}' must be a dict like {{'class': 'linear', ...}}, got {opts!r}."
             )
         cls = opts.get("class")
-        if cls not in _CLASS_OPTIONS:
+        if cls not in IMPLEMENTED_CLASSES:
             raise ConfigError(f"Network layer '{name}': {_class_problem(cls)}; this engine implements the "
                               f"classes {', '.join(_CLASS_OPTIONS)}.")
         unit = opts.get("unit", "lstm")
@@ -182,6 +186,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
             check_loss_opts(f"Network layer '{name}'", opts.get("loss"), opts.get("loss_opts"))
             check_loss_only_on_non_search(f"Network layer '{name}'", opts)
         specs[name] = LayerSpec(cls, _sources(name, opts.get("from", "data")), opts)
+    specs.update(_unit_outputs(specs))
     for name, spec in specs.items():
         for src in spec.sources:
             if src == "data:" or (not is_stream(src) and src not in specs):
@@ -271,6 +276,8 @@ def layer_findings(specs: dict[str, LayerSpec], ignored: Collection[str]) -> lis
     unknown option is an error here too."""
     findings = []
     for name, spec in specs.items():
+        if spec.cls == UNIT_OUTPUT:  # no layer of the config: its unit layer's options are checked there
+            continue
         implemented = _COMMON_OPTIONS | _CLASS_OPTIONS[spec.cls]
         implemented |= _SUBNETWORK_OPTIONS if spec.subnetwork else set()
         scope = Scope("layer", name, spec.cls, implemented,
@@ -392,3 +399,26 @@ def _per_sequence_kind(spec: LayerSpec) -> str | None:
     if spec.cls == "reduce" and reduces_time_to_vector(spec.opts):
         return "vector"
     return {"length": "length", "compare": "flag"}.get(spec.cls)
+
+
+def _unit_outputs(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
+    """The ``"<rec>/<unit layer>"`` sources (2019-e2e-speech-to-text-comparison's triangle models read the
+    first decoder's ``output2/readout`` as the second's encoder): entries of class ``UNIT_OUTPUT``. In
+    training the unit layer's output on every step of the loop over the target's labels; the unit layer
+    must be one the loop gives (``is_output_layer``, a loss layer or ``output``)."""
+    found = {}
+    for name, spec in list(specs.items()):
+        for src in spec.sources:
+            rec, _, unit_layer = src.partition("/")
+            if src in specs or not unit_layer or rec not in specs or not specs[rec].subnetwork:
+                continue
+            unit = specs[rec].opts["unit"]
+            layer = flatten_subnetworks(rec, unit).get(unit_layer)
+            if not isinstance(layer, dict):
+                raise ConfigError(f"Network layer '{name}': 'from' names {src!r}, but the unit of rec layer "
+                                  f"'{rec}' has no layer '{unit_layer}'.")
+            if not (layer.get("is_output_layer") or layer.get("loss") or unit_layer == "output"):
+                raise ConfigError(f"Network layer '{name}' reads {src!r}, which the loop of '{rec}' does not "
+                                  f"give: set 'is_output_layer': True on unit layer '{unit_layer}'.")
+            found[src] = LayerSpec(UNIT_OUTPUT, (rec,), {"unit_layer": unit_layer})
+    return found

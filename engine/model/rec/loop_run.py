@@ -181,7 +181,7 @@ class LoopRun:
         # what the layers behind the loop read of the loop's layers (and the loss layers' logits)
         kept = [n for n in loop if any(r.name == n for m in self.net.plan.outputs_moved_out
                                        for r in spec[m].sources + list(spec[m].options.values()))
-                or spec[n].opts.get("loss") or n == "output"]
+                or spec[n].opts.get("loss") or n == "output" or n in self.net.read_outside]
         prev0 = {n: self._initial(n, batch) for n in read_prev}
         cells0 = {n: units[n].initial_state(batch) for n in cells}
         prev0, cells0 = tf.nest.map_structure(loose_batch, (prev0, cells0))

@@ -43,6 +43,7 @@ class RecSubnet(Layer):
         over (``data:source``); None: the loop runs over the labels of its choice's target."""
         self.spec = parse_unit(name, opts["unit"])
         self.load_on_init = subnetwork_loads(opts["unit"])  # subnetwork layer -> checkpoint
+        self.read_outside: set[str] = set()  # unit layers read as "<rec>/<layer>" (outside.py)
         super().__init__(0)
         self.layer_name = name
         if opts.get("cheating"):
