@@ -17,7 +17,7 @@ import tensorflow as tf
 from engine.config.key_check import enforce
 from engine.config.loader import Config
 from engine.model.assembly import BuildOptions, build_layers, sparse_streams
-from engine.model.base import LossResult, SeqModel, masked_ce_sums
+from engine.model.base import LossResult, SeqModel
 from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer
 from engine.model.layers.conv import window_options
@@ -29,9 +29,10 @@ from engine.model.layers.window_pad import changes_time
 from engine.model.rec.decide import Decide
 from engine.model.rec.outside import UnitOutput
 from engine.model.rec.subnet import RecSubnet
-from engine.model.losses.regularization import darc1_factor, darc1_term, l2_factor, l2_term
+from engine.model.losses.network_sums import layer_loss_sums, network_losses
+from engine.model.losses.regularization import darc1_factor, l2_factor
 from engine.model.spec import RECURRENT_CLASSES, build_order, layer_findings, parse_network
-from engine.runtime.errors import ConfigError, DataError
+from engine.runtime.errors import ConfigError
 
 
 class NetworkModel(SeqModel):
@@ -158,12 +159,12 @@ class NetworkModel(SeqModel):
                 seq_lengths[name] = None
         return seq_lengths["output"]
 
-    def _owners(self) -> dict[str, Layer]:
+    def owners(self) -> dict[str, Layer]:
         """The layers whose parameters are their own (not another's, by reuse_params)."""
         return {name: layer for name, layer in self.layers.items() if not layer.shares_params_of}
 
     def named_variables(self) -> dict[str, tf.Variable]:
-        return {f"{name}/{key}": var for name, layer in self._owners().items()
+        return {f"{name}/{key}": var for name, layer in self.owners().items()
                 for key, var in layer.params.items()}
 
     def load_on_init(self) -> list[tuple[str, str, str]]:
@@ -172,14 +173,14 @@ class NetworkModel(SeqModel):
                 if isinstance(layer, RecSubnet) for subnetwork, path in layer.load_on_init.items()]
 
     def running_state(self) -> dict[str, tf.Variable]:
-        return {f"{name}/{key}": layer.params[key] for name, layer in self._owners().items()
+        return {f"{name}/{key}": layer.params[key] for name, layer in self.owners().items()
                 for key in layer.running_keys}
 
     def l2_factors(self) -> dict[str, float]:
         """With decouple_constraints, per variable (RETURNN marks a shared one with the owner's L2); a rec
         unit's layer's L2 adds to its rec layer's."""
         factors = {f"{name}/{key}": self.l2[name] + layer.inner_l2.get(key, 0.0)
-                   for name, layer in self._owners().items() for key, var in layer.params.items()
+                   for name, layer in self.owners().items() for key, var in layer.params.items()
                    if var.trainable}
         return {name: factor for name, factor in factors.items() if factor}
 
@@ -187,7 +188,7 @@ class NetworkModel(SeqModel):
         return list(self.loss_layers)
 
     def returnn_parts(self) -> dict[str, tuple[int, ...]]:
-        return {f"{name}/{key}": rows for name, layer in self._owners().items()
+        return {f"{name}/{key}": rows for name, layer in self.owners().items()
                 for key, rows in layer.returnn_parts.items() if layer.params[key].trainable}
 
     def _size_base_lengths(self, layer: ReinterpretData, seq_lengths: dict[str, tf.Tensor],
@@ -350,73 +351,12 @@ class NetworkModel(SeqModel):
     def layer_loss_sums(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
                         target_lengths: dict[str, tf.Tensor],
                         training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
-        """Per loss layer (in training without the ``only_on_eval`` ones): its loss sum (unscaled), its error
-        sum and its count, as RETURNN's ``LossHolder`` gives them; a rec unit's as ``<rec>/<layer>``."""
-        sums = {}
-        for name in self.loss_layers:
-            layer = self.loss_objects[name]
-            if training and layer.only_on_eval:
-                continue
-            if layer.target not in targets or layer.target not in target_lengths:
-                raise DataError(
-                    f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
-                    f"{sorted(targets)}."
-                )
-            target, target_length = targets[layer.target], target_lengths[layer.target]
-            output, lengths = model_outputs[name], model_outputs[f"{name}:lengths"]
-            if isinstance(layer, Decide):
-                sums[name] = layer.sums(output, lengths, target, target_length)
-            elif layer.loss == "edit_distance":
-                sums[name] = layer.criterion.sums(output, lengths, target, target_length, layer=name,
-                                                  target=layer.target)
-            elif layer.loss == "ctc":
-                sums[name] = layer.criterion.sums(model_outputs[f"{name}:logits"], lengths, target,
-                                                  target_length, layer=name, target=layer.target,
-                                                  training=training)
-            else:
-                sums[name] = masked_ce_sums(model_outputs[f"{name}:logits"], target, target_length,
-                                            where=name, criterion=layer.criterion)
-        return sums
+        """Per loss layer: its loss sum, error sum and count (``losses/network_sums.py``)."""
+        return layer_loss_sums(self, model_outputs, targets, target_lengths, training)
 
-    def compute_losses(
-        self,
-        model_outputs: dict[str, tf.Tensor],
-        targets: dict[str, tf.Tensor],
-        target_lengths: dict[str, tf.Tensor],
-        training: bool = False,
-    ) -> LossResult:
-        if not self.loss_layers:
-            raise ConfigError(
-                "The network has no layer with a loss (a 'softmax' layer with 'loss': 'ce' or 'ctc'), "
-                "so it cannot be trained or scored."
-            )
-        loss = error = frames = None
-        terms = []
-        sums = self.layer_loss_sums(model_outputs, targets, target_lengths, training)
-        for name, (value, err, n) in sums.items():
-            layer = self.loss_objects[name]
-            if error is None:  # the main loss layer: its error and count are reported
-                error, frames = err, n
-            if layer.loss == "edit_distance":
-                continue  # statistics only: no loss value (RETURNN's EditDistanceLoss has none)
-            if loss is None:  # the first loss value is reported unscaled, as RETURNN's score_<layer>
-                loss = value
-            # RETURNN's objective: each loss summed over the batch, times its scale, and divided by its
-            # count only with use_normalized_loss (LossHolder in returnn/tf/network.py)
-            term = layer.criterion.scale * value
-            terms.append(term / tf.maximum(n, 1.0) if layer.criterion.normalized else term)
-        owners = self._owners()  # RETURNN adds no reused parameter to the reusing layer's (nor to its L2)
-        regularized = [l2_term(factor, owners[name].params.values()) for name, factor in self.l2.items()
-                       if factor and name in owners and owners[name].params]
-        regularized += [l2_term(factor, [layer.params[key]]) for layer in owners.values()
-                        for key, factor in layer.inner_l2.items()]
-        darc1 = [darc1_term(factor, model_outputs[f"{name}:logits"], model_outputs[f"{name}:lengths"])
-                 for name, factor in self.darc1.items() if factor]
-        zero = tf.constant(0.0)
-        return LossResult(loss=zero if loss is None else loss, error=error, num_frames=frames,
-                          objective=tf.add_n(terms) if terms else zero,
-                          regularizer=tf.add_n(regularized) if regularized else 0.0,
-                          data_regularizer=tf.add_n(darc1) if darc1 else 0.0)
+    def compute_losses(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
+                       target_lengths: dict[str, tf.Tensor], training: bool = False) -> LossResult:
+        return network_losses(self, model_outputs, targets, target_lengths, training)
 
 
 def _time_major_ids(ids: tf.Tensor, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -13,10 +13,11 @@ from typing import Any, Collection, NamedTuple
 from engine.config import returnn_names_table as returnn_keys
 from engine.config.key_check import Finding, Scope, classify
 from engine.config.no_effect import LAYER_OPTIONS as NO_EFFECT_OPTIONS
-from engine.model.axes import reduces_time_away, reduces_time_to_vector
+from engine.model.axes import reduces_time_away
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit import max_len_layers, parse_unit
+from engine.model.spec_readers import check_per_sequence_readers
 from engine.model.rec.unit_subnetwork import flatten_subnetworks
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -215,7 +216,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
                               f"are no layers of the network; layers: {', '.join(specs)}.")
     if "output" not in specs:
         raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
-    _check_per_sequence_readers(specs)
+    check_per_sequence_readers(specs)
     if specs["output"].cls in UNBATCHED_CLASSES:
         raise ConfigError(f"Network layer 'output': a {specs['output'].cls} layer's output has no batch "
                           f"axis; it is read only as {UNBATCHED_CLASSES[specs['output'].cls]}.")
@@ -367,38 +368,6 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     if unused:
         log.info(f"Network layers {unused} feed no output or loss layer and are not built.")
     return order
-
-
-def _check_per_sequence_readers(specs: dict[str, LayerSpec]) -> None:
-    """Values per sequence, not per frame (``layers/per_sequence.py``): one vector per sequence (a reduce
-    over time without keep_dims: RETURNN's (B, F)) and a ``compare`` flag are read by rec units only, as
-    ``base:`` (``rec/loop_run.py``); a ``length`` by a ``compare`` only. The layers here otherwise read
-    frames."""
-    kinds = {name: kind for name, spec in specs.items() if (kind := _per_sequence_kind(spec))}
-    readers = {"vector": "a rec unit (as 'base:...') reads such a layer (with keep_dims it is one frame, "
-                         "which more layers read)",
-               "flag": "a rec unit (as 'base:...', a switch's condition) reads such a layer",
-               "length": "a compare layer reads such a layer"}
-    what = {"vector": "one vector per sequence (a reduce over time without keep_dims)",
-            "flag": "a flag per sequence (a compare of a length)", "length": "a length per sequence"}
-    for name, spec in specs.items():
-        if spec.cls == "compare" and (len(spec.sources) != 1 or kinds.get(spec.sources[0]) != "length"):
-            raise ConfigError(f"Network layer '{name}': compare at the top level is implemented on one "
-                              f"length layer's output (a number per sequence), got {list(spec.sources)}.")
-        read = [src for src in spec.sources if src in kinds and not (spec.cls == "compare"
-                                                                     and kinds[src] == "length")]
-        read += [base for base in spec.unit_bases if kinds.get(base) == "length"]
-        if read:
-            raise ConfigError(f"Network layer '{name}' reads '{read[0]}', {what[kinds[read[0]]]}; here only "
-                              f"{readers[kinds[read[0]]]}.")
-    if "output" in kinds:
-        raise ConfigError(f"Network layer 'output' is {what[kinds['output']]}: the output needs the frames.")
-
-
-def _per_sequence_kind(spec: LayerSpec) -> str | None:
-    if spec.cls == "reduce" and reduces_time_to_vector(spec.opts):
-        return "vector"
-    return {"length": "length", "compare": "flag"}.get(spec.cls)
 
 
 def _unit_outputs(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
