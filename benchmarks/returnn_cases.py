@@ -381,6 +381,22 @@ CASES["unit_layer_outside"] = {"extern_data": DENSE, "train_flag": True, "networ
         "output": {"class": "linear", "activation": None, "from": "h", "n_out": 3}}},
     "hh": {"class": "linear", "activation": "tanh", "from": "loop/h", "n_out": 3},
     "output": {"class": "softmax", "loss": "ce", "from": ["loop", "hh"]}}}
+# reduce over the time axis of the base layers inside a rec unit (2019-asr-e2e-trafo-vs-lstm's coverage:
+# accumulated attention weights, thresholded, summed over the encoder frames), sum and mean
+CASES["unit_reduce_time"] = {"extern_data": DENSE, "train_flag": True, "network": {
+    "enc": {"class": "linear", "activation": "tanh", "from": "data", "n_out": 3},
+    "loop": {"class": "rec", "from": "data", "unit": {
+        "s": {"class": "rnn_cell", "unit": "LSTMBlock", "from": ["data:source", "prev:cov"], "n_out": 3},
+        "energy": {"class": "combine", "kind": "add", "from": ["base:enc", "s"]},
+        "w": {"class": "softmax_over_spatial", "from": "energy"},
+        "acc": {"class": "eval", "from": ["prev:acc", "w"], "eval": "source(0) + source(1)",
+                "out_type": {"dim": 3, "shape": (None, 3)}},
+        "cov_": {"class": "eval", "from": "acc",
+                 "eval": "where_bc(tf.greater_equal(source(0), 0.5), 1.0, 0.0)"},
+        "cov": {"class": "reduce", "axes": "t", "mode": "sum", "from": "cov_"},
+        "avg": {"class": "reduce", "axis": "T", "mode": "mean", "from": "energy"},
+        "output": {"class": "linear", "activation": None, "from": ["s", "cov", "avg"], "n_out": 3}}},
+    "output": {"class": "softmax", "loss": "ce", "from": "loop"}}}
 # layer classes whose output has no batch axis: relative_positional_encoding's (T, T, F) over the batch's
 # padded T, every entry of which RETURNN computes too; both sides keep it as it is and compare it whole
 WITHOUT_BATCH = ("relative_positional_encoding",)

@@ -1,6 +1,6 @@
 """More unit layers of RETURNN's LSTM attention decoders: ``variable`` (a parameter of the unit, the same on
 every step), ``get_last_hidden_state`` (an LSTM cell's state, not its output: ``step_cells.py``), and
-``reduce`` over the features (an attention energy).
+``reduce`` over the features (an attention energy) or over the time axis of the base layers (a coverage).
 
 RETURNN's ``variable`` has no batch axis by default (``add_batch_axis`` False since November 2021, True
 before; the change "should not have any influence on behavior", its commit says): here it is broadcast
@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from engine.model.initializers import parse_initializer
 from engine.model.layers.base import positive_int
-from engine.model.layers.reduce import REDUCE_OPS
+from engine.model.layers.reduce import MASKED, REDUCE_OPS
 from engine.model.rec.frames import Template, Value
 from engine.model.rec.step_layers import UnitContext, UnitLayer
 from engine.runtime.errors import ConfigError
@@ -91,6 +91,42 @@ class ReduceFeatures(UnitLayer):
 
     def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
         return REDUCE_OPS[self.opts["mode"].lower()](values[0].tensor, axis=-1, keepdims=True)
+
+
+class ReduceTime(UnitLayer):
+    """``reduce`` over the time axis of its source (a base layer's frames, the one dynamic axis: the
+    coverage of 2019-asr-e2e-trafo-vs-lstm's decoders, ``{"class": "reduce", "axes": "t", "mode": "sum"}``)
+    over each sequence's valid frames, without ``keep_dims`` (RETURNN's default): that axis goes."""
+
+    @classmethod
+    def out_template(cls, name: str, opts: dict, sources: list[Template], ctx: UnitContext) -> Template:
+        dynamic = [a for a in sources[0].axes if a.dynamic] if len(sources) == 1 else []
+        if len(sources) != 1 or sources[0].sparse or not dynamic:
+            raise ConfigError(f"{ctx.where(name)}: reduce over time takes one source of dense features with "
+                              f"a time axis here, got {[s.describe() for s in sources]}.")
+        return Template(tuple(a for a in sources[0].axes if not a.dynamic), sources[0].dim)
+
+    def __init__(self, name: str, opts: dict, sources: list[Template], template: Template,
+                 ctx: UnitContext) -> None:
+        super().__init__(name, opts, sources, template)
+        self.axis = next(a for a in sources[0].axes if a.dynamic)
+        self.mode = opts["mode"].lower()
+        self.lengths: dict[str, tf.Tensor] = {}  # set per call by the unit: axis label -> (B,)
+
+    def __call__(self, values: list[Value], looped: bool, options: dict[str, Value]) -> tf.Tensor:
+        value = values[0]
+        x = value.tensor
+        axis = value.axis_position(self.axis.label)
+        lengths = self.lengths[self.axis.label]
+        valid = tf.sequence_mask(lengths, tf.shape(x)[axis])  # (B, T)
+        valid = tf.reshape(valid, tf.stack([tf.shape(x)[i] if i in (0, axis) else 1
+                                            for i in range(x.shape.rank)]))
+        fill = {"max": x.dtype.min, "min": x.dtype.max}.get(self.mode, 0.0)
+        y = MASKED[self.mode](tf.where(valid, x, tf.cast(fill, x.dtype)), axis=axis)
+        if self.mode in ("avg", "mean"):
+            counts = tf.cast(tf.maximum(lengths, 1), x.dtype)
+            y /= tf.reshape(counts, [-1] + [1] * (y.shape.rank - 1))
+        return y
 
 
 CLASSES: dict[str, type[UnitLayer]] = {"variable": VariableUnit, "get_last_hidden_state": LastHiddenState,

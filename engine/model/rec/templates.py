@@ -14,8 +14,9 @@ from engine.model.rec.step_cells import NormLstmCell
 from engine.model.rec.step_layers import CLASSES, EvalUnit, GenericAttention, UnitContext, UnitLayer
 from engine.model.rec.step_select import STEP, Switch
 from engine.model.rec.step_state import CLASSES as STATE_CLASSES
+from engine.model.rec.step_state import ReduceTime
 from engine.model.rec.unit import Ref, UnitLayerSpec
-from engine.model.rec.unit_options import SWITCH_OPTIONS
+from engine.model.rec.unit_options import SWITCH_OPTIONS, reduces_time
 from engine.runtime.errors import ConfigError
 
 # every class a unit layer can have (the Transformer's in step_attention.py)
@@ -26,6 +27,8 @@ def unit_class(layer: UnitLayerSpec) -> type[UnitLayer]:
     """The class that runs ``layer``: by its class, and an rnn_cell's by its unit."""
     if layer.cls == "rnn_cell" and str(layer.opts.get("unit")).lower() == NORM_LSTM_UNIT:
         return NormLstmCell
+    if layer.cls == "reduce" and reduces_time(layer.opts):
+        return ReduceTime
     return UNIT_CLASSES[layer.cls]
 
 
@@ -79,7 +82,7 @@ def unit_templates(layers: dict[str, UnitLayerSpec], base: dict[str, Template], 
                 sources.append(template)
         if not sources and layer.cls not in _FROM_OPTIONS:
             return None
-        return UNIT_CLASSES[layer.cls].out_template(layer.name, layer.opts, sources, ctx)
+        return unit_class(layer).out_template(layer.name, layer.opts, sources, ctx)
 
     pending = list(layers)
     while pending:

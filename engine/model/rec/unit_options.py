@@ -9,6 +9,8 @@ from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, norm_lstm_opti
 from engine.runtime.errors import ConfigError
 
 REDUCE_MODES = ("sum", "max", "min", "mean", "avg", "logsumexp")
+TIME_MODES = ("sum", "max", "min", "mean", "avg")  # over the valid frames (layers/reduce.py's MASKED)
+TIME_AXES = ("t", "T", "time")
 FEATURE_AXES = ("f", "F", "feature", "dim")
 # RETURNN's rnn_cell units that run TensorFlow's LSTMCell one step at a time (its get_rnn_cell_class with
 # cell_only on TF 2: LSTMBlock and LSTMBlockFused are mapped to StandardLSTM there), and its ZoneoutLSTMCell
@@ -64,6 +66,11 @@ def lstm_cell_forget_bias(where: str, unit_opts: Any) -> float:
     return float(value)
 
 
+def reduces_time(opts: dict) -> bool:
+    """A unit ``reduce`` over the time axis of its source (``step_state.ReduceTime``)."""
+    return feature_axes(opts) in TIME_AXES
+
+
 def check_options(where: str, cls: str, opts: dict) -> None:
     if cls == "switch":
         for key in SWITCH_OPTIONS:
@@ -84,6 +91,11 @@ def check_options(where: str, cls: str, opts: dict) -> None:
                               "implemented: LSTMBlock, LSTMBlockFused, StandardLSTM, BasicLSTM (TensorFlow's "
                               "LSTMCell, as RETURNN runs them on one step), ZoneoutLSTM and "
                               "LayerNormVariantsLSTM.")
+    elif cls == "reduce" and reduces_time(opts):
+        if opts.get("keep_dims", False) is not False or str(opts.get("mode", "")).lower() not in TIME_MODES:
+            raise ConfigError(f"{where}: reduce over time inside a rec unit is implemented without keep_dims "
+                              f"and with mode {', '.join(TIME_MODES)}; got mode {opts.get('mode')!r}, "
+                              f"keep_dims {opts.get('keep_dims')!r}.")
     elif cls == "reduce":
         if feature_axes(opts) not in FEATURE_AXES or opts.get("keep_dims") is not True:
             raise ConfigError(f"{where}: reduce inside a rec unit is implemented over the feature axis with "
