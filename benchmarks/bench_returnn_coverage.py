@@ -49,7 +49,8 @@ from engine.tasks.check import collect, stop_reason
 
 # a class counts as built where the network or a rec unit builds it (the layer dicts are walked without
 # telling a unit's layers from the network's)
-BUILT_CLASSES = IMPLEMENTED_CLASSES | set(UNIT_CLASS_OPTIONS)
+# a subnetwork is built inside rec units (its layers join the unit: rec/unit_subnetwork.py), refused elsewhere
+BUILT_CLASSES = IMPLEMENTED_CLASSES | set(UNIT_CLASS_OPTIONS) | {"subnetwork"}
 DIM_KEYS = ("extern_data", "num_inputs", "num_outputs", "target")
 TRAIN_SECONDS = 600
 

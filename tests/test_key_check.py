@@ -355,6 +355,24 @@ def test_the_check_refuses_a_data_stream_the_declared_streams_lack():
     assert collect(Config({"network": network, "extern_data": dense}))[1] != []
 
 
+def test_the_check_refuses_a_loss_target_the_declared_streams_lack():
+    """2019-e2e-speech-to-text-comparison/iwslt/direct-ctc: a ctc loss on 'source_text', which its
+    num_outputs does not declare; the build refused it, the check accepted it."""
+    extern = {"data": {"dim": 4}, "classes": {"dim": 5, "sparse": True}}
+    network = {"ctc": {"class": "softmax", "loss": "ctc", "target": "source_text", "from": "data"},
+               "output": {"class": "softmax", "loss": "ce", "from": "data"}}
+    _, problems = collect(Config({"network": network, "extern_data": extern}))
+    assert any("Network layer 'ctc': its loss reads target 'source_text', which the config's extern_data / "
+               "num_outputs does not declare (declared streams: classes)" in p for p in problems), problems
+    extern["source_text"] = {"dim": 3, "sparse": True}
+    assert collect(Config({"network": network, "extern_data": extern}))[1] == []
+    unit = {"output": {"class": "choice", "target": "bpe", "beam_size": 2, "from": "prob"},
+            "prob": {"class": "softmax", "from": "prev:output", "n_out": 5}}
+    _, problems = collect(Config({"network": {"output": {"class": "rec", "from": [], "unit": unit}},
+                                  "extern_data": extern}))
+    assert any("'output', unit layer 'output': its choice reads target 'bpe'" in p for p in problems)
+
+
 @pytest.mark.parametrize("entry, words", [
     ({"dim": None, "shape": (None,), "dtype": "int32", "sparse": True},
      "'alignment': 'dim' must be a positive int and 'sparse' True or False, got dim None"),

@@ -51,6 +51,8 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
             findings += layer_findings(specs, ignored)
             if sparse is not None:
                 stream_sources(specs, specs, sparse)
+                _check_loss_targets(specs, {s[len("data:"):] if s != "data" else s for s in sparse},
+                                    config.str("target") or "classes")
         except EngineError as exc:
             problems.append(str(exc))
             break
@@ -77,6 +79,26 @@ def _declared_sparse_streams(config: Config) -> dict[str, int] | None:
         return None
     dims = data_dims(config, None)
     return sparse_stream_dims(dims.input_dim, dims.input_sparse, dims.target_dims)
+
+
+def _check_loss_targets(specs: dict, streams: set[str], default: str) -> None:
+    """Each loss (and each choice) names a target stream the config declares (its ``target``, else the
+    config's ``target``, else "classes"), as the build requires; the dims the check knows are those of
+    ``extern_data`` / ``num_outputs``."""
+    for name, spec in specs.items():
+        layers = {name: spec.opts}
+        if spec.subnetwork:
+            layers = {f"{name}', unit layer '{unit_name}": opts
+                      for unit_name, opts in spec.opts["unit"].items() if isinstance(opts, dict)}
+        for where, opts in layers.items():
+            if not (opts.get("loss") or opts.get("class") == "choice"):
+                continue
+            target = opts.get("target", spec.opts.get("target", default) if spec.subnetwork else default)
+            if isinstance(target, str) and target not in streams:
+                what = "loss" if opts.get("loss") else "choice"
+                raise ConfigError(f"Network layer '{where}': its {what} reads target {target!r}, which the "
+                                  "config's extern_data / num_outputs does not declare (declared streams: "
+                                  f"{', '.join(sorted(streams))}).")
 
 
 def check_at_start(config: Config) -> None:
