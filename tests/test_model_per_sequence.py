@@ -12,7 +12,7 @@ import pytest
 
 from engine.model.spec import parse_network
 from engine.runtime.errors import ConfigError
-from test_model_rec import NETWORK, batch, model, sequence_log_prob
+from test_model_rec import NETWORK, batch, model, searched_scores_checked
 
 FLAGS = {"len": {"class": "length", "from": "data"},
          "short": {"class": "compare", "from": "len", "kind": "less_equal", "value": 4}}
@@ -75,15 +75,4 @@ def test_a_searched_hypothesis_through_a_switch_by_a_flag_per_sequence_scores_it
                         "false_from": "prev:att"}
     unit["s"]["from"] = ["prev:target_embed", "prev_att"]
     unit["output"].update(beam_size=3, length_normalization=False)
-    net = model(network)
-    data, lengths, _, _ = batch()
-    found = {key: value.numpy() for key, value in net.search(data, lengths, "decision").items()}
-    checked = 0
-    for b in range(3):
-        length = int(found["hyp_lengths"][b])
-        if length == 2 * 5:  # no end within max_seq_len
-            continue
-        expected = sequence_log_prob(net, data[b, :lengths[b]], lengths[b], found["hyps"][b], length)
-        np.testing.assert_allclose(found["scores"][b], expected, rtol=1e-4)
-        checked += 1
-    assert checked
+    assert searched_scores_checked(model(network))

@@ -161,22 +161,28 @@ def test_a_searched_hypothesis_scores_its_log_probability(beam, base):
         np.testing.assert_allclose(found["scores"][b], expected, rtol=1e-4)
 
 
-def test_a_length_normalised_search_scores_its_log_probability_per_label():
-    # RETURNN's default length_normalization: an ended hypothesis' final score is log p / (length + 1)
-    net = model()
-    bias = net.named_variables()["output/output_prob/b"]
-    bias.assign(bias + tf.one_hot(0, CLASSES) * 2.0)  # EOS likelier, so that hypotheses end
+def searched_scores_checked(net, per_label: bool = False) -> int:
+    """Search the test batch; each decided hypothesis that ended scores its log probability when the
+    network runs on it as a target (divided by its length + 1 ``per_label``). Returns how many ended."""
     data, lengths, _, _ = batch()
     found = {key: value.numpy() for key, value in net.search(data, lengths, "decision").items()}
     checked = 0
     for b in range(3):
         length = int(found["hyp_lengths"][b])
-        if length == 2 * 5:  # no EOS within max_seq_len
+        if length == 2 * 5:  # no EOS within max_seq_len: the score has no EOS term
             continue
         expected = sequence_log_prob(net, data[b, :lengths[b]], lengths[b], found["hyps"][b], length)
-        np.testing.assert_allclose(found["scores"][b], expected / (length + 1), rtol=1e-4)
+        np.testing.assert_allclose(found["scores"][b], expected / (length + 1 if per_label else 1), rtol=1e-4)
         checked += 1
-    assert checked
+    return checked
+
+
+def test_a_length_normalised_search_scores_its_log_probability_per_label():
+    # RETURNN's default length_normalization: an ended hypothesis' final score is log p / (length + 1)
+    net = model()
+    bias = net.named_variables()["output/output_prob/b"]
+    bias.assign(bias + tf.one_hot(0, CLASSES) * 2.0)  # EOS likelier, so that hypotheses end
+    assert searched_scores_checked(net, per_label=True)
 
 
 def test_a_wider_beam_finds_no_worse_hypothesis():

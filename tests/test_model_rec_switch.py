@@ -11,7 +11,7 @@ import pytest
 
 from engine.model.rec.unit import parse_unit, plan_loop
 from engine.runtime.errors import ConfigError
-from test_model_rec import NETWORK, batch, model, sequence_log_prob
+from test_model_rec import NETWORK, batch, model, searched_scores_checked
 
 # the attention decoder of test_model_rec, its state fed with a zero attention at the first label
 SWITCHED = copy.deepcopy(NETWORK)
@@ -81,18 +81,7 @@ def test_a_searched_hypothesis_through_the_switch_scores_its_log_probability(bas
     run on it as a target."""
     network = copy.deepcopy(base)
     network["output"]["unit"]["output"].update(beam_size=3, length_normalization=False)
-    net = model(network)
-    data, lengths, _, _ = batch()
-    found = {key: value.numpy() for key, value in net.search(data, lengths, "decision").items()}
-    checked = 0
-    for b in range(3):
-        length = int(found["hyp_lengths"][b])
-        if length == 2 * 5:  # no end within max_seq_len: the score has no end term
-            continue
-        expected = sequence_log_prob(net, data[b, :lengths[b]], lengths[b], found["hyps"][b], length)
-        np.testing.assert_allclose(found["scores"][b], expected, rtol=1e-4)
-        checked += 1
-    assert checked
+    assert searched_scores_checked(model(network))
 
 
 @pytest.mark.parametrize("network, words", [
