@@ -30,6 +30,7 @@ import collections
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -212,13 +213,29 @@ def stand_in_checkpoints(network: dict, extern: dict, target: Any, folder: str, 
 
 def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]],
                root: str) -> str:
-    """'' when ``rnn.py`` trained the network one epoch; else the last line of its error."""
+    """'' when ``rnn.py`` trained the network one epoch; else the last line of its error. Its checkpoints
+    (a published LM's stand-in and the model: up to gigabytes each) are removed after the run; the
+    training config stays in ``folder``."""
+    name = re.sub(r"[^\w.-]", "_", setup.path)
+    work = tempfile.mkdtemp(prefix=f"{name}.", dir=folder)
+    try:
+        return _train_step(setup, corpus, work, dims, root, name)
+    finally:
+        for entry in os.listdir(work):
+            path = os.path.join(work, entry)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif not entry.endswith(".py"):
+                os.remove(path)
+
+
+def _train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]], root: str,
+                name: str) -> str:
     text = repr(setup.network)
     try:
         ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return "the network holds values that are not literals (functions, objects): not written to a file"
-    name = re.sub(r"[^\w.-]", "_", setup.path)
     config = os.path.join(folder, f"{name}.py")
     extern = {k: {"dim": d, "sparse": s} for k, (d, s) in dims.items()}
     try:
