@@ -73,6 +73,9 @@ def reduces_time(opts: dict) -> bool:
 
 def check_options(where: str, cls: str, opts: dict) -> None:
     if cls == "switch":
+        if opts.get("from") not in (None, [], ()):
+            raise ConfigError(f"{where}: switch reads no 'from' here (its layers are condition, true_from "
+                              f"and false_from), got {opts['from']!r}.")
         for key in SWITCH_OPTIONS:
             if not isinstance(opts.get(key), str):
                 raise ConfigError(f"{where}: switch needs '{key}', the name of a layer; got "
