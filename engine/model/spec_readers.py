@@ -4,16 +4,15 @@ build alike (``spec.parse_network`` calls ``check_per_sequence_readers``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from engine.model.axes import reduces_time_to_vector
 from engine.runtime.errors import ConfigError
 
-if TYPE_CHECKING:
-    from engine.model.spec import LayerSpec
+# the specs are spec.LayerSpec (cls, sources, opts, unit_bases); spec.py imports this module
 
 
-def check_per_sequence_readers(specs: dict[str, LayerSpec]) -> None:
+def check_per_sequence_readers(specs: dict[str, Any]) -> None:
     """Values per sequence, not per frame (``layers/per_sequence.py``): one vector per sequence (a reduce
     over time without keep_dims: RETURNN's (B, F)) and a ``compare`` flag are read by rec units only, as
     ``base:`` (``rec/loop_run.py``); a ``length`` by a ``compare`` only. The layers here otherwise read
@@ -39,7 +38,7 @@ def check_per_sequence_readers(specs: dict[str, LayerSpec]) -> None:
         raise ConfigError(f"Network layer 'output' is {what[kinds['output']]}: the output needs the frames.")
 
 
-def per_sequence_kind(spec: LayerSpec) -> str | None:
+def per_sequence_kind(spec: Any) -> str | None:
     if spec.cls == "reduce" and reduces_time_to_vector(spec.opts):
         return "vector"
     return {"length": "length", "compare": "flag"}.get(spec.cls)

@@ -3,7 +3,7 @@
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import tensorflow as tf
 
@@ -12,11 +12,11 @@ from engine.model.losses.regularization import darc1_term, l2_term
 from engine.model.rec.decide import Decide
 from engine.runtime.errors import ConfigError, DataError
 
-if TYPE_CHECKING:
-    from engine.model.network import NetworkModel
+# ``model``: a NetworkModel (engine/model/network.py, which calls these): its loss_layers, loss_objects,
+# owners(), l2 and darc1
 
 
-def layer_loss_sums(model: NetworkModel, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
+def layer_loss_sums(model: Any, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
                     target_lengths: dict[str, tf.Tensor],
                     training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
     """Per loss layer (in training without the ``only_on_eval`` ones): its loss sum (unscaled), its error
@@ -48,7 +48,7 @@ def layer_loss_sums(model: NetworkModel, model_outputs: dict[str, tf.Tensor], ta
     return sums
 
 
-def network_losses(model: NetworkModel, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
+def network_losses(model: Any, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
                    target_lengths: dict[str, tf.Tensor], training: bool = False) -> LossResult:
     """The reported loss (the first loss layer's, unscaled), the main layer's error and count, RETURNN's
     objective (each loss times its scale) and the constraints."""
