@@ -379,7 +379,9 @@ def test_the_check_refuses_a_loss_target_the_declared_streams_lack():
     ({"shape": (1,), "dtype": "float32"}, "'alignment': 'dim' must be a positive int"),
     ({"dim": 5, "shape": (1, 5)}, "'alignment': shape (1, 5) is not supported: a stream here is (None, 5)"),
     ({"dim": 5, "sparse": True, "dtype": "float32"}, "dtype 'float32' is not supported for a sparse stream"),
-    ({"dim": 5, "same_dim_tags_as": {"t": "tag"}}, "'alignment' has ['same_dim_tags_as'], which this engine"),
+    ({"dim": 5, "same_dim_tags_as": {"t": "tag"}},
+     "'alignment': same_dim_tags_as gives the time axis 'tag', which is not a DimensionTag"),
+    ({"dim": 5, "dim_tags": ("B", "T", "F")}, "'alignment' has ['dim_tags'], which this engine does not"),
 ])
 def test_extern_data_entries_it_cannot_honour_are_named(entry, words):
     """RETURNN's RNN-T and latent-attention setups declare streams this engine has no layout for; each is

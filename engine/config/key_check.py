@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, Collection
 
 from engine.config import keys, returnn_names_table
+from engine.config.dim_tags import DimensionTag
 from engine.config.loader import Config
 from engine.config.no_effect import CONFIG_KEYS as NO_EFFECT_KEYS, NoEffect
 from engine.runtime import log
@@ -163,6 +164,8 @@ def _exemption(name: str, value: Any) -> str:
         return "(a class defined by config code)"
     if callable(value):
         return "(a function defined by config code)"
+    if isinstance(value, DimensionTag):
+        return "(a dim tag that extern_data's same_dim_tags_as names)"
     return ""
 
 

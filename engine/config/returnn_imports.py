@@ -10,9 +10,10 @@ import is Python's own.
 Nothing is put into ``sys.modules``: a real RETURNN in the same process is never shadowed, and code
 outside config files imports as before.
 
-- provided: ``PROVIDED`` (TensorFlow's own ``tf.compat.v1``; small functions of ``returnn_tf_util.py``);
+- provided: ``PROVIDED`` (TensorFlow's own ``tf.compat.v1``; small functions of ``returnn_tf_util.py``;
+  ``DimensionTag`` of ``dim_tags.py``, a time axis that streams of ``extern_data`` share);
 - importable, but an error when used: ``IMPORTABLE_ONLY`` (names configs import at the top and often
-  never use, such as ``DimensionTag``);
+  never use, such as ``Data`` and ``Dim``);
 - anything else of RETURNN's: a ConfigError naming the module and the name, at the import.
 
 This module does not import TensorFlow; the provided objects load it on first access.
@@ -86,22 +87,25 @@ def cache_file(filename: str) -> str:
     return filename
 
 
+_DIMENSION_TAG = _from("engine.config.dim_tags", "DimensionTag")
 # RETURNN's module -> name -> a function returning this engine's object
 PROVIDED: dict[str, dict[str, Callable[[], Any]]] = {
     "returnn.tf.compat": {"v1": _tf_compat("v1"), "v2": _tf_compat("v2")},
-    "returnn.tf.util.basic": {name: _from(_TF_UTIL, name) for name in ("where_bc", "safe_log", "safe_exp",
-                                                                       "get_shape", "dropout")},
+    "returnn.tf.util.basic": {**{name: _from(_TF_UTIL, name) for name in ("where_bc", "safe_log", "safe_exp",
+                                                                          "get_shape", "dropout")},
+                              "DimensionTag": _DIMENSION_TAG},
+    "returnn.tf.util.data": {"DimensionTag": _DIMENSION_TAG},
     "returnn.util.basic": {"cleanup_env_var_path": lambda: cleanup_env_var_path, "cf": lambda: cache_file},
     "returnn.pretrain": {"WrapEpochValue": _from("engine.config.epoch_value", "WrapEpochValue")},
 }
 
 _DIM_TAGS = ("RETURNN's tensor descriptions and dim tags; this engine's layers carry (time, batch, feature) "
-             "tensors and take no dim tags")
+             "tensors and take no dim tags; its DimensionTag is only a time axis that streams of extern_data "
+             "share")
 # RETURNN's module -> name -> what it is: importable, but a ConfigError once used
 IMPORTABLE_ONLY: dict[str, dict[str, str]] = {
-    "returnn.tf.util.basic": {"Data": _DIM_TAGS, "DimensionTag": _DIM_TAGS},
-    "returnn.tf.util.data": {name: _DIM_TAGS
-                             for name in ("Data", "Dim", "DimensionTag", "FeatureDim", "SpatialDim")},
+    "returnn.tf.util.basic": {"Data": _DIM_TAGS},
+    "returnn.tf.util.data": {name: _DIM_TAGS for name in ("Data", "Dim", "FeatureDim", "SpatialDim")},
     # imported at the top of 28 published configs, called in none
     "returnn.datasets.lm": {"Lexicon": "RETURNN's reader of a Bliss lexicon file (its phonemes and "
                                        "lemmas)"},

@@ -48,6 +48,10 @@ class Dataset:
     """Base class. Subclasses set ``self._keys`` (data key -> DataKeyInfo, ``data`` first) and
     ``self.labels``, and implement the ``_corpus_*`` methods."""
 
+    # data keys that share one time axis (extern_data's same_dim_tags_as; set by dataset_from_config):
+    # their lengths must be equal in every sequence, which generate_batches checks
+    same_length_keys: list[tuple[str, ...]] = []
+
     def __init__(self, *, seq_ordering: str = "default", partition_epoch: int | None = 1,
                  fixed_random_seed: int | None = None, random_seed_offset: int = 0,
                  chunking: Any = None, min_chunk_size: Any = 0, name: str | None = None) -> None:

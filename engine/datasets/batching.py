@@ -29,7 +29,7 @@ from engine.datasets.chunking import EpochPieces, cut_into_chunks, whole_sequenc
 from engine.report import phases
 from engine.report.timeline import DATA_WAIT
 from engine.runtime import log
-from engine.runtime.errors import ConfigError
+from engine.runtime.errors import ConfigError, DataError
 
 DEFAULT_EVAL_BATCH_SIZE = 5000
 
@@ -170,6 +170,7 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
     # network does not read still counts against batch_size and max_seq_length); chunks on the keys cut.
     plan_keys = dataset.data_keys if chunking is None else keys
     all_lengths = dataset.epoch_seq_lengths()
+    _check_same_lengths(dataset, all_lengths, where)
     lengths = all_lengths[:, [dataset.data_keys.index(key) for key in keys]]
     plan_lengths = all_lengths[:, [dataset.data_keys.index(key) for key in plan_keys]]
     pieces = (whole_sequences(lengths) if chunking is None
@@ -204,6 +205,26 @@ def generate_batches(dataset: Dataset, options: BatchOptions, *, shard_rank: int
         dataset.will_read(pieces.positions[np.concatenate(mine)], next_epoch_start=start)
     return PlannedBatches(_materialise(dataset, keys, pieces, mine), num_seqs=sum(len(b) for b in mine),
                           all_shards=all_shards)
+
+
+def _check_same_lengths(dataset: Dataset, all_lengths: np.ndarray, where: str) -> None:
+    """Keys that share one time axis (``dataset.same_length_keys``) have equal lengths in every sequence
+    of the epoch; RETURNN would silently take one key's lengths for all of them."""
+    for group in dataset.same_length_keys:
+        present = [key for key in group if key in dataset.data_keys]
+        if len(present) < 2:
+            continue
+        group_lengths = all_lengths[:, [dataset.data_keys.index(key) for key in present]]
+        differ = np.flatnonzero((group_lengths != group_lengths[:, :1]).any(axis=1))
+        if len(differ):
+            pos = int(differ[0])
+            found = ", ".join(f"{key} {n}" for key, n in zip(present, group_lengths[pos].tolist()))
+            raise DataError(f"{where}: sequence {dataset.get_seq_tag(pos)!r} has lengths {found}, but "
+                            f"extern_data gives streams {', '.join(present)} one time axis (same_dim_tags_as "
+                            f"with one DimensionTag), so they must have the same number of frames "
+                            f"({len(differ)} of the epoch's {len(all_lengths)} sequences differ). RETURNN "
+                            "would silently use one stream's lengths for all of them; fix the data, or give "
+                            "the streams their own time axes (no shared tag).")
 
 
 def _frame_balanced_parts(lengths: np.ndarray, parts: int) -> list[np.ndarray]:

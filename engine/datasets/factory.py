@@ -27,6 +27,7 @@ from engine.datasets.npz import NpzDataset
 from engine.datasets.oggzip import OggZipDataset
 from engine.datasets.refused import RASR_CLASSES, refusal
 from engine.datasets.spec_string import spec_to_kwargs
+from engine.datasets.streams import same_length_groups
 from engine.datasets.translation import REFUSED_TEXT_CLASSES, TranslationDataset, refused_text_class
 from engine.runtime.errors import DataError
 
@@ -109,14 +110,18 @@ def dataset_from_config(config: Config, key: str, *, random_seed_offset: int = 0
 
     ``batching`` is the train dataset's default ``seq_ordering``; ``cache_size`` applies to every HDF one.
     ``random_seed`` does not change the data's order, as in RETURNN, whose orders are a function of the
-    epoch and ``random_seed_offset`` alone: runs with several seeds see the same data in the same order."""
+    epoch and ``random_seed_offset`` alone: runs with several seeds see the same data in the same order.
+    Streams that ``extern_data`` gives one time axis (``same_dim_tags_as``) become ``same_length_keys``."""
     spec = config.typed(key)
     if not spec:
         return None
     train = key == "train"
-    return create_dataset(spec, default_seq_ordering=config.str("batching") if train else None,
-                          random_seed_offset=random_seed_offset, cache_size=config.value("cache_size"),
-                          key=key, ignored=ignored_names(config), defaults=chunking_defaults(config, key))
+    groups = same_length_groups(config)  # a bad same_dim_tags_as is refused before the dataset opens
+    dataset = create_dataset(spec, default_seq_ordering=config.str("batching") if train else None,
+                             random_seed_offset=random_seed_offset, cache_size=config.value("cache_size"),
+                             key=key, ignored=ignored_names(config), defaults=chunking_defaults(config, key))
+    dataset.same_length_keys = groups
+    return dataset
 
 
 def chunking_defaults(config: Config, key: str) -> dict[str, Any]:

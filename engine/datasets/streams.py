@@ -1,12 +1,16 @@
 """The streams a model is built for: ``extern_data``, else RETURNN's legacy ``num_inputs``/``num_outputs``,
-else the train dataset's own keys; declared dims are checked against the dataset.
+else the train dataset's own keys; declared dims are checked against the dataset. Streams of ``extern_data``
+whose ``same_dim_tags_as`` name one ``DimensionTag`` share their time axis (``same_length_groups``): their
+lengths must be equal in every sequence, which batching checks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from engine.config.dim_tags import DimensionTag
 from engine.datasets.base import Dataset
+from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
 
@@ -44,8 +48,14 @@ def data_dims(config: Any, dataset: Dataset | None) -> DataDims:
 
 
 def _check_against_dataset(streams: dict[str, tuple[int, bool]], dataset: Dataset) -> None:
-    """The declared dims must be the data's, or the first step fails deep inside TensorFlow."""
+    """The declared dims must be the data's, or the first step fails deep inside TensorFlow. A declared
+    stream the dataset lacks is read by no step, as in RETURNN (2022-swb-factored-hybrid declares streams
+    its network computes); one that a loss or layer reads is named when the batches are planned."""
     for key, (dim, sparse) in streams.items():
+        if key not in dataset.data_keys and key != "data":
+            log.info(f"'extern_data'/'num_outputs' declares stream '{key}', which dataset {dataset!r} does "
+                     "not have: nothing may read it (a network computes it, or no layer uses it).")
+            continue
         if key not in dataset.data_keys:
             raise ConfigError(f"'extern_data'/'num_outputs' declares stream '{key}', but dataset {dataset!r} "
                               f"has only {', '.join(dataset.data_keys)}.")
@@ -57,7 +67,8 @@ def _check_against_dataset(streams: dict[str, tuple[int, bool]], dataset: Datase
 
 
 # RETURNN's keys of an extern_data entry that this engine takes (what each means: _described_stream)
-_ENTRY_KEYS = ("dim", "sparse", "dtype", "shape", "available_for_inference")
+_ENTRY_KEYS = ("dim", "sparse", "dtype", "shape", "available_for_inference", "same_dim_tags_as")
+_TIME_AXES = ("t", "T")  # RETURNN's names of the time axis, the one axis same_dim_tags_as may tag here
 
 
 def _positive(value: Any) -> bool:
@@ -67,13 +78,16 @@ def _positive(value: Any) -> bool:
 def _described_stream(key: str, entry: dict) -> tuple[int, bool]:
     """RETURNN's ``{"dim": D, "sparse": ...}`` of one stream with a time axis: ``shape`` and ``dtype`` only as
     RETURNN's defaults for it, ``available_for_inference`` (which streams forward and search read is this
-    engine's rule: the input only). Dim tags, streams without a time axis or with more axes are refused."""
+    engine's rule: the input only), ``same_dim_tags_as`` for the time axis (``_time_tag``). Other dim tags,
+    streams without a time axis or with more axes are refused."""
     where = f"Config 'extern_data' entry '{key}'"
     unknown = sorted(set(entry) - set(_ENTRY_KEYS))
     if unknown:
         raise ConfigError(f"{where} has {unknown}, which this engine does not take: its streams are (time, "
-                          "feature) per sequence with their own lengths, without RETURNN's dim tags "
-                          f"(same_dim_tags_as, dim_tags); it takes {', '.join(_ENTRY_KEYS)}.")
+                          "feature) per sequence with their own lengths (or one time axis that streams "
+                          "share by same_dim_tags_as), without RETURNN's dim tags of other axes (dim_tags); "
+                          f"it takes {', '.join(_ENTRY_KEYS)}.")
+    _time_tag(where, entry)
     sparse = entry.get("sparse", False)
     if not isinstance(sparse, bool) or not _positive(entry.get("dim")):
         raise ConfigError(f"{where}: 'dim' must be a positive int and 'sparse' True or False, got dim "
@@ -93,6 +107,46 @@ def _described_stream(key: str, entry: dict) -> tuple[int, bool]:
     if not isinstance(entry.get("available_for_inference", True), bool):
         raise ConfigError(f"{where}: available_for_inference must be True or False.")
     return dim, sparse
+
+
+def _time_tag(where: str, entry: dict) -> DimensionTag | None:
+    """The tag of the entry's ``same_dim_tags_as`` ``{"t": tag}`` (None without one): a DimensionTag that
+    config code made, which streams share as one time axis."""
+    tags = entry.get("same_dim_tags_as")
+    if tags is None:
+        return None
+    if not isinstance(tags, dict):
+        raise ConfigError(f"{where}: same_dim_tags_as must be a dict {{'t': tag}}, got {tags!r}.")
+    axes = [axis for axis in tags if axis not in _TIME_AXES]
+    if axes:
+        raise ConfigError(f"{where}: same_dim_tags_as names axis {axes[0]!r}, which is not supported: only "
+                          "the time axis ('t' or 'T') may have a tag here, as streams are (time, feature) "
+                          "with the feature dim in 'dim'.")
+    for value in tags.values():
+        if not isinstance(value, DimensionTag):
+            raise ConfigError(f"{where}: same_dim_tags_as gives the time axis {value!r}, which is not a "
+                              "DimensionTag: make one in the config (from TFUtil import DimensionTag; "
+                              "time_tag = DimensionTag(kind=DimensionTag.Types.Spatial, description='time')) "
+                              "and give the same object to every stream of that time axis.")
+    if len({id(value) for value in tags.values()}) > 1:
+        raise ConfigError(f"{where}: same_dim_tags_as gives 't' and 'T' different tags, but both name the "
+                          "one time axis.")
+    return next(iter(tags.values()), None)
+
+
+def same_length_groups(config: Any) -> list[tuple[str, ...]]:
+    """The streams of ``extern_data`` that share a time axis (``same_dim_tags_as`` with the same
+    DimensionTag object), in extern_data's order; only groups of two or more. Such streams have the same
+    number of frames in every sequence (``generate_batches`` checks it)."""
+    extern = config.typed("extern_data")
+    if not isinstance(extern, dict):
+        return []  # absent, or refused where the streams are read (data_dims)
+    groups: dict[int, list[str]] = {}
+    for key, entry in extern.items():
+        tag = _time_tag(f"Config 'extern_data' entry '{key}'", entry) if isinstance(entry, dict) else None
+        if tag is not None:
+            groups.setdefault(id(tag), []).append(key)
+    return [tuple(keys) for keys in groups.values() if len(keys) >= 2]
 
 
 def _stream(key: str, value, default_sparse: bool = False) -> tuple[int, bool]:
