@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import collections
 import copy
 import os
@@ -34,13 +35,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import numpy as np
 
 from returnn_setups import SETUP_YEARS, Setup, read_setup, setup_paths
 from timing import ROOT, child_env
+from engine.config.dim_tags import DimensionTag
 from engine.config.loader import Config
+from engine.config.returnn_imports import OLD_NAMES
 from engine.datasets import DataKeyInfo, HDFWriter
 from engine.model.rec.unit import UNIT_CLASS_OPTIONS
 from engine.model.spec import IMPLEMENTED_CLASSES
@@ -106,14 +109,47 @@ def uses_ctc(network: dict) -> bool:
     return any(layer.get("loss") == "ctc" for layer in layer_dicts(network))
 
 
-def make_corpus(path: str, dims: dict[str, tuple[int, bool]], ctc: bool) -> None:
+def time_tags(namespace: dict[str, Any]) -> dict[str, int]:
+    """Stream -> the number of its ``same_dim_tags_as`` time tag (in the config, a DimensionTag object
+    shared by the streams of one time axis; in this reading, the stand-in for it)."""
+    extern = namespace.get("extern_data")
+    numbers: dict[int, int] = {}
+    found = {}
+    for key, entry in (extern.items() if isinstance(extern, dict) else ()):
+        tags = entry.get("same_dim_tags_as") if isinstance(entry, dict) else None
+        if isinstance(tags, dict) and len(tags) == 1 and str(next(iter(tags))) in ("t", "T"):
+            found[key] = numbers.setdefault(id(next(iter(tags.values()))), len(numbers))
+    return found
+
+
+def with_engine_tags(extern: dict, tags: dict[str, int]) -> dict:
+    """``extern_data`` with this engine's DimensionTag objects in place of the stand-ins (one per tag)."""
+    made = {number: DimensionTag(kind=DimensionTag.Types.Spatial, description=f"time{number}")
+            for number in set(tags.values())}
+    return {key: {**entry, "same_dim_tags_as": {"t": made[tags[key]]}} if key in tags else entry
+            for key, entry in extern.items()}
+
+
+def one_frame_streams(network: dict) -> tuple[str, ...]:
+    """The streams a ``squeeze`` of the time axis reads: one frame per sequence (a speaker label)."""
+    return tuple(sorted({src[len("data:"):] for layer in layer_dicts(network)
+                         if layer.get("class") == "squeeze" and str(layer.get("axis")).upper() == "T"
+                         for src in ([layer.get("from")] if isinstance(layer.get("from"), str)
+                                     else layer.get("from") or []) if src.startswith("data:")}))
+
+
+def make_corpus(path: str, dims: dict[str, tuple[int, bool]], ctc: bool, tied: Collection[str] = (),
+                single: Collection[str] = ()) -> None:
+    """Four sequences; with a CTC loss its sparse streams are shorter, except those ``tied`` to the data's
+    time axis (``same_dim_tags_as``); ``single`` streams have one frame."""
     rng = np.random.RandomState(0)
     with HDFWriter(path, {k: DataKeyInfo(dim=d, sparse=s) for k, (d, s) in dims.items()}) as writer:
         for i in range(4):
             frames = rng.randint(40, 61)
             values = {}
             for key, (dim, sparse) in dims.items():
-                length = max(1, frames // 8) if sparse and ctc else frames
+                length = 1 if key in single else max(1, frames // 8) if sparse and ctc and key not in tied \
+                    else frames
                 values[key] = (rng.randint(0, dim, length).astype(np.int32) if sparse
                                else rng.standard_normal((length, dim)).astype(np.float32))
             writer.insert(f"seq-{i}", values)
@@ -140,6 +176,8 @@ def refusals(findings: list, problems: list[str]) -> list[str]:
 
 def check(setup: Setup, corpus: str) -> list[str]:
     values = {key: setup.namespace[key] for key in DIM_KEYS if key in setup.namespace}
+    if isinstance(values.get("extern_data"), dict):
+        values["extern_data"] = with_engine_tags(values["extern_data"], time_tags(setup.namespace))
     values.update(network=setup.network, train={"class": "HDFDataset", "files": [corpus]},
                   dev={"class": "HDFDataset", "files": [corpus]})
     try:
@@ -174,9 +212,23 @@ def config_functions(root: str, path: str, namespace: dict[str, Any] | None = No
                 kept.append(ast.get_source_segment(source, node))
             elif namespace is not None and name in namespace and _literal(repr(namespace[name])):
                 kept.append(f"{name} = {namespace[name]!r}")
-        elif isinstance(node, kinds):
+        elif isinstance(node, kinds) and not _cluster_import(node):
             kept.append(ast.get_source_segment(source, node))
     return kept
+
+
+def _cluster_import(node: ast.AST) -> bool:
+    """An import of a module that is neither installed nor RETURNN's (i6's ``cachemanager``, which the
+    authors' cluster had on a path the config appends): it fails with RETURNN too, anywhere else."""
+    if isinstance(node, ast.Import):
+        modules = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        modules = [node.module]
+    else:
+        return False
+    tops = {module.split(".")[0] for module in modules}
+    return any(top != "returnn" and top not in OLD_NAMES and importlib.util.find_spec(top) is None
+               for top in tops)
 
 
 def _literal(text: str) -> bool:
@@ -238,12 +290,20 @@ def _train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[in
         return "the network holds values that are not literals (functions, objects): not written to a file"
     config = os.path.join(folder, f"{name}.py")
     extern = {k: {"dim": d, "sparse": s} for k, (d, s) in dims.items()}
+    tags = time_tags(setup.namespace)
+    tag_lines = [f"_time_tag{n} = DimensionTag(kind=DimensionTag.Types.Spatial, description='time{n}')"
+                 for n in sorted(set(tags.values()))]
+    extern_text = "{" + ", ".join(
+        f"{key!r}: {{'dim': {dim}, 'sparse': {sparse}"
+        + (f", 'same_dim_tags_as': {{'t': _time_tag{tags[key]}}}}}" if key in tags else "}")
+        for key, (dim, sparse) in dims.items()) + "}"
     try:
         network = stand_in_checkpoints(setup.network, extern, setup.namespace.get("target"), folder, name)
     except EngineError as exc:
         return f"the stand-in for its load_on_init checkpoint: {str(exc)[:200]}"
     lines = config_functions(root, setup.path, setup.namespace) + [
-        f"network = {network!r}", f"extern_data = {extern!r}",
+        *(["from TFUtil import DimensionTag"] + tag_lines if tag_lines else []),
+        f"network = {network!r}", f"extern_data = {extern_text}",
         f"train = {{'class': 'HDFDataset', 'files': [{corpus!r}]}}", "dev = train",
         "num_epochs = 1", "batch_size = 100000", "max_seqs = 2", f"model = {os.path.join(folder, name)!r}"]
     if "target" in setup.namespace:
@@ -290,10 +350,13 @@ def main() -> int:
         if dims is None:
             refused_by["dims: extern_data / num_outputs missing or not literal"] += 1
             continue
-        signature = (tuple(sorted(dims.items())), uses_ctc(setup.network))
+        tags = time_tags(setup.namespace)
+        tied = tuple(sorted(k for k in tags if "data" in tags and tags[k] == tags["data"]))
+        signature = (tuple(sorted(dims.items())), uses_ctc(setup.network), tied,
+                     one_frame_streams(setup.network))
         if signature not in corpora:
             corpora[signature] = os.path.join(folder, f"corpus-{len(corpora)}.hdf")
-            make_corpus(corpora[signature], dims, signature[1])
+            make_corpus(corpora[signature], dims, *signature[1:])
         labels = check(setup, corpora[signature])
         refused_by.update(set(labels))
         if labels:

@@ -72,6 +72,24 @@ def inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     return data, np.array(LENGTHS, np.int32)
 
 
+def stream_ids(case: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The case's streams of class ids besides ``data``: ids (B, T) with padding 0, and lengths; on the
+    data's frames (a hybrid's alignment), or one frame per sequence for the case's ``one_frame_streams`` (a
+    speaker label). Layers read them as ``data:<stream>``."""
+    found = {}
+    for index, (key, stream) in enumerate(sorted(case["extern_data"].items())):
+        if key == "data" or not stream.get("sparse"):
+            continue
+        one = key in case.get("one_frame_streams", ())
+        lengths = np.array([1] * len(LENGTHS) if one else LENGTHS, np.int32)
+        rng = np.random.RandomState(2 if key == "classes" else 3 + index)
+        ids = rng.randint(0, stream["dim"], (len(LENGTHS), int(lengths.max()))).astype(np.int32)
+        for b, n in enumerate(lengths):
+            ids[b, n:] = 0
+        found[key] = (ids, lengths)
+    return found
+
+
 def case_seed(name: str) -> int:
     """The seed of a case's random parameter values: the same whichever cases run."""
     return zlib.crc32(name.encode()) % 2**31
@@ -133,33 +151,50 @@ def returnn_side(jobs_path: str) -> None:
             # the network's layers, and unit layers read outside their rec layer ("<rec>/<layer>")
             layers = list(case["network"]) + sorted(
                 {src for opts in case["network"].values() for src in _sources(opts) if "/" in src})
-            # an output without batch axis (WITHOUT_BATCH) as it is: copy_as_batch_major asserts one
-            fetches = [(out.copy_as_batch_major() if out.have_batch_axis() else out).placeholder
-                       for out in (net.get_layer(name).output for name in layers)]
+            # an output without batch axis (WITHOUT_BATCH) as it is: copy_as_batch_major asserts one; the
+            # features last, as the engine has them (softmax_over_spatial puts RETURNN's time axis last)
+            fetches = [_engine_layout(out).placeholder for out in (net.get_layer(n).output for n in layers)]
             # the targets' lengths are the data's (a hybrid's alignment), for a size_base of "data:classes"
             feed = {extern.placeholder: data, extern.get_sequence_lengths(): lengths,
                     net.extern_data.data["classes"].get_sequence_lengths(): lengths}
+            for key, (ids, ids_lengths) in stream_ids(case).items():
+                stream = net.extern_data.data[key]
+                feed.update({stream.placeholder: ids, stream.get_sequence_lengths(): ids_lengths})
             outs = session.run(fetches, feed)
             grads = {}
             if job["mode"] == "make" and job["case"] not in NO_RETURNN_GRADIENT:
                 # the gradients of sum(output * probe) over the valid frames
-                output = net.layers["output"].output.copy_as_batch_major()
+                # (of the case's gradient_of layer: a vector per sequence (B, F) is one frame (B, 1, F))
+                output = net.layers[case.get("gradient_of", "output")].output.copy_as_batch_major()
+                frames = output.placeholder if output.have_time_axis() else output.placeholder[:, None]
+                valid = output.get_sequence_lengths() if output.have_time_axis() else tf.ones_like(lengths)
                 weights = tf.compat.v1.placeholder(tf.float32, [None, None, output.dim])
-                mask = tf.sequence_mask(output.get_sequence_lengths(), tf.shape(output.placeholder)[1],
-                                        dtype=tf.float32)
-                scalar = tf.reduce_sum(output.placeholder * weights * mask[:, :, None])
+                mask = tf.sequence_mask(valid, tf.shape(frames)[1], dtype=tf.float32)
+                scalar = tf.reduce_sum(frames * weights * mask[:, :, None])
                 wrt = {v.name[:-2]: v for v in net.get_params_list()}
                 if not case["extern_data"]["data"].get("sparse"):
                     wrt["data"] = extern.placeholder
-                feed[weights] = probe(job["case"], outs[layers.index("output")].shape)
+                feed[weights] = probe(job["case"], session.run(frames, feed).shape)
                 for name, var in params.items():  # batch_norm updated its running statistics in eval
                     var.load(values[name], session)
-                # an embedding's gradient comes as IndexedSlices
-                dense = [tf.convert_to_tensor(g) for g in tf.gradients(scalar, list(wrt.values()))]
-                values = session.run(dense, feed)
-                grads = {f"grad:{n}": g for n, g in zip(wrt, values)}
+                # an embedding's gradient comes as IndexedSlices; none for data that the output does not
+                # read (a case on the targets' layers only)
+                found = {n: g for n, g in zip(wrt, tf.gradients(scalar, list(wrt.values()))) if g is not None}
+                values = session.run([tf.convert_to_tensor(g) for g in found.values()], feed)
+                grads = {f"grad:{n}": g for n, g in zip(found, values)}
+        ids = {f"{part}:{key}": value for key, pair in stream_ids(case).items()
+               for part, value in zip(("ids", "ids_lengths"), pair)}
         np.savez(job["outputs"], data=data, lengths=lengths, **{f"out:{n}": o for n, o in zip(layers, outs)},
-                 **grads)
+                 **grads, **ids)
+
+
+def _engine_layout(out):
+    """A RETURNN layer's output batch-major with its features last, as the engine has them (RETURNN's
+    softmax_over_spatial puts the time axis last); one without batch axis (``WITHOUT_BATCH``) as it is."""
+    if not out.have_batch_axis():
+        return out
+    out = out.copy_as_batch_major()
+    return out.copy_with_feature_last() if out.feature_dim_axis is not None else out
 
 
 # ----- the engine side -----
@@ -179,13 +214,23 @@ def engine_model(case: dict, seed: int = 42):
                        target_dims={k: v["dim"] for k, v in streams.items() if k != "data"}, random_seed=seed)
 
 
-def engine_outputs(model, data: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
+def _streams(lengths: np.ndarray, streams: dict | None) -> dict:
+    """What RETURNN's side feeds besides the data: the lengths of ``classes`` (the data's), and the
+    streams of class ids (``stream_ids``: name -> (ids, lengths))."""
+    streams = streams or {}
+    return {"stream_lengths": {"classes": lengths, **{k: v[1] for k, v in streams.items()}},
+            "streams": {k: v[0] for k, v in streams.items()}}
+
+
+def engine_outputs(model, data: np.ndarray, lengths: np.ndarray,
+                   streams: dict | None = None) -> dict[str, np.ndarray]:
     """Every layer's output and its lengths (``<layer>:lengths``: a conv with a stride changes them)."""
-    result = model(data, lengths, stream_lengths={"classes": lengths})  # as RETURNN's side feeds them
+    result = model(data, lengths, **_streams(lengths, streams))
     return {key: result[key].numpy() for name in model.layers for key in (name, f"{name}:lengths")}
 
 
-def engine_gradients(model, name: str, data: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
+def engine_gradients(model, name: str, data: np.ndarray, lengths: np.ndarray,
+                     streams: dict | None = None) -> dict[str, np.ndarray]:
     """The gradients RETURNN's side writes (``grad:<RETURNN's parameter name>``, ``grad:data`` for dense
     input), from the engine's model; an LSTM's gradient is split and ordered as RETURNN's parameters are."""
     import tensorflow as tf
@@ -196,14 +241,18 @@ def engine_gradients(model, name: str, data: np.ndarray, lengths: np.ndarray) ->
         if x.dtype.is_floating:
             tape.watch(x)
         tape.watch([v for v in model.named_variables().values() if not v.trainable])  # batch_norm's stats
-        result = model(x, lengths, stream_lengths={"classes": lengths})
-        output = result["output"]  # over its own valid frames (a stride changes them), as RETURNN's side
-        mask = tf.sequence_mask(result["output:lengths"], tf.shape(output)[1], dtype=tf.float32)
+        result = model(x, lengths, **_streams(lengths, streams))
+        layer = CASES[name].get("gradient_of", "output") if name in CASES else "output"
+        output = result[layer]  # over its own valid frames (a stride changes them), as RETURNN's side
+        mask = tf.sequence_mask(result[f"{layer}:lengths"], tf.shape(output)[1], dtype=tf.float32)
         scalar = tf.reduce_sum(output * probe(name, tuple(output.shape)) * mask[:, :, None])
     variables = model.named_variables()
     found = tape.gradient(scalar, {"data": x, **variables} if x.dtype.is_floating else variables)
-    grads = {"grad:data": found.pop("data").numpy()} if x.dtype.is_floating else {}
+    data_grad = found.pop("data", None)
+    grads = {"grad:data": data_grad.numpy()} if data_grad is not None else {}
     for mapping in ReturnnView(model).mappings:
+        if any(found[f"{mapping.layer}/{key}"] is None for key in model.layers[mapping.layer].params):
+            continue  # off the path of the compared output: RETURNN's side has no gradient either
         engine_grads = {key: found[f"{mapping.layer}/{key}"].numpy()
                         for key in model.layers[mapping.layer].params}
         grads.update({f"grad:{n}": g for n, g in mapping.to_returnn(engine_grads).items()})
@@ -230,15 +279,19 @@ def _sources(opts: dict) -> list[str]:
     return [sources] if isinstance(sources, str) else list(sources)
 
 
-def compared_parts(case: dict, layer: str, value: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+def compared_parts(case: dict, layer: str, value: np.ndarray, lengths: np.ndarray,
+                   returnns: bool = False) -> list[np.ndarray]:
     """What of a layer's output (batch-major) is compared: each sequence's valid frames (the padding
     differs by design), or all of an output without batch axis (``WITHOUT_BATCH``). RETURNN's values per
-    sequence (a reduce over time without keep_dims (B, F), a length or a compare of it (B,)) are the
-    engine's one frame."""
+    sequence (a reduce over time without keep_dims (B, F), a length or a compare of it (B,), a pooled
+    vector, a squeezed label: ``returnns``) are the engine's one frame."""
+    from engine.model.spec import parse_network
+    from engine.model.spec_readers import sequence_kinds
+
     opts = case["network"].get(layer, {"class": "(a rec unit's layer)"})  # "<rec>/<layer>": its steps
     if opts["class"] in WITHOUT_BATCH:
         return [value]
-    if opts["class"] == "reduce" and not opts.get("keep_dims") and value.ndim == 2:
+    if returnns and sequence_kinds(parse_network(case["network"])).get(layer) in ("vector", "label"):
         value = value[:, None]
     if opts["class"] in ("length", "compare") and value.ndim == 1:  # RETURNN's (B,): one frame here
         value = value[:, None]
@@ -258,7 +311,7 @@ def max_differences(case: dict, expected: dict, got: dict, lengths: np.ndarray) 
     for name in (n for n in got if not n.endswith(":lengths")):
         own = layer_lengths(got, name, lengths)
         result[name] = max(float(np.abs(want - have).max(initial=0.0)) for want, have in
-                           zip(compared_parts(case, name, expected[f"out:{name}"], own),
+                           zip(compared_parts(case, name, expected[f"out:{name}"], own, returnns=True),
                                compared_parts(case, name, got[name], own)))
     return result
 
@@ -270,7 +323,8 @@ def import_side(name: str, case: dict, checkpoint: str) -> tuple[dict, dict]:
 
     model = engine_model(case)
     load_for_inference(Config({"load": checkpoint}), model, checkpoint)
-    return engine_outputs(model, *inputs(case)), engine_gradients(model, name, *inputs(case))
+    return (engine_outputs(model, *inputs(case), stream_ids(case)),
+            engine_gradients(model, name, *inputs(case), stream_ids(case)))
 
 
 def export_side(name: str, case: dict, folder: str) -> tuple[str, dict[str, np.ndarray]]:
@@ -289,7 +343,7 @@ def export_side(name: str, case: dict, folder: str) -> tuple[str, dict[str, np.n
         json.dump({"network": case["network"], "extern_data": case["extern_data"]}, f)
     prefix = os.path.join(folder, f"exported-{name}")
     export(config, engine_file, prefix)
-    return prefix, engine_outputs(model, *inputs(case))
+    return prefix, engine_outputs(model, *inputs(case), stream_ids(case))
 
 
 def compare(python: str, names: list[str], tmp: str) -> int:

@@ -40,7 +40,13 @@ def stored(prefix: str) -> dict[str, np.ndarray]:
 def outputs(model, name: str) -> dict[str, np.ndarray]:
     """Every layer's output and ``<layer>:lengths`` on the fixture's inputs."""
     expected = np.load(FIXTURES / f"{name}.npz")
-    return engine_outputs(model, expected["data"], expected["lengths"])
+    return engine_outputs(model, expected["data"], expected["lengths"], stream_ids(expected))
+
+
+def stream_ids(expected) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The streams of class ids RETURNN's side fed (name -> (ids, lengths))."""
+    return {key[len("ids:"):]: (expected[key], expected[f"ids_lengths:{key[len('ids:'):]}"])
+            for key in expected.files if key.startswith("ids:")}
 
 
 def assert_outputs_equal_returnns(model, name: str) -> None:
@@ -50,7 +56,7 @@ def assert_outputs_equal_returnns(model, name: str) -> None:
         lengths = layer_lengths(got, layer, expected["lengths"])
         for b, (have, want) in enumerate(zip(compared_parts(CASES[name], layer, got[layer], lengths),
                                              compared_parts(CASES[name], layer, expected[f"out:{layer}"],
-                                                            lengths))):
+                                                            lengths, returnns=True))):
             np.testing.assert_allclose(have, want, rtol=0, atol=TOLERANCE,
                                        err_msg=f"{name}: layer {layer}, sequence {b}")
 

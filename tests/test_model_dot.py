@@ -61,10 +61,14 @@ def test_what_is_not_implemented_is_named(changes, match):
 def test_time_is_reduced_alone_to_one_frame_or_one_vector_which_only_rec_units_read():
     network = {"avg": {"class": "reduce", "mode": "avg", "axis": "T", "from": "data"},
                "output": {"class": "softmax", "loss": "ce", "from": "avg", "n_out": 2}}
-    message = (r"'output' reads 'avg', one vector per sequence \(a reduce over time without keep_dims\); "
-               r"here only a rec unit \(as 'base:...'\) reads such a layer")
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=r"Network layer 'output' is one vector per sequence \(RETURNN's "
+                                          r"value without a time axis\): the output needs the frames"):
         parse_network(network)  # rnn.py --check, without TensorFlow
+    mixed = {**network, "output": {"class": "softmax", "loss": "ce", "from": ["avg", "data"], "n_out": 2}}
+    with pytest.raises(ConfigError, match=r"'output' reads 'avg', one vector per sequence \(RETURNN's value "
+                                          r"without a time axis\); here only rec units \(as 'base:...'\) "
+                                          r"and the classes linear, softmax, copy"):
+        parse_network(mixed)
     del network["avg"]["axis"]
     network["avg"].update(axes=["T", "F"], keep_dims=True)
     with pytest.raises(ConfigError, match=r"\(axes \['T', 'F'\], keep_dims True\)"):

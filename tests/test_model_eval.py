@@ -120,7 +120,8 @@ def test_refusals_name_the_layer_and_the_reason():
     refused({"eval": "source(0)", "eval_for_output_loss": True}, "no output loss")
     refused({"eval": "source(0)", "n_out": 4}, "n_out 4 differs from the output's dim 5; RETURNN refuses")
     refused({"eval": "source(0)", "out_type": {"dim": 4}}, "out_type dim 4 differs from the sources' dim 5")
-    refused({"eval": "source(0)", "out_type": {"dim": 3, "sparse": True}}, "sparse or non-float32")
+    refused({"eval": "source(0)", "out_type": {"dim": 3, "sparse": True}},
+            r"an eval of class ids \(out_type sparse\) reads class ids here")
     refused({"eval": "source(0)", "out_type": {"batch_dim_axis": 0}},
             r"out_type keys \['batch_dim_axis'\]")
     refused({"eval": "source(0)", "out_type": {"shape": ()}}, r"out_type shape \(\) is not supported")
@@ -319,7 +320,7 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
     config = load(tmp_path, """\
         import json  # any other module is Python's own import
         import TFUtil
-        from TFUtil import DimensionTag  # importable; an error only when used
+        from TFUtil import DimensionTag  # a time axis that streams of extern_data share
         import returnn.tf.util.basic as tf_util
         from returnn.tf.util.data import Dim
         from Util import cleanup_env_var_path, cf
@@ -337,7 +338,13 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
             from TFUtil import nd_indices
 
         def dim_tag():
-            return DimensionTag(kind="spatial", description="time")
+            return DimensionTag(kind=DimensionTag.Types.Spatial, description="time")
+
+        def static_dim_tag():
+            return DimensionTag(kind=DimensionTag.Types.Feature, description="feature", dimension=40)
+
+        def dim():
+            return Dim(kind=Dim.Types.Spatial, description="time")  # importable; an error only when used
 
         def dropped(x):
             from TFUtil import dropout  # imported beside SpecAugment (13 published configs; 2 call it)
@@ -354,11 +361,17 @@ def test_returnn_module_names_in_config_code(tmp_path, monkeypatch):
     np.testing.assert_array_equal(in_graph(x).numpy(), [[0, 2], [3, 0]])
     with pytest.raises(ConfigError, match=r"RETURNN's TFUtil.nd_indices is not provided by this engine. "
                                           r"Config code can import from RETURNN: .*returnn.tf.util.basic "
-                                          r"\(TFUtil\): dropout, get_shape, safe_exp, safe_log, where_bc"):
+                                          r"\(TFUtil\): DimensionTag, dropout, get_shape, safe_exp, "
+                                          r"safe_log, where_bc"):
         config.value("unknown")()
-    with pytest.raises(ConfigError, match=r"RETURNN's TFUtil.DimensionTag \(RETURNN's tensor descriptions "
-                                          "and dim tags; .*\\) is not available in this engine"):
-        config.value("dim_tag")()
+    tag = config.value("dim_tag")()
+    assert (tag.kind, tag.description, tag.dimension) == ("spatial", "time", None)
+    with pytest.raises(ConfigError, match=r"dimension=40 is not supported. This engine's DimensionTag stands "
+                                          r"for one dynamic time axis"):
+        config.value("static_dim_tag")()
+    with pytest.raises(ConfigError, match=r"RETURNN's returnn.tf.util.data.Dim \(RETURNN's tensor "
+                                          r"descriptions and dim tags; .*\) is not available in this engine"):
+        config.value("dim")()
     rows = config.value("dropped")(tf.ones([400, 3])).numpy()
     assert set(np.unique(rows)) <= {0.0, 1.0} and (rows == rows[:, :1]).all()  # one draw per row
     assert 0.4 < rows[:, 0].mean() < 0.6

@@ -89,7 +89,8 @@ def test_a_searched_hypothesis_through_the_switch_scores_its_log_probability(bas
 
 @pytest.mark.parametrize("network, words", [
     ({"mean": {"class": "reduce", "mode": "mean", "axes": "T", "from": "data"},
-      "output": {"class": "softmax", "loss": "ce", "from": "mean"}}, "reads 'mean', one vector per sequence"),
+      "output": {"class": "softmax", "loss": "ce", "from": ["mean", "data"]}},
+     "reads 'mean', one vector per sequence"),
     ({"output": {"class": "reduce", "mode": "mean", "axes": "T", "from": "data"}},
      "'output' is one vector per sequence"),
 ])

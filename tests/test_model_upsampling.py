@@ -77,6 +77,17 @@ def test_reuse_params_shares_one_variable_counted_once_in_training_and_in_l2():
     assert np.abs(shared[0].numpy() - before).max() == pytest.approx(0.1, rel=1e-3)  # one adam step, not two
 
 
+@pytest.mark.parametrize("owner, reuser, trained", [(False, False, False), (True, False, True)])
+def test_trainable_of_a_reusing_layer_is_its_owners(owner, reuser, trained):
+    """RETURNN trains a shared parameter when a layer holding it is trainable (2022-swb-conformer-hybrid-sat
+    sets False on the owner and its reusers alike)."""
+    model = hybrid(up={**HYBRID["up"], "trainable": owner}, up2={**HYBRID["up2"], "trainable": reuser})
+    shared = model.layers["up2"].params["W_native_transposed_conv"]
+    assert shared is model.layers["up"].params["W_native_transposed_conv"]
+    assert shared.trainable is trained
+    assert ("up/W_native_transposed_conv" in model.named_trainable_variables()) is trained
+
+
 def test_size_base_lengths_longer_than_the_frames_stop_the_step():
     model = hybrid()
     with pytest.raises(tf.errors.InvalidArgumentError,
@@ -98,7 +109,8 @@ def test_size_base_of_a_stream_needs_its_lengths():
                                                          r"be a "
                                                          r"transposed_conv layer"),
     ({"up2": {**HYBRID["up2"], "n_out": 4}}, r"'up2': reuse_params 'up' has the parameters"),
-    ({"up2": {**HYBRID["up2"], "trainable": False}}, r"'up2': 'trainable' on a layer with reuse_params"),
+    ({"up": {**HYBRID["up"], "trainable": False}, "up2": {**HYBRID["up2"], "trainable": True}},
+     r"'up2': 'trainable' True on a layer with reuse_params of 'up', whose parameters are frozen"),
     ({"aligned": {"class": "reinterpret_data", "size_base": "nowhere", "from": "up"}},
      r"'aligned': 'size_base' must name a layer of the network or a data stream"),
     ({"aligned": {"class": "reinterpret_data", "size_base": "data:classes", "enforce_batch_major": True,

@@ -22,8 +22,8 @@ from engine.training.checkpoints.initial_params import init_for_training, load_f
 from engine.training.checkpoints.returnn_files import write_checkpoint
 from helpers import run_rnn
 from returnn_fixtures import (CASES, FIXTURES, GRADIENTS_NOT_COMPARED, TOLERANCE,
-                              assert_outputs_equal_returnns, engine_gradients, fixture, gradient_differences,
-                              model_of, randomise, stored, values, write_variant)
+                              assert_outputs_equal_returnns, stream_ids, engine_gradients, fixture,
+                              gradient_differences, model_of, randomise, stored, values, write_variant)
 
 pytestmark = pytest.mark.tf_latest
 
@@ -43,7 +43,7 @@ def test_gradients_from_returnns_checkpoint_are_returnns(name):
     load_for_inference(Config({"load": fixture(name)}), model, fixture(name))
     expected = np.load(FIXTURES / f"{name}.npz")
     differences = gradient_differences(expected, engine_gradients(model, name, expected["data"],
-                                                                  expected["lengths"]))
+                                                                  expected["lengths"], stream_ids(expected)))
     assert any(n.startswith("grad:") and n != "grad:data" for n in differences), "no parameter gradient"
     assert max(differences.values()) <= TOLERANCE, differences
 

@@ -27,11 +27,12 @@ from engine.model.layers.features import FeatureSlice, Gating, ReduceOut
 from engine.model.layers.lstm_norm import NormLstmRec
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT
 from engine.model.layers.norm import LayerNorm
-from engine.model.layers.per_sequence import Length, SequenceCompare
+from engine.model.layers.per_sequence import Length, SequenceCompare, SqueezeTime
 from engine.model.layers.recurrent import Rec
 from engine.model.layers.reduce import Reduce
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.reshape import MergeDims, SplitDims
+from engine.model.layers.time_attention import AttentionPooling, SoftmaxOverTime
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking
 from engine.model.layers.transposed_conv import TransposedConv
 from engine.model.layers.window_pad import Pad, SwapAxes, Window
@@ -40,12 +41,13 @@ from engine.model.rec.frames import Axis, Template
 from engine.model.rec.outside import UnitOutput
 from engine.model.rec.subnet import RecSubnet
 from engine.model.spec import UNIT_OUTPUT, LayerSpec, sparse_stream_dims, stream_sources
+from engine.model.spec_readers import sequence_kinds
 from engine.runtime.errors import ConfigError
 
 # classes whose RETURNN layer needs dense input: on sparse data a one-hot would silently change their meaning
 _DENSE_INPUT = ("conv", "pool", "layer_norm", "activation", "combine", "gating", "reduce_out", "slice",
                 "split_dims", "merge_dims", "batch_norm", "transposed_conv", "window", "pad", "swap_axes",
-                "reduce", "dot")
+                "reduce", "dot", "softmax_over_spatial", "generic_attention")
 
 # classes built from their name, options and input dim alone
 _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm": LayerNorm,
@@ -54,7 +56,8 @@ _BUILT_FROM_OPTIONS = {"time_chunking": TimeChunking, "pool": Pool, "layer_norm"
 
 # classes built from their name, options and input axes
 _BUILT_FROM_LAYOUT = {"split_dims": SplitDims, "merge_dims": MergeDims, "window": Window, "pad": Pad,
-                      "swap_axes": SwapAxes, "reduce": Reduce, "reinterpret_data": ReinterpretData}
+                      "swap_axes": SwapAxes, "reduce": Reduce, "reinterpret_data": ReinterpretData,
+                      "softmax_over_spatial": SoftmaxOverTime}
 
 
 class BuildOptions(NamedTuple):
@@ -96,9 +99,14 @@ def _share(name: str, spec: LayerSpec, layer: Layer, owner: Layer) -> None:
     if shapes != owned:
         raise ConfigError(f"Network layer '{name}': reuse_params '{spec.shares_params_of}' has the "
                           f"parameters {owned}, this layer needs {shapes}.")
-    if "trainable" in spec.opts:
-        raise ConfigError(f"Network layer '{name}': 'trainable' on a layer with reuse_params; set it on "
-                          f"'{spec.shares_params_of}', whose parameters these are.")
+    # RETURNN trains a shared parameter when any layer holding it is trainable: a reusing layer's False
+    # changes nothing (the owner's True trains it, its False freezes it), its True where the owner's is False
+    # would train the owner's frozen parameters
+    if spec.opts.get("trainable", False) is True and owner.params and \
+            not next(iter(owner.params.values())).trainable:
+        raise ConfigError(f"Network layer '{name}': 'trainable' True on a layer with reuse_params of "
+                          f"'{spec.shares_params_of}', whose parameters are frozen ('trainable': False): "
+                          "RETURNN would train them through this layer; set it on the owner.")
     layer.params = owner.params
     layer.shares_params_of = spec.shares_params_of
 
@@ -122,6 +130,7 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
     (``time_chunking.check_time_axes``)."""
     layouts = _stream_layouts(specs, order, options)
     sparse = set(sparse_streams(options))
+    kinds = sequence_kinds(specs)
     layers: dict[str, Layer] = {}
     for name in order:
         spec = specs[name]
@@ -153,8 +162,12 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
             layer = Dot(name, spec.opts, [layouts[s] for s in spec.sources])
         elif spec.cls == "eval":
             layer = Eval.for_network(name, specs, layouts, sparse, options.config)
+        elif spec.cls == "generic_attention":
+            layer = AttentionPooling(name, spec.opts, layouts[spec.sources[0]], layouts[spec.sources[1]])
+        elif spec.cls == "squeeze":
+            layer = SqueezeTime(name, spec.opts, layout.feature, spec.sources[0] in sparse)
         else:
-            layer = _make_layer(name, spec, layout, layers, options)
+            layer = _make_layer(name, spec, layout, layers, options, sparse, kinds.get(name) == "vector")
             check_bias_init(name, spec.opts, layer.params)
         if layout.spatial and not layer.takes_spatial:
             raise ConfigError(f"Network layer '{name}': its input {layout.describe()} has static axes "
@@ -167,6 +180,8 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
             _freeze(layer)
         layers[name] = layer
         layouts[name] = Layout(layout.spatial if layer.spatial is None else layer.spatial, layer.n_out)
+        if getattr(layer, "ids_output", False):  # an eval of class ids: read as a sparse stream is
+            sparse.add(name)
     return layers
 
 
@@ -202,17 +217,25 @@ def _check_sparse_sources(name: str, spec: LayerSpec, layers: dict[str, Layer]) 
                           f"(its search's hypotheses), got {list(spec.sources)}.")
 
 
+def _on_vectors(spec: LayerSpec, vectors: bool) -> dict:
+    """The options as they apply to the layer's input: on vectors per sequence (here one frame each,
+    ``spec_readers.py``) RETURNN's ``except_batch`` names the axes this layout calls ``except_time``."""
+    if vectors and spec.cls == "merge_dims" and spec.opts.get("axes") == "except_batch":
+        return {**spec.opts, "axes": "except_time"}
+    return spec.opts
+
+
 def _make_layer(name: str, spec: LayerSpec, layout: Layout, built: dict[str, Layer],
-                options: BuildOptions) -> Layer:
+                options: BuildOptions, sparse: set[str], vectors: bool) -> Layer:
     in_dim, seed = layout.feature, options.random_seed
-    ids = _takes_ids(spec, set(sparse_streams(options)))
+    ids = _takes_ids(spec, sparse)
     if spec.cls == "batch_norm":
         return BatchNorm(name, spec.opts, in_dim, random_seed=seed)
     if spec.cls in ("conv", "pool") and window_axes(name, spec.opts, spec.cls) == 2:
         return Conv2D(name, spec.opts, layout, random_seed=seed) if spec.cls == "conv" else \
             Pool2D(name, spec.opts, layout)
     if spec.cls in _BUILT_FROM_LAYOUT:
-        return _BUILT_FROM_LAYOUT[spec.cls](name, spec.opts, layout)
+        return _BUILT_FROM_LAYOUT[spec.cls](name, _on_vectors(spec, vectors), layout)
     if spec.cls == "linear":
         return Linear(name, spec.opts, in_dim, sparse_input=ids, random_seed=seed)
     if spec.cls == "softmax":

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from engine.config.key_check import enforce
 from engine.config.loader import Config
+from engine.datasets.streams import same_length_groups
 from engine.model.assembly import BuildOptions, build_layers, sparse_streams
 from engine.model.base import LossResult, SeqModel
 from engine.model.dropout import stateless_dropout
@@ -32,6 +33,8 @@ from engine.model.rec.subnet import RecSubnet
 from engine.model.losses.network_sums import layer_loss_sums, network_losses
 from engine.model.losses.regularization import darc1_factor, l2_factor
 from engine.model.spec import RECURRENT_CLASSES, build_order, layer_findings, parse_network
+from engine.model.spec_readers import sequence_kinds
+from engine.model.spec_streams import REGISTER, registered_dims, registered_streams
 from engine.runtime.errors import ConfigError
 
 
@@ -64,24 +67,31 @@ class NetworkModel(SeqModel):
         self.specs = self._no_dependency(parse_network(network))
         enforce(layer_findings(self.specs, ignored), "The network")
         self.order = build_order(self.specs)
-        losses = [n for n in self.order
-                  if self.specs[n].cls in ("softmax", "copy") and self.specs[n].opts.get("loss")]
+        per_sequence = sequence_kinds(self.specs)  # a loss on vectors per sequence reads labels per sequence
+        losses = [n for n in self.order if self.specs[n].cls in ("softmax", "copy")
+                  and self.specs[n].opts.get("loss") and per_sequence.get(n) != "vector"]
         resampling = [n for n in self.order if self.specs[n].cls == "transposed_conv" or (
             self.specs[n].cls in ("conv", "pool")
             and not window_options(n, self.specs[n].opts, self.specs[n].cls)[0].keeps_time)]
         resampling += [n for n in self.order if changes_time(self.specs[n].cls, self.specs[n].opts)]
         time_axes = check_time_axes(self.specs, self.order, losses, resampling=resampling,
                                     frame_loss_layers=[n for n in losses
-                                                       if self.specs[n].opts.get("loss") == "ce"])
+                                                       if self.specs[n].opts.get("loss") == "ce"],
+                                    same_time=same_length_groups(config) if config is not None else ())
         self.random_seed = random_seed
         self.check_numerics = bool(config is not None and config.bool("debug_add_check_numerics_on_output"))
         self.compute_dtype = compute_dtype  # placement.py's summary line reads it
         if input_sparse:  # sparse input is a target too (an LM's 'data', read as 'data:delayed')
             target_dims = {"data": input_dim, **target_dims}
+        # streams its layers compute (register_as_extern_data), in place of the batch's of that name
+        self.registered = registered_streams(self.specs)
+        target_dims = {**target_dims, **registered_dims(self.specs, target_dims)}
         options = BuildOptions(input_dim, input_sparse, target_dims, random_seed, twice_differentiable,
                                lstm_implementation, compute_dtype, config)
         self.layers: dict[str, Layer] = build_layers(self.specs, self.order, options, time_axes)
         self.sparse_dims = sparse_streams(options)  # source name -> number of classes
+        self.sparse_dims.update({name: layer.n_out for name, layer in self.layers.items()
+                                 if getattr(layer, "ids_output", False)})
         self.l2 = {name: l2_factor(name, self.specs[name].opts) for name in self.order}
         self.darc1 = {name: darc1_factor(name, self.specs[name].opts) for name in self.order}
         # name -> the object with the loss (``loss``, ``target``, ``criterion``, ``only_on_eval``); a rec
@@ -105,6 +115,10 @@ class NetworkModel(SeqModel):
         loops = {layer.target for layer in self.layers.values()
                  if isinstance(layer, RecSubnet) and layer.choice}
         return {self.loss_objects[name].target for name in self.loss_layers} | loops
+
+    @property
+    def computed_targets(self) -> set[str]:
+        return set(self.registered)
 
     @property
     def input_streams(self) -> set[str]:
@@ -135,9 +149,13 @@ class NetworkModel(SeqModel):
 
     @property
     def ctc_output(self) -> bool:
-        return isinstance(self.layers["output"], Softmax) and self.layers["output"].loss == "ctc"
+        return isinstance(self.layers.get("output"), Softmax) and self.layers["output"].loss == "ctc"
 
     def output_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        if "output" not in self.layers:
+            raise ConfigError("The network has no layer called 'output', whose values a forward pass "
+                              "writes (RETURNN's default output layer); its layers: "
+                              f"{', '.join(self.specs)}.")
         if self.input_streams:
             self._refuse_without_streams()
         seq_lengths = {"data": tf.cast(lengths, tf.int32)}
@@ -226,8 +244,9 @@ class NetworkModel(SeqModel):
             seed = tf.constant([self.random_seed, 0], tf.int64)
         outs = {"data": x}
         seq_lengths = {"data": lengths}  # per layer: chunking layers change the time axis and the batch
+        streams, stream_lengths = dict(streams or {}), dict(stream_lengths or {})  # + registered ones
         for stream in sorted(self.input_streams):
-            if streams is None:
+            if stream not in streams:
                 self._refuse_without_streams()
             ids, seq_lengths[f"data:{stream}"] = _time_major_ids(streams[stream], stream_lengths[stream])
             outs[f"data:{stream}"] = ids
@@ -262,6 +281,17 @@ class NetworkModel(SeqModel):
                 source = self.specs[name].sources[0]
                 outs[name], seq_lengths[name] = outs[source], seq_lengths[source]
                 result[name], result[f"{name}:lengths"] = result[source], seq_lengths[source]
+                continue
+            if getattr(layer, "ids_output", False):  # class ids (T, B): an eval of ids, a squeeze
+                ids = [outs[s] for s in self.specs[name].sources]
+                lengths_in = seq_lengths[self.specs[name].sources[0]]
+                y = layer(ids, lengths_in, training, train_step=train_step) if isinstance(layer, Eval) \
+                    else layer(ids[0], lengths_in, training)
+                outs[name], seq_lengths[name] = y, layer.out_lengths(lengths_in)
+                result[name], result[f"{name}:lengths"] = tf.transpose(y), seq_lengths[name]
+                if self.specs[name].opts.get(REGISTER):  # a target of the losses and rec units
+                    streams[self.specs[name].opts[REGISTER]] = result[name]
+                    stream_lengths[self.specs[name].opts[REGISTER]] = seq_lengths[name]
                 continue
             x = self._layer_input(name, outs, training, layer_seed)
             layer_lengths = seq_lengths[self.specs[name].sources[0]]
@@ -352,11 +382,20 @@ class NetworkModel(SeqModel):
                         target_lengths: dict[str, tf.Tensor],
                         training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
         """Per loss layer: its loss sum, error sum and count (``losses/network_sums.py``)."""
-        return layer_loss_sums(self, model_outputs, targets, target_lengths, training)
+        return layer_loss_sums(self, model_outputs, *self._with_computed(model_outputs, targets,
+                                                                         target_lengths), training)
 
     def compute_losses(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
                        target_lengths: dict[str, tf.Tensor], training: bool = False) -> LossResult:
         return network_losses(self, model_outputs, targets, target_lengths, training)
+
+    def _with_computed(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
+                       target_lengths: dict[str, tf.Tensor]) -> tuple[dict, dict]:
+        """The batch's targets and those the network computes (``registered``), (B, T) and (B,)."""
+        targets, target_lengths = dict(targets), dict(target_lengths)
+        for stream, name in self.registered.items():
+            targets[stream], target_lengths[stream] = model_outputs[name], model_outputs[f"{name}:lengths"]
+        return targets, target_lengths
 
 
 def _time_major_ids(ids: tf.Tensor, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -17,65 +17,25 @@ from engine.model.axes import reduces_time_away
 from engine.model.layers.lstm_norm_options import NORM_LSTM_UNIT, check_unit_opts
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
 from engine.model.rec.unit import max_len_layers, parse_unit
+from engine.model.spec_options import CLASS_OPTIONS
 from engine.model.spec_readers import check_per_sequence_readers
+from engine.model.spec_streams import registered_streams, with_registered_streams
 from engine.model.rec.unit_subnetwork import flatten_subnetworks
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
 
-_CLASS_OPTIONS = {
-    "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init",
-               "use_transposed_weights"},
-    "softmax": {"n_out", "loss", "target", "loss_scale", "loss_opts", "with_bias", "darc1", "only_on_eval",
-                "forward_weights_init", "bias_init", "use_transposed_weights", "loss_only_on_non_search"},
-    "rec": {"n_out", "unit", "direction", "forward_weights_init", "recurrent_weights_init", "bias_init",
-            "unit_opts"},  # unit_opts: layers/lstm_norm_options.py checks them per unit
-    "decide": {"loss", "target", "loss_opts", "only_on_eval", "length_normalization",
-               "loss_only_on_non_search"},
-    "copy": {"loss", "target", "loss_scale", "loss_opts", "only_on_eval"},
-    "dropout": set(),
-    "time_chunking": {"chunk_size", "chunk_step"},
-    "time_unchunking": {"chunking_layer"},
-    "conv": {"n_out", "filter_size", "padding", "strides", "dilation_rate", "activation", "with_bias",
-             "groups", "input_add_feature_dim", "forward_weights_init", "bias_init"},
-    "pool": {"mode", "pool_size", "padding", "strides", "dilation_rate", "input_add_feature_dim"},
-    "split_dims": {"axis", "dims", "pad_to_multiples", "pad_value"},
-    "transposed_conv": {"filter_size", "strides", "padding", "remove_padding", "output_padding", "n_out",
-                        "activation", "with_bias", "forward_weights_init", "bias_init"},
-    "reinterpret_data": {"size_base", "enforce_batch_major", "set_axes"},
-    "merge_dims": {"axes", "keep_order", "n_out"},
-    "reduce": {"mode", "axes", "axis", "keep_dims", "use_time_mask", "enforce_batch_dim_axis"},
-    "layer_norm": {"epsilon"},
-    "batch_norm": {"use_shift", "use_std", "use_sample", "force_sample", "momentum", "epsilon",
-                   "update_sample_only_in_training", "delay_sample_update", "param_version", "gamma_init",
-                   "beta_init", "masked_time"},
-    "activation": {"activation"},
-    "gating": {"activation", "gate_activation", "n_out"},
-    "reduce_out": {"mode", "num_pieces", "n_out"},
-    "slice": {"axis", "slice_start", "slice_end", "slice_step", "n_out"},
-    "combine": {"kind", "activation", "with_bias", "n_out"},
-    "positional_encoding": {"add_to_input", "n_out"},
-    "self_attention": {"n_out", "num_heads", "total_key_dim", "attention_dropout", "attention_left_only",
-                       "key_shift", "forward_weights_init"},
-    "relative_positional_encoding": {"n_out", "clipping", "fixed", "forward_weights_init"},
-    "window": {"window_size", "window_left", "window_right", "axis", "padding", "stride"},
-    "pad": {"axes", "padding", "value", "mode", "handle_dynamic_dims"},
-    "swap_axes": {"axis1", "axis2"},
-    "dot": {"red1", "red2", "var1", "var2"},  # layers/dot.py checks their values
-    "length": {"axis", "add_time_axis", "dtype", "sparse"},  # layers/per_sequence.py checks their values
-    "compare": {"kind", "value"},
-    "eval": {"eval", "eval_locals", "out_type", "n_out", "activation", "with_bias", "eval_for_output_loss",
-             "allow_broadcast_all_sources"},  # layers/eval.py refuses some values by name
-}
 # the class of a "<rec>/<unit layer>" source (a unit layer's output over the loop's steps, read outside the
 # rec layer): an entry of the parsed network, never a class a config names
 UNIT_OUTPUT = "(a rec unit's layer)"
-IMPLEMENTED_CLASSES = frozenset(_CLASS_OPTIONS)
+IMPLEMENTED_CLASSES = frozenset(CLASS_OPTIONS)
 # options of a rec layer with a dict unit (engine/model/rec/)
 _SUBNETWORK_OPTIONS = {"target", "max_seq_len", "cheating", "optimize_move_layers_out"}
-_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params"}
+_COMMON_OPTIONS = {"class", "from", "dropout", "is_output_layer", "L2", "trainable", "reuse_params",
+                   "register_as_extern_data"}  # spec_streams.py checks which layers may register
 # layers for which the order of frames matters (a network without one is not chunked, as in RETURNN)
 RECURRENT_CLASSES = {"rec", "time_chunking", "time_unchunking", "conv", "pool", "self_attention",
                      "positional_encoding", "relative_positional_encoding", "window",
+                     "softmax_over_spatial", "generic_attention",
                      "eval"}  # RETURNN cannot tell what an expression does with the frames: recurrent
 # options that name a layer whose output the layer reads besides its 'from' sources (on their time axis):
 # that layer is built first, counts for cycles, and the network hands its output over by the option's name
@@ -100,6 +60,9 @@ class LayerSpec(NamedTuple):
     cls: str
     sources: tuple[str, ...]
     opts: dict[str, Any]
+    # layers built before this one besides those it reads: those that compute its target stream
+    # (``register_as_extern_data``: spec_streams.py)
+    after: tuple[str, ...] = ()
 
     @property
     def references(self) -> dict[str, str]:
@@ -122,7 +85,7 @@ class LayerSpec(NamedTuple):
         """Every layer this one depends on: its sources, the layers its options name, the layer whose
         parameters it shares, the one whose lengths it takes, and those a subnetwork unit reads."""
         extra = tuple(n for n in (self.shares_params_of, self.size_base) if n)
-        return self.sources + tuple(self.references.values()) + extra + self.unit_bases
+        return self.sources + tuple(self.references.values()) + extra + self.unit_bases + self.after
 
     @property
     def subnetwork(self) -> bool:
@@ -159,7 +122,7 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         cls = opts.get("class")
         if cls not in IMPLEMENTED_CLASSES:
             raise ConfigError(f"Network layer '{name}': {_class_problem(cls)}; this engine implements the "
-                              f"classes {', '.join(_CLASS_OPTIONS)}.")
+                              f"classes {', '.join(CLASS_OPTIONS)}.")
         unit = opts.get("unit", "lstm")
         if cls == "rec" and isinstance(unit, dict):  # a loop over its sources' frames, or over labels
             parse_unit(name, unit)
@@ -182,12 +145,22 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
         rate = opts.get("dropout", 0.0)
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
             raise ConfigError(f"Network layer '{name}': dropout must be a float in [0, 1), got {rate!r}.")
-        if "loss" in _CLASS_OPTIONS[cls]:
+        if "loss" in CLASS_OPTIONS[cls]:
             check_loss_name(f"Network layer '{name}'", cls, opts.get("loss"))
             check_loss_opts(f"Network layer '{name}'", opts.get("loss"), opts.get("loss_opts"))
             check_loss_only_on_non_search(f"Network layer '{name}'", opts)
+        if cls == "generic_attention":  # RETURNN's reads no 'from': its weights and base are its sources
+            if opts.get("from") not in (None, [], ()):
+                raise ConfigError(f"Network layer '{name}': generic_attention reads 'weights' and 'base', no "
+                                  f"'from' (RETURNN asserts none), got {opts['from']!r}.")
+            if not all(isinstance(opts.get(key), str) for key in ("weights", "base")):
+                raise ConfigError(f"Network layer '{name}': generic_attention needs 'weights' and 'base', "
+                                  f"each a layer name, got {opts.get('weights')!r} and {opts.get('base')!r}.")
+            specs[name] = LayerSpec(cls, (opts["weights"], opts["base"]), opts)
+            continue
         specs[name] = LayerSpec(cls, _sources(name, opts.get("from", "data")), opts)
     specs.update(_unit_outputs(specs))
+    specs = with_registered_streams(specs)
     for name, spec in specs.items():
         for src in spec.sources:
             if src == "data:" or (not is_stream(src) and src not in specs):
@@ -214,10 +187,11 @@ def parse_network(network: Any) -> dict[str, LayerSpec]:
             raise ConfigError(f"Network layer '{name}': its unit reads {['base:' + b for b in missing]}, "
                               "which "
                               f"are no layers of the network; layers: {', '.join(specs)}.")
-    if "output" not in specs:
-        raise ConfigError(f"The network has no layer called 'output' (layers: {', '.join(specs)}).")
-    check_per_sequence_readers(specs)
-    if specs["output"].cls in UNBATCHED_CLASSES:
+    if not _roots(specs):  # RETURNN trains a network without 'output' on its loss layers
+        raise ConfigError(f"The network has no layer called 'output' and no layer with a loss or "
+                          f"is_output_layer, so nothing would be computed (layers: {', '.join(specs)}).")
+    check_per_sequence_readers(specs, registered_streams(specs))
+    if "output" in specs and specs["output"].cls in UNBATCHED_CLASSES:
         raise ConfigError(f"Network layer 'output': a {specs['output'].cls} layer's output has no batch "
                           f"axis; it is read only as {UNBATCHED_CLASSES[specs['output'].cls]}.")
     _check_cycles(specs)
@@ -268,7 +242,7 @@ def _check_network_entry(name: str) -> None:
 def _class_problem(cls: Any) -> str:
     if cls in returnn_keys.LAYER_OPTIONS:
         return f"class {cls!r} is a RETURNN layer class this engine does not implement"
-    close = difflib.get_close_matches(str(cls), list(_CLASS_OPTIONS), n=1, cutoff=0.75)
+    close = difflib.get_close_matches(str(cls), list(CLASS_OPTIONS), n=1, cutoff=0.75)
     return f"unknown class {cls!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
@@ -279,7 +253,7 @@ def layer_findings(specs: dict[str, LayerSpec], ignored: Collection[str]) -> lis
     for name, spec in specs.items():
         if spec.cls == UNIT_OUTPUT:  # no layer of the config: its unit layer's options are checked there
             continue
-        implemented = _COMMON_OPTIONS | _CLASS_OPTIONS[spec.cls]
+        implemented = _COMMON_OPTIONS | CLASS_OPTIONS[spec.cls]
         implemented |= _SUBNETWORK_OPTIONS if spec.subnetwork else set()
         scope = Scope("layer", name, spec.cls, implemented,
                       returnn_keys.LAYER_COMMON_OPTIONS | returnn_keys.LAYER_OPTIONS.get(spec.cls, set()),
@@ -346,13 +320,7 @@ def _check_cycles(specs: dict[str, LayerSpec]) -> None:
 
 def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     """Layers needed by ``output``, loss and ``is_output_layer`` layers, each after its sources."""
-    roots = [
-        n
-        for n, s in specs.items()
-        if n == "output" or s.opts.get("is_output_layer")
-        or (s.cls in ("softmax", "copy", "decide") and s.opts.get("loss"))
-        or (s.subnetwork and any(layer.get("loss") for layer in s.opts["unit"].values()))
-    ]
+    roots = _roots(specs)
     order: list[str] = []
 
     def visit(name: str) -> None:
@@ -368,6 +336,15 @@ def build_order(specs: dict[str, LayerSpec]) -> list[str]:
     if unused:
         log.info(f"Network layers {unused} feed no output or loss layer and are not built.")
     return order
+
+
+def _roots(specs: dict[str, LayerSpec]) -> list[str]:
+    """RETURNN's output layers: ``output``, those with a loss and those marked ``is_output_layer``."""
+    return [n for n, s in specs.items()
+            if n == "output" or s.opts.get("is_output_layer")
+            or (s.cls in ("softmax", "copy", "decide") and s.opts.get("loss"))
+            or (s.subnetwork and any(isinstance(layer, dict) and layer.get("loss")
+                                     for layer in s.opts["unit"].values()))]
 
 
 def _unit_outputs(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:

@@ -16,6 +16,7 @@ from engine.datasets.factory import dataset_findings
 from engine.datasets.streams import data_dims
 from engine.model.pretrain import pretrain_from_config
 from engine.model.spec import layer_findings, parse_network, sparse_stream_dims, stream_sources
+from engine.model.spec_streams import registered_streams
 from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoints.preload_options import preload_entries
 
@@ -51,7 +52,8 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
             findings += layer_findings(specs, ignored)
             if sparse is not None:
                 stream_sources(specs, specs, sparse)
-                _check_loss_targets(specs, {s[len("data:"):] if s != "data" else s for s in sparse},
+                declared = {s[len("data:"):] if s != "data" else s for s in sparse}
+                _check_loss_targets(specs, declared | set(registered_streams(specs)),
                                     config.str("target") or "classes")
         except EngineError as exc:
             problems.append(str(exc))

@@ -100,7 +100,9 @@ class Steps:
                                  "but the updater does not know how the model's variables split into them "
                                  "(build it with Updater.from_config(config, variables, "
                                  "parts=model.returnn_parts())).")
-        self.target_keys = sorted(model.loss_targets | model.input_streams)  # streams read as the targets
+        # the streams read as the targets (not those the network computes: register_as_extern_data)
+        computed = getattr(model, "computed_targets", set())
+        self.target_keys = sorted((model.loss_targets - computed) | model.input_streams)
         # what the steps read; other streams of the dataset are not loaded
         self.batch_keys = ["data"] + [k for k in self.target_keys if k != "data"]
         data_spec, lengths_spec = model.input_signature
@@ -308,6 +310,8 @@ class Steps:
     def _forward_step(self, data, lengths):
         outputs = self.model(data, lengths, training=False, train_step=self._train_step_count(),
                              **self._eval_options)
+        if "output" not in outputs:  # a network trained on its loss layers alone: its refusal names it
+            self.model.output_lengths(lengths)
         return outputs["output"], outputs.get("output:lengths", lengths)
 
     # ----- calls from the loop, with numpy batches -----

@@ -211,10 +211,6 @@ class Eval(Layer):
             if opts.get(key):
                 raise ConfigError(f"Network layer '{name}': eval option {key!r} = True is not supported: "
                                   f"{why}.")
-        if input_sparse_sources:
-            raise ConfigError(f"Network layer '{name}': source '{input_sparse_sources[0]}' is sparse (class "
-                              "ids); RETURNN's eval would see the ids (batch, time), but this engine's "
-                              "layers carry features. Put a linear layer (an embedding) in between.")
         eval_locals = opts.get("eval_locals") or {}
         if not isinstance(eval_locals, dict) or not all(isinstance(k, str) for k in eval_locals):
             raise ConfigError(f"Network layer '{name}': 'eval_locals' must be a dict of names, got "
@@ -224,6 +220,19 @@ class Eval(Layer):
                               "'eval'.")
         self.code = _Code(name, opts["eval"], eval_locals)
         self.source_dims, self.source_time_major = list(source_dims), list(source_time_major)
+        self.config = config if config is not None else Config()
+        out_type = opts.get("out_type")
+        self.ids_output = isinstance(out_type, dict) and out_type.get("sparse") is True
+        if self.ids_output:  # class ids to class ids (2022-swb-factored-hybrid's targets)
+            self.n_out = _ids_out_type(name, opts, len(source_dims), input_sparse_sources)
+            self.out_time_major, self.activation = source_time_major[0], None
+            return
+        if input_sparse_sources:
+            raise ConfigError(f"Network layer '{name}': source '{input_sparse_sources[0]}' is sparse (class "
+                              "ids), and out_type does not say 'sparse': True: RETURNN's eval would see the "
+                              "ids (batch, time) and give features, which this engine's eval does not "
+                              "compute from ids. Put a linear layer (an embedding) in between, or give "
+                              "out_type {'dim': D, 'sparse': True} for an output of class ids.")
         shaped = self._out_type(name, opts.get("out_type"))
         if len(set(source_dims)) > 1 and not shaped:
             raise ConfigError(f"Network layer '{name}': its sources have different feature dims "
@@ -237,7 +246,6 @@ class Eval(Layer):
         # RETURNN's output layout: its first source's, or its default (batch-major) for a given shape
         self.out_time_major = False if shaped else source_time_major[0]
         self.activation = ACTIVATIONS[activation_option(name, opts)]
-        self.config = config if config is not None else Config()
 
     @classmethod
     def for_network(cls, name: str, specs: dict, layouts: dict, sparse: Collection[str],
@@ -294,6 +302,9 @@ class Eval(Layer):
             if as_layer:
                 raise ConfigError("source(i, as_layer=True): RETURNN's layer objects are not provided by "
                                   "this engine.")
+            if as_data and self.ids_output:
+                raise ConfigError(f"source({i}, as_data=True): RETURNN's Data of class ids is not provided "
+                                  "by this engine; source(i) gives the ids themselves.")
             used.add(i)
             time_major = (self.out_time_major if auto_convert else self.source_time_major[i]) \
                 and not enforce_batch_major
@@ -318,6 +329,8 @@ class Eval(Layer):
                               "requires every source to be used.")
         if not tf.is_tensor(y):
             raise ConfigError(f"{where} returned {type(y).__name__}, not a tensor.")
+        if self.ids_output:
+            return self._checked_ids(y, xs[0], where)
         if not y.dtype.is_floating:
             raise ConfigError(f"{where} returned {y.dtype.name} values; this engine's layers carry float "
                               "features (cast it, e.g. tf.cast(..., tf.float32)).")
@@ -331,6 +344,43 @@ class Eval(Layer):
         with tf.control_dependencies([check]):
             y = tf.identity(tf.cast(y, self.compute_dtype))
         return y if self.activation is None else self.activation(y)
+
+    def _checked_ids(self, y: tf.Tensor, first: tf.Tensor, where: str) -> tf.Tensor:
+        """Class ids (time, batch) int32, as the engine carries a sparse stream."""
+        layout = "(time, batch)" if self.out_time_major else "(batch, time)"
+        if not y.dtype.is_integer or y.shape.rank not in (None, 2):
+            raise ConfigError(f"{where} returned {y.dtype.name} of shape {y.shape}; its out_type says class "
+                              f"ids, so the output must be integers {layout}, as source(0).")
+        y = _relayout(tf.ensure_shape(y, [None, None]), self.out_time_major, True)
+        check = tf.debugging.assert_equal(tf.shape(y), tf.shape(first), message=(
+            f"{where}: the output's time and batch axes must be those of source(0), in {layout} layout"))
+        with tf.control_dependencies([check]):
+            return tf.cast(y, tf.int32)
+
+
+def _ids_out_type(name: str, opts: dict, sources: int, sparse_sources: tuple[str, ...]) -> int:
+    """The number of classes of an eval of class ids (``out_type`` sparse), whose sources are class ids."""
+    out_type = opts["out_type"]
+    where = f"Network layer '{name}'"
+    unknown = sorted(set(out_type) - _OUT_TYPE_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: out_type keys {unknown} are not supported (taken: dim, sparse, dtype, "
+                          "shape).")
+    dim = out_type.get("dim")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ConfigError(f"{where}: a sparse out_type needs its number of classes as 'dim' (a positive "
+                          f"int), got {dim!r}.")
+    if out_type.get("dtype", "int32") not in ("int32", "int64") or tuple(out_type.get("shape", (None,))) \
+            != (None,):
+        raise ConfigError(f"{where}: a sparse out_type is class ids per frame here: dtype int32 or int64, "
+                          f"shape (None,); got {out_type!r}.")
+    if len(sparse_sources) != sources:
+        raise ConfigError(f"{where}: an eval of class ids (out_type sparse) reads class ids here (data "
+                          "streams of class ids, or evals of them); some of its sources are features.")
+    for key in ("activation", "n_out"):
+        if opts.get(key) not in (None, dim if key == "n_out" else None):
+            raise ConfigError(f"{where}: {key} {opts[key]!r} does not go with an output of class ids.")
+    return dim
 
 
 def _where(exc: Exception) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.model.layers.base import Layer
+from engine.model.losses.data_checks import require
 from engine.runtime.errors import ConfigError
 
 COMPARE_KINDS = {"equal": tf.equal, "not_equal": tf.not_equal, "less": tf.less, "less_equal": tf.less_equal,
@@ -62,6 +63,35 @@ class SequenceCompare(Layer):
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         return self.compare(tf.cast(x[..., 0], tf.float32), self.value)
+
+    def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
+        return tf.ones_like(lengths)
+
+
+class SqueezeTime(Layer):
+    """``squeeze`` of the time axis of a stream of class ids with one frame per sequence (2022-swb-conformer-
+    hybrid-sat's speaker label, a target per sequence): RETURNN's (B,) ids, here that one frame (1, B).
+    Another number of frames ends the step with a DataError (RETURNN's squeeze fails on it too)."""
+
+    sparse_input = True
+    ids_output = True
+
+    def __init__(self, name: str, opts: dict, in_dim: int, source_is_ids: bool) -> None:
+        super().__init__(in_dim)
+        self.name_ = name
+        if str(opts.get("axis")).upper() not in ("T", "TIME") or not source_is_ids:
+            raise ConfigError(f"Network layer '{name}': squeeze at the top level is implemented over the "
+                              "time axis ('axis': 'T') of a stream of class ids with one frame per sequence "
+                              f"(a label per sequence), got axis {opts.get('axis')!r}"
+                              f"{'' if source_is_ids else ' of features'}.")
+        if opts.get("enforce_batch_dim_axis", 0) != 0 or opts.get("allow_no_op", False):
+            raise ConfigError(f"Network layer '{name}': squeeze takes enforce_batch_dim_axis 0 and "
+                              "allow_no_op False only (a label per sequence must have its one frame).")
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        one = tf.reduce_all(tf.equal(lengths, 1))
+        return require(one, [f"Network layer '{self.name_}': squeeze of the time axis needs one frame per "
+                             "sequence; the batch's sequences have", lengths, "frames."], x[:1])
 
     def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
         return tf.ones_like(lengths)

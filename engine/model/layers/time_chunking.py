@@ -14,7 +14,7 @@ from typing import Collection
 
 import tensorflow as tf
 
-from engine.model.axes import reduces_time
+from engine.model.axes import reduces_time, reduces_time_to_vector
 from engine.model.layers.base import Layer, positive_int
 from engine.runtime.errors import ConfigError
 
@@ -91,17 +91,23 @@ ONE_FRAME = "one frame"  # the time axis a reduce over time with keep_dims leave
 
 def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
                     resampling: Collection[str] = (),
-                    frame_loss_layers: Collection[str] = ()) -> dict[str, tuple[str, ...]]:
+                    frame_loss_layers: Collection[str] = (),
+                    same_time: Collection[Collection[str]] = ()) -> dict[str, tuple[str, ...]]:
     """Every layer reads sources on one time axis; ``time_unchunking`` undoes the innermost chunking; loss
     layers and ``output`` see the data's own time axis, or one made from it by ``resampling`` layers
     (conv/pool with a stride or "valid" padding), except ``frame_loss_layers`` (one target per input
     frame, or the frames of their target stream, which a ``reinterpret_data`` with ``size_base`` makes);
     layers named by reference options (``key_shift``) share the sources' axis. ``specs``: name ->
     ``spec.LayerSpec``. Returns each layer's time axis: the chunking and resampling layers its frames passed
-    (``()`` the data's, ``("data:<stream>",)`` another stream's), which rec units tell apart."""
+    (``()`` the data's, ``("data:<stream>",)`` another stream's), which rec units tell apart.
+    ``same_time``: groups of streams on one time axis (``extern_data``'s ``same_dim_tags_as``)."""
     axes: dict[str, tuple[str, ...]] = {"data": ()}  # the chunking/resampling layers a layer's frames passed
+    for group in same_time:
+        names = ["data" if s == "data" else f"data:{s}" for s in group]
+        shared = () if "data" in names else (min(names),)
+        axes.update({stream: shared for stream in names})
     for name in order:
-        cls, sources, opts = specs[name]
+        cls, sources, opts = specs[name][:3]
         if specs[name].subnetwork and not sources:  # a decoder loop runs over its target's labels
             unit_target = opts.get("target") or opts["unit"]["output"].get("target", "classes")
             axes[name] = (f"data:{unit_target}",)
@@ -127,8 +133,9 @@ def check_time_axes(specs: dict, order: list[str], loss_layers: list[str], *,
         if cls == "reinterpret_data" and "size_base" in opts:  # the frames of a layer or a data stream
             base = opts["size_base"]
             axis = axes[base] if base in axes else () if base in ("data", "data:data") else (base,)
-        elif cls == "reduce" and reduces_time(opts):
-            axis = (ONE_FRAME,)  # one frame is one frame, whichever reduce made it
+        elif (cls == "reduce" and (reduces_time(opts) or reduces_time_to_vector(opts))
+              or cls in ("generic_attention", "squeeze")):
+            axis = (ONE_FRAME,)  # one frame is one frame, whichever layer made it
         elif cls == "time_chunking" or name in resampling:
             axis = axis + (name,)
         elif cls == "time_unchunking":
