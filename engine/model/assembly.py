@@ -148,7 +148,8 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
                     raise ConfigError(f"Network layer '{name}': its input {layout.describe()} has static "
                                       "axes besides the features; a rec unit takes frames of features.")
                 source = Template((), layout.feature)
-            layers[name] = RecSubnet(name, spec.opts, _base_templates(spec, layouts, layers, time_axes),
+            bases = _base_templates(spec, layouts, layers, time_axes, kinds)
+            layers[name] = RecSubnet(name, spec.opts, bases,
                                      target_dims=options.target_dims, random_seed=options.random_seed,
                                      config=options.config, source=source)
             layouts[name] = Layout((), layers[name].n_out)
@@ -186,11 +187,11 @@ def build_layers(specs: dict[str, LayerSpec], order: list[str], options: BuildOp
 
 
 def _base_templates(spec: LayerSpec, layouts: dict[str, Layout], layers: dict[str, Layer],
-                    time_axes: dict[str, tuple[str, ...]]) -> dict[str, Template]:
+                    time_axes: dict[str, tuple[str, ...]], kinds: dict[str, str]) -> dict[str, Template]:
     """The templates of the layers a unit reads as ``base:``: their time axis (layers on the same one share
     its label, ``T:<the layers that made its frames>``: an audio encoder's and a text encoder's differ; the
     unit checks at run time that the lengths of a label's layers agree) and their static axes; none for a
-    value per sequence (``layers/per_sequence.py``)."""
+    vector per sequence (``kinds``: ``spec_readers.sequence_kinds``)."""
     templates = {}
     for name in spec.unit_bases:
         static = tuple(Axis(f"S{size}:{name}:{index}", size)
@@ -199,7 +200,7 @@ def _base_templates(spec: LayerSpec, layouts: dict[str, Layout], layers: dict[st
             templates[name] = Template((), 1, sparse=True, dtype=tf.bool)
             continue
         label = "T:" + ("/".join(time_axes.get(name, (name,))) or "data")
-        time = () if getattr(layers.get(name), "per_sequence", False) else (Axis(label, None),)
+        time = () if kinds.get(name) == "vector" else (Axis(label, None),)
         templates[name] = Template(time + static, layouts[name].feature)
     return templates
 

@@ -1,11 +1,12 @@
-"""Values per sequence rather than per frame: RETURNN's ``length`` and a ``compare`` of such values.
+"""Values per sequence rather than per frame: RETURNN's ``length``, a ``compare`` of such values, and a
+``squeeze`` of a one-frame stream's time axis (a label per sequence).
 
 2019-e2e-speech-to-text-comparison's multi-input decoders switch between their audio and text attention
 by whether the sequence has audio: ``{"class": "length", "from": "data"}`` gives each sequence's number of
 frames (RETURNN: (B,) int32), a ``compare`` of it with a ``value`` a flag per sequence ((B,) bool), which
 the decoder's unit reads as ``base:`` (a ``switch``'s ``condition``). Here such a value is kept as one
-frame: a length (1, B, 1), read only by ``compare``; a flag (1, B), read only by rec units (``spec.py``
-refuses other readers), as is a ``reduce`` over time without ``keep_dims`` (``reduce.py``).
+frame: a length (1, B, 1), read only by ``compare``; a flag (1, B), read only by rec units; a label
+(1, B), read only as a loss's target (``spec_readers.py`` refuses other readers).
 """
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ COMPARE_KINDS = {"equal": tf.equal, "not_equal": tf.not_equal, "less": tf.less, 
 
 class Length(Layer):
     """``length``: each sequence's number of frames (``axis`` "T", RETURNN's default; ``dtype`` int32)."""
-
-    per_sequence = True
 
     def __init__(self, name: str, opts: dict, in_dim: int) -> None:
         super().__init__(in_dim)
@@ -46,7 +45,6 @@ class Length(Layer):
 class SequenceCompare(Layer):
     """``compare`` of a value per sequence (a ``length``) with ``value`` by ``kind``: a flag per sequence."""
 
-    per_sequence = True
     value_dtype = tf.bool
 
     def __init__(self, name: str, opts: dict, in_dim: int) -> None:

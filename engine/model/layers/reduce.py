@@ -49,9 +49,8 @@ class Reduce(Layer):
                               f"{keep_dims!r}.")
         axes = resolve_axes(layout, opts.get("axes", opts.get("axis")), layer=name, option="'axes'")
         self.over_time = axes == [TIME]
-        # without keep_dims RETURNN gives (B, F): kept here as its one frame, which only rec units read
-        # (as base:, a vector per sequence; spec.py refuses other readers)
-        self.per_sequence = self.over_time and not keep_dims
+        # without keep_dims RETURNN gives (B, F): kept here as its one frame, a vector per sequence
+        # (spec_readers.py says which layers read it)
         if self.over_time:
             if mode not in MASKED:
                 raise ConfigError(f"Network layer '{name}': mode {mode!r} over time is not implemented; over "
