@@ -277,3 +277,14 @@ def test_rnn_py_refuses_a_measure_naming_a_loss_layer_whose_score_is_not_reporte
     assert done.returncode == 2, out
     assert "'learning_rate_control_error_measure' names 'dev_score_aux', the score of loss layer 'aux'" in out
     assert "Traceback" not in out
+    # rnn.py --check says so too, without TensorFlow; a network without 'output' reports its first loss
+    # layer's scores (2022-swb-conformer-hybrid-sat names its speaker classifier's, which is not that one)
+    checked = run_rnn([str(config), "--check"], timeout=120)
+    assert checked.returncode == 2 and "the score of loss layer 'aux'" in checked.stdout + checked.stderr
+    config.write_text(config.read_text().replace('"output": {', '"main": {').replace("dev_score_aux",
+                                                                                     "dev_score_main"))
+    checked = run_rnn([str(config), "--check"], timeout=120)
+    assert checked.returncode == 2 and "the score of loss layer 'main'" in checked.stdout + checked.stderr
+    config.write_text(config.read_text().replace("dev_score_main", "dev_score_aux"))
+    checked = run_rnn([str(config), "--check"], timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -15,10 +15,12 @@ from engine.config.loader import Config
 from engine.datasets.factory import dataset_findings
 from engine.datasets.streams import data_dims
 from engine.model.pretrain import pretrain_from_config
-from engine.model.spec import layer_findings, parse_network, sparse_stream_dims, stream_sources
+from engine.model.rec.unit_subnetwork import flatten_subnetworks
+from engine.model.spec import build_order, layer_findings, parse_network, sparse_stream_dims, stream_sources
 from engine.model.spec_streams import registered_streams
 from engine.runtime.errors import ConfigError, EngineError
 from engine.training.checkpoints.preload_options import preload_entries
+from engine.training.update.lr_control import LearningRateControl
 
 DATASET_KEYS = ("train", "dev", "eval")
 _ORDER = (NOT_IMPLEMENTED, UNKNOWN, IGNORED, NO_EFFECT, IMPLEMENTED, EXEMPT)
@@ -55,6 +57,7 @@ def collect(config: Config) -> tuple[list[Finding], list[str]]:
                 declared = {s[len("data:"):] if s != "data" else s for s in sparse}
                 _check_loss_targets(specs, declared | set(registered_streams(specs)),
                                     config.str("target") or "classes")
+            _check_error_measure(config, specs)
         except EngineError as exc:
             problems.append(str(exc))
             break
@@ -101,6 +104,29 @@ def _check_loss_targets(specs: dict, streams: set[str], default: str) -> None:
                 raise ConfigError(f"Network layer '{where}': its {what} reads target {target!r}, which the "
                                   "config's extern_data / num_outputs does not declare (declared streams: "
                                   f"{', '.join(sorted(streams))}).")
+
+
+def _check_error_measure(config: Config, specs: dict) -> None:
+    """``learning_rate_control_error_measure`` naming a loss layer's score: the training's check
+    (``LearningRateControl.resolve_layer_keys``) on the loss layers as the build orders them, where that
+    order is known without building (a unit's several losses are ordered by the unit's build)."""
+    if not config.has("learning_rate_control_error_measure"):
+        return
+    layers: list[str] = []
+    for name in build_order(specs):
+        spec = specs[name]
+        if spec.cls in ("softmax", "copy", "decide") and spec.opts.get("loss"):
+            layers.append(name)
+        elif spec.subnetwork:
+            units = [u for u, opts in flatten_subnetworks(name, spec.opts["unit"]).items()
+                     if isinstance(opts, dict) and opts.get("loss")]
+            if len(units) > 1 and not layers:
+                return  # the main layer is one of these, in the order the unit builds them
+            layers += [f"{name}/{unit}" for unit in units]
+    if "output" in layers:  # the main loss layer, as NetworkModel.loss_layers puts it
+        layers.remove("output")
+        layers.insert(0, "output")
+    LearningRateControl.from_config(config).resolve_layer_keys(layers)
 
 
 def check_at_start(config: Config) -> None:
