@@ -382,20 +382,11 @@ class NetworkModel(SeqModel):
                         target_lengths: dict[str, tf.Tensor],
                         training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
         """Per loss layer: its loss sum, error sum and count (``losses/network_sums.py``)."""
-        return layer_loss_sums(self, model_outputs, *self._with_computed(model_outputs, targets,
-                                                                         target_lengths), training)
+        return layer_loss_sums(self, model_outputs, targets, target_lengths, training)
 
     def compute_losses(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
                        target_lengths: dict[str, tf.Tensor], training: bool = False) -> LossResult:
         return network_losses(self, model_outputs, targets, target_lengths, training)
-
-    def _with_computed(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
-                       target_lengths: dict[str, tf.Tensor]) -> tuple[dict, dict]:
-        """The batch's targets and those the network computes (``registered``), (B, T) and (B,)."""
-        targets, target_lengths = dict(targets), dict(target_lengths)
-        for stream, name in self.registered.items():
-            targets[stream], target_lengths[stream] = model_outputs[name], model_outputs[f"{name}:lengths"]
-        return targets, target_lengths
 
 
 def _time_major_ids(ids: tf.Tensor, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -13,7 +13,7 @@ from engine.model.rec.decide import Decide
 from engine.runtime.errors import ConfigError, DataError
 
 # ``model``: a NetworkModel (engine/model/network.py, which calls these): its loss_layers, loss_objects,
-# owners(), l2 and darc1
+# registered (the streams it computes), owners(), l2 and darc1
 
 
 def layer_loss_sums(model: Any, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
@@ -21,6 +21,10 @@ def layer_loss_sums(model: Any, model_outputs: dict[str, tf.Tensor], targets: di
                     training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
     """Per loss layer (in training without the ``only_on_eval`` ones): its loss sum (unscaled), its error
     sum and its count, as RETURNN's ``LossHolder`` gives them; a rec unit's as ``<rec>/<layer>``."""
+    targets, target_lengths = dict(targets), dict(target_lengths)
+    for stream, layer_name in model.registered.items():  # register_as_extern_data: (B, T) and (B,)
+        targets[stream] = model_outputs[layer_name]
+        target_lengths[stream] = model_outputs[f"{layer_name}:lengths"]
     sums = {}
     for name in model.loss_layers:
         layer = model.loss_objects[name]
