@@ -90,3 +90,48 @@ def test_a_training_config_keeps_the_constants_functions_and_eval_strings_read(t
     # a value computed by code: from the config's namespace, as it ran
     kept = coverage.config_functions(str(tmp_path), "2022-x/base.config", {"scale": 0.36})
     assert "scale = 0.36" in kept
+
+
+TAGGED = """
+from TFUtil import DimensionTag
+import cachemanager as cm
+time_tag = DimensionTag(kind=DimensionTag.Types.Spatial, description="time")
+speaker_tag = DimensionTag(kind=DimensionTag.Types.Spatial, description="speaker")
+extern_data = {"data": {"dim": 4, "same_dim_tags_as": {"t": time_tag}},
+               "classes": {"dim": 6, "sparse": True, "same_dim_tags_as": {"t": time_tag}},
+               "speaker": {"dim": 3, "sparse": True, "same_dim_tags_as": {"T": speaker_tag}}}
+network = {
+    "state": {"class": "eval", "eval": "tf.math.floormod(source(0), 2)", "from": "data:classes",
+              "out_type": {"dim": 2, "dtype": "int32", "sparse": True}, "register_as_extern_data": "state"},
+    "enc": {"class": "linear", "activation": "tanh", "n_out": 3, "from": "data"},
+    "label": {"class": "squeeze", "axis": "T", "from": "data:speaker", "register_as_extern_data": "label"},
+    "e": {"class": "linear", "activation": None, "n_out": 1, "from": "enc"},
+    "w": {"class": "softmax_over_spatial", "from": "e"},
+    "pooled": {"class": "generic_attention", "weights": "w", "base": "enc"},
+    "spk": {"class": "softmax", "loss": "ce", "target": "label", "from": "pooled"},
+    "output": {"class": "softmax", "loss": "ce", "target": "state", "from": "enc"},
+}
+"""
+
+
+def test_time_tags_one_frame_streams_and_cluster_imports_reach_the_training_config(tmp_path):
+    """The configs' dim tags become this engine's (the check) and code of the training config; streams of
+    the data's tag get its frames, a squeezed stream one frame; an import of i6's cluster is left out."""
+    write(tmp_path, "2022-x/base.config", TAGGED)
+    setup = read_setup(str(tmp_path), "2022-x/base.config")
+    tags = coverage.time_tags(setup.namespace)
+    assert tags["data"] == tags["classes"] != tags["speaker"]
+    assert coverage.one_frame_streams(setup.network) == ("speaker",)
+    dims = coverage.described_streams(setup.namespace)
+    corpus = str(tmp_path / "corpus.hdf")
+    coverage.make_corpus(corpus, dims, ctc=True, tied=("classes", "data"), single=("speaker",))
+    from engine.datasets import HDFDataset
+
+    lengths = HDFDataset(files=[corpus])._corpus_lengths()  # columns in the corpus' keys' order
+    keys = HDFDataset(files=[corpus]).data_keys
+    assert (lengths[:, keys.index("classes")] == lengths[:, keys.index("data")]).all()
+    assert (lengths[:, keys.index("speaker")] == 1).all()
+    assert coverage.check(setup, corpus) == []
+    kept = coverage.config_functions(str(tmp_path), "2022-x/base.config", setup.namespace)
+    assert "from TFUtil import DimensionTag" in kept and not any("cachemanager" in k for k in kept)
+    assert coverage.train_step(setup, corpus, str(tmp_path), dims, str(tmp_path)) == ""
