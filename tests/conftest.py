@@ -31,6 +31,18 @@ def timeline_stopped():
     timeline.stop()
 
 
+@pytest.fixture
+def fresh_log(capsys):
+    """The config's notes anew (each is logged once per process), on the default log."""
+    from engine.config.key_check import _Logged
+    from engine.runtime import log
+
+    _Logged.messages.clear()
+    log.init()
+    yield
+    log.close()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI every skip is a failure, whatever raised it: a green CI must mean that every test ran."""

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from engine.config.dim_tags import DimensionTag
-from engine.config.key_check import _Logged
 from engine.config.loader import Config
 from engine.datasets import (BatchOptions, DataKeyInfo, HDFWriter, data_dims, dataset_from_config,
                              generate_batches)
 from engine.datasets.streams import same_length_groups
 from engine.main import main
-from engine.runtime import log
 from engine.runtime.errors import DATA_ERROR_EXIT_CODE, ConfigError, DataError
 from helpers import run_rnn
+
+pytestmark = pytest.mark.usefixtures("fresh_log")  # each test sees the notes anew
 
 PUBLISHED = """\
     #!rnn.py
@@ -58,14 +58,6 @@ def config_file(tmp_path, text: str, **values) -> str:
 def published(tmp_path, shorter: tuple[int, ...] = ()) -> str:
     return config_file(tmp_path, PUBLISHED, corpus=write_corpus(tmp_path / "corpus.hdf", shorter),
                        model=str(tmp_path / "out" / "net"))
-
-
-@pytest.fixture(autouse=True)
-def fresh_log():
-    _Logged.messages.clear()
-    log.init()
-    yield
-    log.close()
 
 
 def test_the_published_form_is_read_and_passes_the_check(tmp_path, capsys):

@@ -7,16 +7,15 @@ import textwrap
 import pytest
 
 from engine.config import keys, no_effect, returnn_names_table as returnn_keys
-from engine.config.key_check import EXEMPT, IMPLEMENTED, NO_EFFECT, NOT_IMPLEMENTED, UNKNOWN, _Logged
+from engine.config.key_check import EXEMPT, IMPLEMENTED, NO_EFFECT, NOT_IMPLEMENTED, UNKNOWN
 from engine.config.loader import Config
 from engine.main import main
-from engine.runtime import log
 from engine.runtime.errors import ConfigError, DataError
 from engine.tasks.check import check_at_start, collect
 from engine.tools import gen_returnn_keys
 from helpers import ROOT, child_env, run_rnn
 
-pytestmark = pytest.mark.tf_latest
+pytestmark = [pytest.mark.tf_latest, pytest.mark.usefixtures("fresh_log")]  # each test sees the notes anew
 
 NETWORK = {"lstm": {"class": "rec", "unit": "lstm", "n_out": 4},
            "output": {"class": "softmax", "loss": "ce", "from": "lstm"}}
@@ -36,15 +35,6 @@ def verdicts(cfg: Config) -> dict[tuple[str, str], tuple[str, str]]:
     assert not problems, problems
     return {(f.kind, f.name if f.kind == "config" else f"{f.owners[0]}.{f.name}"): (f.verdict, f.note)
             for f in findings}
-
-
-@pytest.fixture(autouse=True)
-def fresh_log(capsys):
-    """Each test sees the notes anew (they are logged once per process) on the default log."""
-    _Logged.messages.clear()
-    log.init()
-    yield
-    log.close()
 
 
 def test_top_level_verdicts(tmp_path):

@@ -14,14 +14,12 @@ import numpy as np
 import pytest
 
 from engine.config.dim_tags import DimensionTag
-from engine.config.key_check import _Logged
 from engine.config.loader import Config
 from engine.datasets import Batch, DataKeyInfo, HDFWriter
 from engine.distributed.local_backend import LocalCommunicator
 from engine.distributed.strategy import Strategy
 from engine.main import main
 from engine.model import build_model
-from engine.runtime import log
 from engine.runtime.errors import ConfigError
 from engine.training.step import Steps
 from engine.training.update.updater import Updater
@@ -194,14 +192,6 @@ def config_file(tmp_path, more: str = "") -> str:
         classes=CLASSES, corpus=write_corpus(tmp_path / "corpus.hdf"), network=NETWORK,
         model=str(tmp_path / "out" / "net"), more=more))
     return str(path)
-
-
-@pytest.fixture
-def fresh_log():
-    _Logged.messages.clear()
-    log.init()
-    yield
-    log.close()
 
 
 def test_rnn_trains_the_network_on_data_and_classes(tmp_path):

@@ -13,7 +13,6 @@ import textwrap
 import numpy as np
 import pytest
 
-from engine.config.key_check import _Logged
 from engine.config.loader import Config
 from engine.datasets import Batch, DataKeyInfo, HDFWriter
 from engine.distributed.local_backend import LocalCommunicator
@@ -21,7 +20,6 @@ from engine.distributed.strategy import Strategy
 from engine.main import main
 from engine.model import build_model
 from engine.model.spec import parse_network
-from engine.runtime import log
 from engine.runtime.errors import ConfigError, DataError
 from engine.training.step import Steps
 from engine.training.update.updater import Updater
@@ -353,14 +351,6 @@ def config_file(tmp_path) -> str:
         in_dim=IN_DIM, classes=CLASSES, speakers=SPEAKERS, corpus=write_corpus(tmp_path / "corpus.hdf"),
         network=network(2, energy_factor=0.5), model=str(tmp_path / "out" / "net")))
     return str(path)
-
-
-@pytest.fixture
-def fresh_log():
-    _Logged.messages.clear()
-    log.init()
-    yield
-    log.close()
 
 
 def test_rnn_trains_the_speaker_branch_beside_the_frames(tmp_path):
