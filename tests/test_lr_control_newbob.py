@@ -3,13 +3,16 @@
 import errno
 import math
 import os
+import re
 
+import numpy as np
 import pytest
 
 from engine.config.loader import Config
 from engine.runtime.errors import ConfigError, TransientIOError
 from engine.training.update.lr_control import EpochData, LearningRateControl
-from helpers import run_rnn
+from engine.training.update.lr_history import parse_history
+from helpers import ROOT, run_mpi, run_rnn
 
 pytestmark = pytest.mark.tf_latest
 
@@ -254,9 +257,12 @@ def test_a_measure_naming_the_main_loss_layer_reads_its_reported_score_and_anoth
     listed = LearningRateControl(error_measure=["dev_other_score_ctc", "dev_score_x/y", "train_score"])
     listed.resolve_layer_keys(["ctc"])  # the only loss layer is the main one, whatever its name
     assert listed.error_measure == ["dev_other_score", "dev_score_x/y", "train_score"]  # x/y: no loss layer
-    other = LearningRateControl(error_measure="dev_score_ctc")
-    with pytest.raises(ConfigError, match="names 'dev_score_ctc', the score of loss layer 'ctc'.*main loss "
-                                          "layer 'output' only"):
+    reported = LearningRateControl(error_measure="dev_error_ctc")  # each loss layer's dev scores are reported
+    reported.resolve_layer_keys(["output", "ctc"])
+    assert reported.error_measure == "dev_error_ctc"
+    other = LearningRateControl(error_measure="train_score_ctc")
+    with pytest.raises(ConfigError, match="names 'train_score_ctc', the score of loss layer 'ctc' on "
+                                          "'train'.*main loss layer 'output' only"):
         other.resolve_layer_keys(["output", "ctc"])
 
 
@@ -269,22 +275,63 @@ def test_rnn_py_refuses_a_measure_naming_a_loss_layer_whose_score_is_not_reporte
         'network = {"aux": {"class": "softmax", "loss": "ce", "n_out": 2},\n'
         '           "output": {"class": "softmax", "loss": "ce", "from": "aux"}}\n'
         'learning_rate_control = "newbob"\n'
-        'learning_rate_control_error_measure = "dev_score_aux"\n'
+        'learning_rate_control_error_measure = "train_score_aux"\n'
         f'model = {str(tmp_path / "net")!r}\n'
         'batch_size = 2000\nnum_epochs = 1\n')
     done = run_rnn([str(config)], timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 2, out
-    assert "'learning_rate_control_error_measure' names 'dev_score_aux', the score of loss layer 'aux'" in out
+    assert "'learning_rate_control_error_measure' names 'train_score_aux', the score of loss layer " \
+           "'aux'" in out
     assert "Traceback" not in out
     # rnn.py --check says so too, without TensorFlow; a network without 'output' reports its first loss
-    # layer's scores (2022-swb-conformer-hybrid-sat names its speaker classifier's, which is not that one)
+    # layer's train scores
     checked = run_rnn([str(config), "--check"], timeout=120)
     assert checked.returncode == 2 and "the score of loss layer 'aux'" in checked.stdout + checked.stderr
-    config.write_text(config.read_text().replace('"output": {', '"main": {').replace("dev_score_aux",
-                                                                                     "dev_score_main"))
+    config.write_text(config.read_text().replace('"output": {', '"main": {').replace("train_score_aux",
+                                                                                     "train_score_main"))
     checked = run_rnn([str(config), "--check"], timeout=120)
     assert checked.returncode == 2 and "the score of loss layer 'main'" in checked.stdout + checked.stderr
-    config.write_text(config.read_text().replace("dev_score_main", "dev_score_aux"))
-    checked = run_rnn([str(config), "--check"], timeout=120)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    for measure in ("train_score_aux", "dev_error_main"):  # the main layer's; any layer's dev scores
+        config.write_text(config.read_text().replace("train_score_main", measure))
+        checked = run_rnn([str(config), "--check"], timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+TWO_LOSSES = """
+train = {"class": "DummyDataset", "input_dim": 4, "output_dim": 3, "num_seqs": 30, "seq_len": 12,
+         "fixed_random_seed": 1}
+dev = {"class": "DummyDataset", "input_dim": 4, "output_dim": 3, "num_seqs": 20, "seq_len": 12,
+       "fixed_random_seed": 1}
+network = {"lstm": {"class": "rec", "unit": "LSTMBlock", "n_out": 8},
+           "aux": {"class": "softmax", "loss": "ce", "loss_scale": 0.5, "from": "lstm"},
+           "output": {"class": "softmax", "loss": "ce", "from": "aux"}}
+learning_rate_control = "newbob"
+learning_rate_control_error_measure = "dev_error_aux"
+batch_size = 120
+learning_rate = 0.01
+num_epochs = 1
+"""
+
+
+@pytest.mark.mpi
+def test_each_loss_layers_dev_scores_are_reported_and_drive_newbob_on_one_and_two_ranks(tmp_path):
+    """RETURNN's dev_score_<layer> and dev_error_<layer> of a loss layer besides the main one: in the
+    log, in the learning-rate file (where newbob reads its measure), and the same sums on 2 ranks."""
+    config = tmp_path / "two.py"
+    config.write_text(TWO_LOSSES + f"model = {str(tmp_path / 'net')!r}\n"
+                      f"learning_rate_file = {str(tmp_path / 'lr')!r}\n")
+    trained = run_rnn([str(config)], timeout=180)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    line = re.compile(r"^dev: score_aux (\S+) error_aux (\S+)$", re.M)
+    in_training = [float(v) for v in line.search(trained.stdout).groups()]
+    history = parse_history((tmp_path / "lr").read_text(), str(tmp_path / "lr"))
+    scores = history[1].scores
+    np.testing.assert_allclose([scores["dev_score_aux"], scores["dev_error_aux"]], in_training, rtol=1e-5)
+    assert scores["dev_score"] != scores["dev_score_aux"]  # the main layer's are its own
+    one = run_rnn([str(config), "++task", "eval"], timeout=180)
+    two = run_mpi(2, [str(ROOT / "rnn.py"), str(config), "++task", "eval", "++use_horovod", "1"], timeout=180)
+    assert one.returncode == 0 and two.returncode == 0, two.stdout + two.stderr
+    s1, s2 = (np.array(line.search(r.stdout).groups(), float) for r in (one, two))
+    np.testing.assert_allclose(s1, in_training, rtol=1e-5)
+    np.testing.assert_allclose(s2, s1, rtol=1e-5)

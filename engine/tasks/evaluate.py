@@ -13,6 +13,7 @@ from engine.training.checkpoints.file_format import checkpoint_to_load
 from engine.training.checkpoints.initial_params import load_for_inference
 from engine.training.loop import evaluate
 from engine.training.pretrain_switch import PretrainRun
+from engine.training.report import layer_lines
 from engine.training.step import Steps
 
 
@@ -50,3 +51,5 @@ def run_eval(config: Config) -> None:
     for name, dataset in datasets.items():
         report = evaluate(steps, dataset, max(epoch, 1), name, batching, comm)
         log.info(f"{name}: score {report.scores.score:.6f} error {report.scores.error:.6f}")
+        for line in layer_lines(name, report.layer_scores):
+            log.info(line)

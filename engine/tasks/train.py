@@ -26,6 +26,7 @@ from engine.training.epoch_end import check_train_score
 from engine.training.loop import evaluate, train_epoch
 from engine.training.monitor import RunMonitor
 from engine.training.pretrain_switch import PretrainRun, carry_parameters
+from engine.training.report import layer_lines
 from engine.training.step import Steps
 from engine.training.update.lr_control import LearningRateControl
 from engine.training.update.lr_history import learning_rate_file
@@ -189,7 +190,12 @@ class Trainer:
             if self.dev_data is not None:
                 dev = evaluate(self.steps, self.dev_data, epoch, "dev", self.eval_batching, self.comm)
                 scores.update(dev_score=dev.scores.score, dev_error=dev.scores.error)
+                for layer, layer_scores in dev.layer_scores.items():  # RETURNN's dev_score_<layer>
+                    scores.update({f"dev_score_{layer}": layer_scores.score,
+                                   f"dev_error_{layer}": layer_scores.error})
                 log.info(f"dev: score {dev.scores.score:.6f} error {dev.scores.error:.6f}")
+                for line in layer_lines("dev", dev.layer_scores):
+                    log.info(line)
             self.lr_control.set_epoch_scores(epoch, scores)
             saved = self._save(epoch)
             self.monitor.epoch_done(epoch, report, scores)

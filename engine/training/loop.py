@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.datasets import BatchOptions, BatchPrefetcher, Dataset, generate_batches
 from engine.distributed.backend import Communicator
-from engine.distributed.protocol import SCORE_NAMES, agree_on_failure, sum_score_vectors
+from engine.distributed.protocol import SCORE_NAMES, agree_on_failure, reduce_scores, sum_score_vectors
 from engine.distributed.strategy import NO_REQUESTS, Strategy
 from engine.report import phases
 from engine.report.timeline import EVAL, STEP
@@ -25,7 +25,7 @@ from engine.training.checkpoints.resume import EpochStart
 from engine.training.epoch_end import no_step_error
 from engine.training.monitor import RunMonitor
 from engine.training.nonfinite import NONFINITE_LOSS, newest_checkpoint_text, nonfinite_error
-from engine.training.report import EpochReport
+from engine.training.report import EpochReport, Scores
 from engine.training.running_state import average_running_state
 from engine.training.step import Steps
 
@@ -132,6 +132,7 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
     start = phases.now()
     dataset.init_seq_order(epoch)
     local_scores, error = np.zeros(len(SCORE_NAMES)), None
+    layer_sums = {name: np.zeros(3) for name in steps.other_score_layers}
     try:
         planned = generate_batches(dataset, batching, shard_rank=comm.rank, shard_size=comm.size,
                                    shard_by="frames", keys=steps.batch_keys, recurrent=steps.model.recurrent)
@@ -140,13 +141,22 @@ def evaluate(steps: Steps, dataset: Dataset, epoch: int, name: str, batching: Ba
             for batch in prefetcher:
                 t0 = time.perf_counter()
                 with report.computing():
-                    scores = steps.eval(batch)
+                    scores, layers = steps.eval_layers(batch)
                 local_scores += scores
+                for name, sums in layers.items():
+                    layer_sums[name] += sums
                 report.step_done(batch.num_seqs, scores, time.perf_counter() - t0)
     except Exception as exc:  # agreed below, so no rank waits for the score reduction
         error = exc
     agree_on_failure(comm, error)
     report.scores.add(sum_score_vectors(comm, local_scores) if comm.size > 1 else local_scores)
+    if layer_sums:  # every rank has the same layers (one network)
+        named = {f"{name}/{part}": value for name, sums in layer_sums.items()
+                 for part, value in zip(("loss", "error", "count"), sums)}
+        totals = reduce_scores(comm, named) if comm.size > 1 else named
+        parts = ("loss", "error", "count")
+        report.layer_scores = {name: Scores(*(totals[f"{name}/{part}"] for part in parts))
+                               for name in layer_sums}
     report.finish()
     phases.record(f"eval {name}", EVAL, start, phases.now(), epoch=epoch, seqs=report.seqs)
     log.debug(f"{name}: {report.scores.frames:.0f} input frames on {comm.size} rank(s)")

@@ -48,6 +48,13 @@ class Scores:
         return self.error_sum / self.count if self.count else float("nan")
 
 
+def layer_lines(name: str, layer_scores: dict[str, Scores]) -> list[str]:
+    """RETURNN's scores of the loss layers besides the main one: ``dev: score_<layer> ...
+    error_<layer> ...``."""
+    return [f"{name}: score_{layer} {scores.score:.6f} error_{layer} {scores.error:.6f}"
+            for layer, scores in layer_scores.items()]
+
+
 class EpochReport:
     """Times one pass over a dataset and prints the progress lines for it."""
 
@@ -63,6 +70,7 @@ class EpochReport:
         self.steps = 0
         self.seqs = 0
         self.scores = Scores()
+        self.layer_scores: dict[str, Scores] = {}  # an eval pass: the loss layers besides the main one
 
     @contextmanager
     def computing(self) -> Iterator[None]:

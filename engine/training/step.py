@@ -103,6 +103,8 @@ class Steps:
         # the streams read as the targets (not those the network computes: register_as_extern_data)
         computed = getattr(model, "computed_targets", set())
         self.target_keys = sorted((model.loss_targets - computed) | model.input_streams)
+        # the loss layers besides the main one: an eval step gives their sums too (RETURNN's score_<layer>)
+        self.other_score_layers = list(model.score_layers()[1:])
         # what the steps read; other streams of the dataset are not loaded
         self.batch_keys = ["data"] + [k for k in self.target_keys if k != "data"]
         data_spec, lengths_spec = model.input_signature
@@ -303,9 +305,15 @@ class Steps:
         return done if index is None else done + tf.cast(index, tf.int64)
 
     def _eval_step(self, data, lengths, targets, target_lengths):
+        """``SCORE_NAMES``, then [loss sum, error sum, count] of each of ``other_score_layers``."""
         outputs = self.model(data, lengths, training=False, train_step=self._train_step_count(),
                              stream_lengths=target_lengths, **self._streams(targets), **self._eval_options)
-        return self._scores(self.model.compute_losses(outputs, targets, target_lengths), lengths)
+        scores = self._scores(self.model.compute_losses(outputs, targets, target_lengths), lengths)
+        if not self.other_score_layers:
+            return scores
+        sums = self.model.layer_loss_sums(outputs, targets, target_lengths)
+        return tf.concat([scores] + [tf.stack([tf.cast(v, tf.float32) for v in sums[name]])
+                                     for name in self.other_score_layers], axis=0)
 
     def _forward_step(self, data, lengths):
         outputs = self.model(data, lengths, training=False, train_step=self._train_step_count(),
@@ -376,7 +384,16 @@ class Steps:
         return dropped, (self._drop().numpy() if dropped else None)
 
     def eval(self, batch) -> np.ndarray:
-        return self._eval(*self._inputs(batch)).numpy()
+        """A batch's score sums (``SCORE_NAMES``)."""
+        return self.eval_layers(batch)[0]
+
+    def eval_layers(self, batch) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """A batch's score sums, and per other loss layer (``other_score_layers``) its [loss sum, error sum,
+        count]."""
+        values = self._eval(*self._inputs(batch)).numpy()
+        size = len(SCORE_NAMES)
+        return values[:size], {name: values[size + 3 * i:size + 3 * i + 3]
+                               for i, name in enumerate(self.other_score_layers)}
 
     def forward(self, batch) -> tuple[np.ndarray, np.ndarray]:
         """The ``output`` layer's values (B, T', dim) and lengths (B,) for a batch."""

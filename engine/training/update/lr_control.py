@@ -234,8 +234,9 @@ class LearningRateControl:
         """Read ``learning_rate_control_error_measure``'s per-layer keys for a model whose loss layers are
         ``loss_layers``, the main one first (the one whose score and error are reported). RETURNN's
         ``dev_error_<main>`` becomes ``dev_error``, the same number (the fallback of ``get_error_key``
-        would take ``dev_score`` instead); a key of another loss layer is refused, since no such score
-        is reported and newbob would compare another number than RETURNN does."""
+        would take ``dev_score`` instead); the dev scores of another loss layer are reported as RETURNN
+        names them (``dev_error_<layer>``: ``loop.evaluate``); its train scores are not, so such a key is
+        refused: newbob would compare another number than RETURNN does."""
         if self.error_measure is None or not loss_layers:
             return
         measures = [self.error_measure] if isinstance(self.error_measure, str) else self.error_measure
@@ -244,14 +245,14 @@ class LearningRateControl:
             match = _LAYER_KEY.fullmatch(key)
             if match and match["layer"] == loss_layers[0]:
                 key = f"{match['dataset']}_{match['kind']}"
-            elif match and match["layer"] in loss_layers:
+            elif match and match["layer"] in loss_layers and match["dataset"] != "dev":
                 raise ConfigError(
                     f"Config key 'learning_rate_control_error_measure' names {key!r}, the "
-                    f"{match['kind']} of loss layer {match['layer']!r}. This engine reports the scores of "
-                    f"the main loss layer {loss_layers[0]!r} only ({match['dataset']}_score, "
-                    f"{match['dataset']}_error), so the learning-rate control would compare another number "
-                    f"than RETURNN does. Use '{match['dataset']}_{match['kind']}_{loss_layers[0]}' (or "
-                    f"'{match['dataset']}_{match['kind']}'), or make {match['layer']!r} the layer 'output'.")
+                    f"{match['kind']} of loss layer {match['layer']!r} on {match['dataset']!r}. This engine "
+                    f"reports the {match['dataset']} scores of the main loss layer {loss_layers[0]!r} only "
+                    f"(and each loss layer's dev scores), so the learning-rate control would compare "
+                    f"another number than RETURNN does. Use 'dev_{match['kind']}_{match['layer']}', or "
+                    f"'{match['dataset']}_{match['kind']}_{loss_layers[0]}'.")
             resolved.append(key)
         self.error_measure = resolved[0] if isinstance(self.error_measure, str) else resolved
 
