@@ -300,7 +300,7 @@ def test_an_attention_decoder_trains_through_rnn_py_on_one_and_two_ranks(tmp_pat
     two = run_mpi(2, [str(ROOT / "rnn.py"), config, "++use_horovod", "1", "++model",
                       str(tmp_path / "two" / "model")], timeout=300)
     assert two.returncode == 0, two.stdout + two.stderr
-    assert len(re.findall(r"^dev: score", two.stdout, re.M)) == 2, two.stdout
+    assert len(re.findall(r"^dev: score ", two.stdout, re.M)) == 2, two.stdout
 
 
 def test_trainable_param_device_and_no_reuse_params_in_a_unit():
