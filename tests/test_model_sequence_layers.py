@@ -124,6 +124,32 @@ def test_conv_values_against_numpy_and_padding_invariance(size, stride, dilation
         np.testing.assert_allclose(run(conv, seq[:, None], [len(seq)])[:, 0], y[:n, i], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("multiplier", [1, 2])
+@pytest.mark.parametrize("size,stride,dilation,padding", GEOMETRIES + [(8, 1, 1, "same"), (4, 3, 2, "same")])
+def test_depthwise_conv_values_against_numpy_and_padding_invariance(size, stride, dilation, padding, multiplier):
+    # groups = the input dim runs TensorFlow's depthwise kernel over (1, T, B, F): the same numbers as a
+    # full convolution whose weights are zero off each output channel's own input channel
+    rng = np.random.RandomState(size * 100 + stride * 10 + dilation + multiplier)
+    lengths = [9, 4, 1, 7]
+    x, alone = padded(rng, lengths, 3)
+    conv = Conv("c", {"filter_size": (size,), "strides": stride, "dilation_rate": dilation, "padding": padding,
+                      "n_out": 3 * multiplier, "groups": 3, "with_bias": True}, 3, random_seed=7)
+    conv.params["bias"].assign(rng.randn(3 * multiplier).astype("float32"))
+    w_depthwise, b = conv.params["W"].numpy(), conv.params["bias"].numpy()  # (size, 1, 3 * multiplier)
+    w = np.zeros((size, 3, 3 * multiplier), np.float32)
+    for out in range(3 * multiplier):
+        w[:, out // multiplier, out] = w_depthwise[:, 0, out]
+    y = run(conv, x, lengths)
+    y_garbage = run(conv, garbage_like(rng, x, lengths), lengths)
+    out_lengths = conv.out_lengths(tf.constant(lengths)).numpy()
+    assert y.shape[0] == max(out_lengths)
+    for i, seq in enumerate(alone):
+        n = out_lengths[i]
+        ref = ref_conv(seq.astype(np.float64), w, b, stride, dilation, padding)
+        np.testing.assert_allclose(y[:n, i], ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y_garbage[:n, i], y[:n, i], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 @pytest.mark.parametrize("size,stride,dilation", [(3, 1, 1), (3, 1, 2), (4, 2, 1), (3, 3, 1), (5, 2, 1)])
 def test_conv_and_pool_equal_tensorflow_ops_when_length_is_a_multiple_of_the_stride(

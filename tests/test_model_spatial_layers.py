@@ -9,7 +9,7 @@ import tensorflow as tf
 from engine.model import build_model
 from engine.model.axes import Layout, resolve_axes
 from engine.model.layers.conv import Window
-from engine.model.layers.conv2d import Conv2D, Pool2D, static_out_size
+from engine.model.layers.conv2d import Conv2D, Pool2D, padded_batch_major, same_as_tensorflow, static_out_size
 from engine.model.layers.reduce import Reduce
 from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.runtime.errors import ConfigError
@@ -116,10 +116,22 @@ def _windows_2d(seed: int):
                random_seed=seed),
         Pool2D("p", {"mode": "max", "pool_size": (2, 2), "padding": "same"}, layout),
         Pool2D("a", {"mode": "avg", "pool_size": (3, 2), "strides": (1, 2), "padding": "same"}, layout),
+        Conv2D("s", {"filter_size": (3, 3), "padding": "same", "n_out": 3, "with_bias": True}, layout,
+               random_seed=seed),  # TensorFlow's own "SAME" instead of an explicit pad
     ]
 
 
-@pytest.mark.parametrize("index", range(4))
+def test_2d_conv_with_tensorflows_same_equals_the_explicit_padding():
+    x, lengths, layers = _windows_2d(5)
+    conv = layers[4]
+    assert same_as_tensorflow(conv.time, conv.space) and not same_as_tensorflow(layers[0].time, layers[0].space)
+    padded = padded_batch_major(tf.constant(x), tf.constant(lengths), conv.time, conv.space, 0.0)
+    expected = tf.nn.bias_add(tf.nn.conv2d(padded, conv.params["W"], [1, 1, 1, 1], "VALID"), conv.params["bias"])
+    np.testing.assert_allclose(conv(tf.constant(x), tf.constant(lengths), False).numpy(),
+                               tf.transpose(expected, [1, 0, 2, 3]).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("index", range(5))
 def test_2d_windows_give_a_sequence_the_same_output_alone_or_in_a_batch(index):
     x, lengths, layers = _windows_2d(index)
     layer = layers[index]
@@ -156,3 +168,25 @@ def test_reduce_over_static_axes_is_numpys():
     np.testing.assert_allclose(kept(tf.constant(x), None, False).numpy(), x.mean(axis=3, keepdims=True),
                                rtol=1e-6)
     assert kept.spatial == (4, 1)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_one_frame_windows_run_time_major_and_equal_the_batch_major_ops(padding):
+    rng = np.random.RandomState(4)
+    lengths = [6, 3]
+    x = rng.randn(6, 2, 7, 3).astype(np.float32)
+    x[3:, 1] = 1e6  # the padding reaches no frame inside a sequence
+    layout = Layout((7,), 3)
+    conv = Conv2D("c", {"filter_size": (1, 3), "strides": (1, 2), "padding": padding, "n_out": 4,
+                        "with_bias": True}, layout, random_seed=1)
+    pool = Pool2D("p", {"mode": "max", "pool_size": (1, 2), "padding": padding}, layout)
+    assert conv.frame_by_frame and pool.frame_by_frame
+    for layer, reference in ((conv, lambda v: tf.nn.bias_add(tf.nn.conv2d(v, conv.params["W"], [1, 1, 2, 1],
+                                                                          "VALID"), conv.params["bias"])),
+                             (pool, lambda v: tf.nn.max_pool2d(v, [1, 2], [1, 2], "VALID"))):
+        fill = 0.0 if layer is conv else np.finfo(np.float32).min
+        expected = tf.transpose(reference(padded_batch_major(tf.constant(x), tf.constant(lengths), layer.time,
+                                                             layer.space, fill)), [1, 0, 2, 3]).numpy()
+        got = layer(tf.constant(x), tf.constant(lengths), False).numpy()
+        for b, n in enumerate(lengths):
+            np.testing.assert_allclose(got[:n, b], expected[:n, b], rtol=1e-6, atol=1e-6)

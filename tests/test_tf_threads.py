@@ -8,7 +8,8 @@ import pytest
 
 from engine.config.loader import Config
 from engine.runtime.errors import ConfigError
-from engine.runtime.tf_threads import CoreGrant, automatic_threads, choose_threads, cores_for_rank
+from engine.runtime.tf_threads import (CoreGrant, automatic_threads, choose_threads, cores_for_rank,
+                                       loops_over_time)
 from helpers import ROOT, mpirun_cmd, run, run_rnn
 
 pytestmark = pytest.mark.tf_latest
@@ -66,6 +67,26 @@ def test_inference_takes_every_core_for_one_op(task):
     assert (choice.intra, choice.inter) == (2, 1) and f"task '{task}'" in choice.why
     assert (choose_threads(Config({"task": "train"}), CoreGrant(2, "test"), {}).intra,
             choose_threads(Config({}), CoreGrant(2, "test"), {}).inter) == (1, 2)
+
+
+def test_training_without_a_time_loop_takes_every_core_for_one_op():
+    feed_forward = {"enc": {"class": "self_attention", "from": "data", "n_out": 8, "num_heads": 2,
+                            "total_key_dim": 8},
+                    "sub": {"class": "subnetwork", "from": "enc",
+                            "subnetwork": {"output": {"class": "copy"}}},
+                    "output": {"class": "softmax", "from": "sub", "loss": "ce"}}
+    lstm = dict(feed_forward, enc={"class": "rec", "unit": "nativelstm2", "from": "data", "n_out": 8})
+    unit = dict(feed_forward, sub={"class": "subnetwork", "from": "enc", "subnetwork": {
+        "output": {"class": "rnn_cell", "unit": "LSTMBlock", "from": "data", "n_out": 8}}})
+    assert loops_over_time(lstm) and loops_over_time(unit) and loops_over_time(None)
+    assert not loops_over_time(feed_forward)
+    assert [automatic_threads(n, "train", time_loop=False) for n in (1, 2, 16)] == [(1, 1), (2, 2), (16, 2)]
+    choice = choose_threads(Config({"network": feed_forward}), CoreGrant(2, "test"), {})
+    assert (choice.intra, choice.inter) == (2, 2) and "without a time loop" in choice.why
+    for network in (lstm, unit):  # and search keeps the training rule of loops
+        assert choose_threads(Config({"network": network}), CoreGrant(2, "test"), {}).intra == 1
+    search = Config({"network": feed_forward, "task": "search"})
+    assert choose_threads(search, CoreGrant(2, "test"), {}).intra == 1
 
 
 def test_search_takes_the_training_rule():

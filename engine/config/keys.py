@@ -207,6 +207,9 @@ _section(
     ("progress_interval", "float", 60.0, "seconds between progress lines when stdout is not a terminal"),
     ("timeline_file", "str", None, "Chrome-trace step timeline of every rank (a .json file)",
      "$ENGINE_TIMELINE, else off"),
+    ("store_tf_profile", "bool", False,
+     "TensorFlow's profile of every train epoch's steps, per rank, under tf_log_dir (tools/profile_ops.py)"),
+    ("tf_log_dir", "str", None, "where store_tf_profile writes", "the model's directory"),
 )
 _section(
     "distributed",

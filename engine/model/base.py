@@ -7,7 +7,7 @@ frames were split into batches or ranks.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
@@ -42,6 +42,24 @@ class LossResult(NamedTuple):
     data_regularizer: tf.Tensor | float = 0.0
 
 
+def _frame_labels(labels: tf.Tensor, frames: tf.Tensor, where: str) -> tf.Tensor:
+    """``labels`` as int32 (B, T), checked to be class ids with one per frame of the output's ``frames``
+    time steps (the check runs before any op that combines the two)."""
+    labels = tf.cast(labels, tf.int32)
+    if labels.shape.rank is not None and labels.shape.rank != 2:
+        raise DataError(
+            f"Loss of layer '{where}': the target must be sparse class ids of shape "
+            f"(batch, time), but it has shape {labels.shape}."
+        )
+    # a frame-wise loss needs one target per output frame; targets with their own lengths (labels for
+    # CTC) would otherwise end in a shape error deep inside TensorFlow
+    return require(
+        tf.equal(tf.shape(labels)[1], frames),
+        [f"Loss of layer '{where}' is frame-wise: its target must have one entry per output frame, but the "
+         "target's padded length differs from the output's (a target with its own lengths, such as a "
+         "label sequence, needs a sequence loss like 'ctc')."], labels)
+
+
 def masked_ce_sums(
     logits: tf.Tensor, labels: tf.Tensor, lengths: tf.Tensor, where: str,
     criterion: CrossEntropy | None = None,
@@ -53,19 +71,7 @@ def masked_ce_sums(
     (even out-of-range ids): they are replaced before the loss op sees them. ``where`` names the layer
     for error messages.
     """
-    labels = tf.cast(labels, tf.int32)
-    if labels.shape.rank is not None and labels.shape.rank != 2:
-        raise DataError(
-            f"Loss of layer '{where}': the target must be sparse class ids of shape "
-            f"(batch, time), but it has shape {labels.shape}."
-        )
-    # a frame-wise loss needs one target per output frame; targets with their own lengths (labels for
-    # CTC) would otherwise end in a shape error deep inside TensorFlow
-    labels = require(  # checked before any op that combines the two
-        tf.equal(tf.shape(labels)[1], tf.shape(logits)[1]),
-        [f"Loss of layer '{where}' is frame-wise: its target must have one entry per output frame, but the "
-         "target's padded length differs from the output's (a target with its own lengths, such as a "
-         "label sequence, needs a sequence loss like 'ctc')."], labels)
+    labels = _frame_labels(labels, tf.shape(logits)[1], where)
     mask = tf.sequence_mask(lengths, tf.shape(logits)[1])
     safe_labels = tf.where(mask, labels, tf.zeros_like(labels))
     ce = (criterion or CrossEntropy()).frame_losses(logits, safe_labels)
@@ -75,6 +81,26 @@ def masked_ce_sums(
     error_sum = tf.reduce_sum(tf.cast(tf.logical_and(mask, wrong), tf.float32))
     num_frames = tf.reduce_sum(tf.cast(mask, tf.float32))
     return loss_sum, error_sum, num_frames
+
+
+def packed_ce_sums(
+    inputs: tf.Tensor, project: Callable[[tf.Tensor], tf.Tensor], labels: tf.Tensor, lengths: tf.Tensor,
+    where: str, criterion: CrossEntropy | None = None,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``masked_ce_sums`` of the logits ``project(inputs)``, projecting only the frames it scores.
+
+    ``inputs`` (B, T, F): what ``project`` maps row by row to logits (a softmax layer's input). The
+    frames ``t < lengths[b]`` are gathered first, so the padding gets neither logits nor a softmax: RETURNN
+    computes the logits of every frame and flattens them by this mask before its loss (the same values);
+    with thousands of classes and chunked batches a third of a step's time went to the padding.
+    """
+    labels = _frame_labels(labels, tf.shape(inputs)[1], where)
+    frames = tf.where(tf.sequence_mask(lengths, tf.shape(inputs)[1]))  # (N, 2): (sequence, time)
+    logits = project(tf.gather_nd(inputs, frames))  # (N, C)
+    frame_labels = tf.gather_nd(labels, frames)
+    loss_sum = tf.reduce_sum((criterion or CrossEntropy()).frame_losses(logits, frame_labels))
+    wrong = tf.not_equal(tf.argmax(logits, axis=-1, output_type=tf.int32), frame_labels)
+    return loss_sum, tf.reduce_sum(tf.cast(wrong, tf.float32)), tf.cast(tf.shape(frames)[0], tf.float32)
 
 
 class SeqModel(tf.Module):

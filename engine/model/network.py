@@ -20,7 +20,7 @@ from engine.datasets.streams import same_length_groups
 from engine.model.assembly import BuildOptions, build_layers, sparse_streams
 from engine.model.base import LossResult, SeqModel
 from engine.model.dropout import stateless_dropout
-from engine.model.layers.base import Layer
+from engine.model.layers.base import Layer, scope_name
 from engine.model.layers.conv import window_options
 from engine.model.layers.dense import Copy, Softmax
 from engine.model.layers.eval import Eval
@@ -253,82 +253,88 @@ class NetworkModel(SeqModel):
         time_steps = {}  # time_chunking layer -> the number of frames it cut into chunks
         result = {}
         for index, (name, layer) in enumerate(self.layers.items()):
-            layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
-            if isinstance(layer, RecSubnet):
-                base = {b: (outs[b], seq_lengths[b]) for b in layer.base_layers}
-                source = None
-                if self.specs[name].sources:  # a loop over its sources' frames
-                    source = (self._layer_input(name, outs, training, layer_seed),
-                              seq_lengths[self.specs[name].sources[0]])
-                deciders = [self.layers[n] for n in self.layers if self.specs[n].sources == (name,)
-                            and isinstance(self.layers[n], Decide)]
-                y, seq_lengths[name], unit_outputs = layer.run(
-                    base, streams, stream_lengths, training, layer_seed, search=search,
-                    decide_by_length=any(d.length_normalization for d in deciders), source=source)
-                outs[name] = y
-                result.update(unit_outputs)
-                result[name], result[f"{name}:lengths"] = _batch_major(y), seq_lengths[name]
-                continue
-            if isinstance(layer, UnitOutput):  # "<rec>/<unit layer>": its steps, (L, B, F)
-                if search and self.layers[layer.rec_name].choice:
-                    raise ConfigError(f"Network layer '{name}' reads a unit layer of '{layer.rec_name}', "
-                                      "whose loop is searched here: reading its steps outside is implemented "
-                                      "in training and eval (on the target's labels), not in a search.")
-                outs[name] = tf.transpose(result[name], [1, 0, 2])
-                seq_lengths[name] = result[f"{name}:lengths"] = seq_lengths[layer.rec_name]
-                continue
-            if isinstance(layer, Decide):  # without search: the rec layer's one sequence per batch entry
-                source = self.specs[name].sources[0]
-                outs[name], seq_lengths[name] = outs[source], seq_lengths[source]
-                result[name], result[f"{name}:lengths"] = result[source], seq_lengths[source]
-                continue
-            if getattr(layer, "ids_output", False):  # class ids (T, B): an eval of ids, a squeeze
-                ids = [outs[s] for s in self.specs[name].sources]
-                lengths_in = seq_lengths[self.specs[name].sources[0]]
-                y = layer(ids, lengths_in, training, train_step=train_step) if isinstance(layer, Eval) \
-                    else layer(ids[0], lengths_in, training)
-                outs[name], seq_lengths[name] = y, layer.out_lengths(lengths_in)
-                result[name], result[f"{name}:lengths"] = tf.transpose(y), seq_lengths[name]
-                if self.specs[name].opts.get(REGISTER):  # a target of the losses and rec units
-                    streams[self.specs[name].opts[REGISTER]] = result[name]
-                    stream_lengths[self.specs[name].opts[REGISTER]] = seq_lengths[name]
-                continue
-            x = self._layer_input(name, outs, training, layer_seed)
-            layer_lengths = seq_lengths[self.specs[name].sources[0]]
-            refs = {key: outs[ref] for key, ref in self.specs[name].references.items()}  # e.g. key_shift
-            if layer.running_keys:
-                refs["update_running"] = update_running
-            if isinstance(layer, TimeChunking):
-                time_steps[name] = tf.shape(x)[0]
-                y, layer_lengths = layer.chunk(x, layer_lengths)
-            elif isinstance(layer, TimeUnchunking):
-                y = layer.unchunk(x, layer_lengths, time_steps[layer.chunking_layer])
-                layer_lengths = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
-            elif isinstance(layer, ReinterpretData) and layer.base:
-                new_lengths = self._size_base_lengths(layer, seq_lengths, stream_lengths or {})
-                y, layer_lengths = layer.resize(x, layer_lengths, new_lengths), new_lengths
-            elif isinstance(layer, Softmax):
-                # batch-major logits from a batch-major input: over thousands of classes, transposing the
-                # (T, B, classes) logits for the losses would cost more than the matmul's input transpose
-                logits = tf.cast(layer(_batch_major(x), layer_lengths, training), tf.float32)  # tf_amp
-                seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
-                result[f"{name}:logits"], result[name] = logits, self._checked(name, tf.nn.softmax(logits))
-                outs[name] = _batch_major(result[name])  # later layers see the probabilities, as in RETURNN
-                continue
-            elif isinstance(layer, Eval):  # RETURNN's global_train_step for config code
-                y = layer(x, layer_lengths, training, train_step=train_step)
-            elif layer.needs_seed:
-                y = layer(x, layer_lengths, training,
-                          seed=tf.random.experimental.stateless_fold_in(layer_seed, 1), **refs)
-                layer_lengths = layer.out_lengths(layer_lengths)
-            else:
-                y = layer(x, layer_lengths, training, **refs)
-                layer_lengths = layer.out_lengths(layer_lengths)
-            y = self._checked(name, y)
-            outs[name], seq_lengths[name] = y, layer_lengths
-            y = tf.cast(y, tf.float32)
-            result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major
-            result[f"{name}:lengths"] = layer_lengths
+            with tf.name_scope(scope_name(name)):  # profiles and graphs name ops by their layer
+                layer_seed = tf.random.experimental.stateless_fold_in(seed, index)
+                if isinstance(layer, RecSubnet):
+                    base = {b: (outs[b], seq_lengths[b]) for b in layer.base_layers}
+                    source = None
+                    if self.specs[name].sources:  # a loop over its sources' frames
+                        source = (self._layer_input(name, outs, training, layer_seed),
+                                  seq_lengths[self.specs[name].sources[0]])
+                    deciders = [self.layers[n] for n in self.layers if self.specs[n].sources == (name,)
+                                and isinstance(self.layers[n], Decide)]
+                    y, seq_lengths[name], unit_outputs = layer.run(
+                        base, streams, stream_lengths, training, layer_seed, search=search,
+                        decide_by_length=any(d.length_normalization for d in deciders), source=source)
+                    outs[name] = y
+                    result.update(unit_outputs)
+                    result[name], result[f"{name}:lengths"] = _batch_major(y), seq_lengths[name]
+                    continue
+                if isinstance(layer, UnitOutput):  # "<rec>/<unit layer>": its steps, (L, B, F)
+                    if search and self.layers[layer.rec_name].choice:
+                        raise ConfigError(f"Network layer '{name}' reads a unit layer of '{layer.rec_name}', "
+                                          "whose loop is searched here: reading its steps outside is "
+                                          "implemented in training and eval (on the target's labels), not in "
+                                          "a search.")
+                    outs[name] = tf.transpose(result[name], [1, 0, 2])
+                    seq_lengths[name] = result[f"{name}:lengths"] = seq_lengths[layer.rec_name]
+                    continue
+                if isinstance(layer, Decide):  # without search: the rec layer's one sequence per batch entry
+                    source = self.specs[name].sources[0]
+                    outs[name], seq_lengths[name] = outs[source], seq_lengths[source]
+                    result[name], result[f"{name}:lengths"] = result[source], seq_lengths[source]
+                    continue
+                if getattr(layer, "ids_output", False):  # class ids (T, B): an eval of ids, a squeeze
+                    ids = [outs[s] for s in self.specs[name].sources]
+                    lengths_in = seq_lengths[self.specs[name].sources[0]]
+                    y = layer(ids, lengths_in, training, train_step=train_step) if isinstance(layer, Eval) \
+                        else layer(ids[0], lengths_in, training)
+                    outs[name], seq_lengths[name] = y, layer.out_lengths(lengths_in)
+                    result[name], result[f"{name}:lengths"] = tf.transpose(y), seq_lengths[name]
+                    if self.specs[name].opts.get(REGISTER):  # a target of the losses and rec units
+                        streams[self.specs[name].opts[REGISTER]] = result[name]
+                        stream_lengths[self.specs[name].opts[REGISTER]] = seq_lengths[name]
+                    continue
+                x = self._layer_input(name, outs, training, layer_seed)
+                layer_lengths = seq_lengths[self.specs[name].sources[0]]
+                refs = {key: outs[ref] for key, ref in self.specs[name].references.items()}  # e.g. key_shift
+                if layer.running_keys:
+                    refs["update_running"] = update_running
+                if isinstance(layer, TimeChunking):
+                    time_steps[name] = tf.shape(x)[0]
+                    y, layer_lengths = layer.chunk(x, layer_lengths)
+                elif isinstance(layer, TimeUnchunking):
+                    y = layer.unchunk(x, layer_lengths, time_steps[layer.chunking_layer])
+                    layer_lengths = seq_lengths[self.specs[layer.chunking_layer].sources[0]]
+                elif isinstance(layer, ReinterpretData) and layer.base:
+                    new_lengths = self._size_base_lengths(layer, seq_lengths, stream_lengths or {})
+                    y, layer_lengths = layer.resize(x, layer_lengths, new_lengths), new_lengths
+                elif isinstance(layer, Softmax):
+                    # batch-major logits from a batch-major input: over thousands of classes, transposing the
+                    # (T, B, classes) logits for the losses would cost more than the matmul's input transpose
+                    x = _batch_major(x)
+                    logits = tf.cast(layer(x, layer_lengths, training), tf.float32)  # tf_amp
+                    if layer.loss == "ce":  # the ce loss projects only the frames it scores (packed_ce_sums)
+                        result[f"{name}:logits_input"] = x
+                    seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
+                    result[f"{name}:logits"] = logits
+                    result[name] = self._checked(name, tf.nn.softmax(logits))
+                    outs[name] = _batch_major(result[name])  # later layers see the probabilities (RETURNN)
+                    continue
+                elif isinstance(layer, Eval):  # RETURNN's global_train_step for config code
+                    y = layer(x, layer_lengths, training, train_step=train_step)
+                elif layer.needs_seed:
+                    y = layer(x, layer_lengths, training,
+                              seed=tf.random.experimental.stateless_fold_in(layer_seed, 1), **refs)
+                    layer_lengths = layer.out_lengths(layer_lengths)
+                else:
+                    y = layer(x, layer_lengths, training, **refs)
+                    layer_lengths = layer.out_lengths(layer_lengths)
+                y = self._checked(name, y)
+                outs[name], seq_lengths[name] = y, layer_lengths
+                y = tf.cast(y, tf.float32)
+                result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major
+                result[f"{name}:lengths"] = layer_lengths
         return result
 
     def _checked(self, name: str, y: tf.Tensor) -> tf.Tensor:

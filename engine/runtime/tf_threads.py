@@ -34,9 +34,13 @@ SESSION_OPTS_WITHOUT_EFFECT = ("log_device_placement", "allow_soft_placement", "
 SESSION_OPTS_ELSEWHERE = ("device_count",)
 AUTO_RULE = {  # search takes the training rule
     "train": "1 intra-op thread up to 2 cores, else cores - 1; inter-op threads: 1 on 1 core, else 2",
+    "train without a time loop": "a network without a time loop (rec, rnn_cell): all cores intra-op; "
+                                 "inter-op threads: 1 on 1 core, else 2",
     "inference": "all cores intra-op, 1 inter-op thread",
 }
 INFERENCE_TASKS = ("forward", "eval")
+# layer classes that run a loop over time steps (an LSTM, a decoder unit): chains of small ops
+TIME_LOOP_CLASSES = ("rec", "rnn_cell")
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,20 @@ def _sge_slots(environ: Mapping[str, str], host: str) -> tuple[int, str] | None:
     return (nslots, "NSLOTS") if nslots else None
 
 
-def automatic_threads(cores: int, task: str = "train") -> tuple[int, int]:
+def loops_over_time(network: object) -> bool:
+    """Whether a ``network`` dict has a layer (at any depth: subnetworks, units) of a class in
+    ``TIME_LOOP_CLASSES``; a network given otherwise (none, a function) counts as one that has."""
+    if not isinstance(network, dict):
+        return True
+
+    def has_loop(value: object) -> bool:
+        if isinstance(value, dict):
+            return value.get("class") in TIME_LOOP_CLASSES or any(has_loop(v) for v in value.values())
+        return isinstance(value, (list, tuple)) and any(has_loop(v) for v in value)
+    return has_loop(network)
+
+
+def automatic_threads(cores: int, task: str = "train", time_loop: bool = True) -> tuple[int, int]:
     """(intra, inter) for a rank with ``cores`` cores running ``task`` (``AUTO_RULE``; measurements:
     docs/performance.md).
 
@@ -127,11 +144,17 @@ def automatic_threads(cores: int, task: str = "train") -> tuple[int, int]:
     Search takes the training rule: a decoder step is a chain of small ops (one label for beam x batch
     hypotheses) between which an intra-op pool's workers spin. On 2 cores, beam 12 (3 interleaved runs
     each): RETURNN's LSTM attention system reduced, 1 / 2 49.0k frames/s (47.9k-49.6k), 1 / 1 44.2k, 2 / 1
-    34.0k; the reduced Transformer 1 / 2 28.6k (28.4k-29.0k), 1 / 1 30.8k, 2 / 1 19.9k."""
+    34.0k; the reduced Transformer 1 / 2 28.6k (28.4k-29.0k), 1 / 1 30.8k, 2 / 1 19.9k.
+    Training a network without a loop over time (``time_loop`` False: convolutions, self-attention, wide
+    products and thousands of output classes) splits its large ops well: on 2 cores RETURNN's Conformer
+    hybrid reduced to 4 x 256 trained 2 / 2 at 2,482 frames/s (2,435-2,590, 3 interleaved runs), 2 / 1
+    2,437, 1 / 2 2,140."""
     if cores <= 1:
         return 1, 1
     if task in INFERENCE_TASKS:
         return cores, 1
+    if not time_loop and task == "train":
+        return cores, 2
     if cores == 2:
         return 1, 2
     return cores - 1, 2
@@ -141,7 +164,11 @@ def choose_threads(config: ConfigView, grant: CoreGrant, environ: Mapping[str, s
     """The environment over the config over the automatic choice, for intra and inter on their own."""
     from_config = _from_config(config)
     task = config.str("task") or "train"
-    auto = dict(zip(("intra", "inter"), automatic_threads(grant.cores, task)))
+    try:
+        time_loop = loops_over_time(config.dict("network"))
+    except ConfigError:  # a network that is no dict: its own check names it later
+        time_loop = True
+    auto = dict(zip(("intra", "inter"), automatic_threads(grant.cores, task, time_loop)))
     numbers, sources = {}, {}
     for kind in ("intra", "inter"):
         env_value = _env_threads(environ, ENV_VARS[kind])
@@ -153,7 +180,8 @@ def choose_threads(config: ConfigView, grant: CoreGrant, environ: Mapping[str, s
             numbers[kind], sources[kind] = auto[kind], "automatic"
     parts = [f"{kind}-op from {source}" for kind, source in sources.items() if source != "automatic"]
     if "automatic" in sources.values():
-        rule = "inference" if task in INFERENCE_TASKS else "train"
+        rule = "inference" if task in INFERENCE_TASKS else "train" if time_loop or task != "train" \
+            else "train without a time loop"
         parts.append(f"automatic for {grant.cores} core(s) ({grant.why}), task {task!r}: {AUTO_RULE[rule]}")
     return ThreadChoice(numbers["intra"], numbers["inter"], "; ".join(parts))
 

@@ -12,9 +12,11 @@ The trainer makes one ``RunMonitor`` and calls it at a few points; it drives the
         monitor.epoch_done(epoch, report, scores)        # TensorBoard epoch/*, the summary's row
 
 Progress, TensorBoard and the summary are rank 0's; the timeline is every rank's: at the end every
-rank stops recording, the ranks meet, and rank 0 merges the parts into the one file. When the run
-fails, every rank only stops recording: the parts stay (``tools/merge_timeline.py`` merges them), and
-the progress bar goes so that the error message is readable.
+rank stops recording, the ranks meet, and rank 0 merges the parts into the one file. With
+``store_tf_profile``, TensorFlow's profiler records each epoch's steps on every rank
+(``engine/report/tf_profile.py``). When the run fails, every rank only stops recording: the parts
+stay (``tools/merge_timeline.py`` merges them), and the progress bar goes so that the error message is
+readable.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from engine.report import timeline
 from engine.report.progress import Progress, interval_from_config
 from engine.report.summary import EpochRecord, summary_text
 from engine.report.tensorboard import TensorBoardWriter, settings_from_config
+from engine.report.tf_profile import EpochProfiler
 from engine.runtime import log
 from engine.runtime.errors import EngineError
 from engine.training.checkpoints.file_format import checkpoint_path, find_newest_epoch
@@ -50,6 +53,7 @@ class RunMonitor:
         self.progress_interval = interval_from_config(config)
         self.tensorboard_settings = settings_from_config(config)
         self.tensorboard: TensorBoardWriter | None = None
+        self.profiler = EpochProfiler.from_config(config, comm.rank, comm.size)
         self.progress: Progress | None = None
         self.records: list[EpochRecord] = []
         self.global_step = 0
@@ -92,6 +96,8 @@ class RunMonitor:
         self._last_step_end = time.perf_counter()
         if self.is_main:
             self.progress = Progress(f"train epoch {epoch}", planned_steps, interval=self.progress_interval)
+        if self.profiler is not None:
+            self.profiler.start(epoch)
 
     def step_done(self, scores: np.ndarray) -> None:
         """After each step, with its [loss sum, error sum, count, input frames] (the reduced ones where the
@@ -114,6 +120,8 @@ class RunMonitor:
 
     def epoch_trained(self) -> None:
         """The epoch's steps are done: the bar goes before the epoch lines are printed."""
+        if self.profiler is not None:
+            self.profiler.stop()
         if self.progress is not None:
             self.progress.close()
             self.progress = None

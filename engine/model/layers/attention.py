@@ -143,10 +143,15 @@ class SelfAttention(Layer):
         qkv = tf.reshape(qkv, [n_time, n_batch, self.heads, per_head])
         q, k, v = tf.split(qkv, [self.key_dim, self.key_dim, self.value_dim], axis=-1)
         q = q * self.key_dim ** -0.5
+        # batched matmuls with explicit transposes: TensorFlow's einsum of the same took 1.3-1.5x their time
+        heads_first = [1, 2, 0, 3]  # (T, B, H, d) -> (B, H, T, d)
         # float32 from here to the weights: -1e30 below is -inf in float16, and the softmax sums
-        energy = tf.cast(tf.einsum("tbhd,sbhd->bhts", q, k), tf.float32)  # (B, H, queries, keys)
+        energy = tf.matmul(tf.transpose(q, heads_first), tf.transpose(k, heads_first), transpose_b=True)
+        energy = tf.cast(energy, tf.float32)  # (B, H, queries, keys)
         if key_shift is not None:  # q . (k + shift) without a (B, H, T, T, d) tensor of shifted keys
-            shift = tf.einsum("tbhd,tsd->bhts", q, tf.cast(key_shift, q.dtype))
+            shift = tf.matmul(tf.reshape(q, [n_time, -1, self.key_dim]), tf.cast(key_shift, q.dtype),
+                              transpose_b=True)  # (queries, B * H, keys)
+            shift = tf.transpose(tf.reshape(shift, [n_time, n_batch, self.heads, -1]), heads_first)
             energy = energy + tf.cast(shift, tf.float32)
         allowed = tf.sequence_mask(lengths, n_time)[:, None, None, :]  # (B, 1, 1, keys)
         if self.left_only:
@@ -157,8 +162,8 @@ class SelfAttention(Layer):
         weights = tf.nn.softmax(energy, axis=-1)
         if training and self.dropout > 0.0:
             weights = stateless_dropout(weights, float(self.dropout), seed)
-        out = tf.einsum("bhts,sbhd->tbhd", tf.cast(weights, v.dtype), v)
-        return tf.reshape(out, [n_time, n_batch, self.n_out])
+        out = tf.matmul(tf.cast(weights, v.dtype), tf.transpose(v, heads_first))  # (B, H, T, d)
+        return tf.reshape(tf.transpose(out, [2, 0, 1, 3]), [n_time, n_batch, self.n_out])
 
 
 def _check_key_shift(name: str, ref: str, layer: Layer | None, key_dim: int) -> None:

@@ -10,6 +10,7 @@ the variable's name), so every rank and every run builds bit-identical initial v
 
 from __future__ import annotations
 
+import re
 import zlib
 from typing import Any
 
@@ -105,3 +106,8 @@ class Layer(tf.Module):
     def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
         """The (B,) lengths of the output sequences for input sequences of ``lengths``."""
         return lengths
+
+
+def scope_name(layer: str) -> str:
+    """A layer's name as a TensorFlow name scope (which takes letters, digits and ``._-/>`` only)."""
+    return re.sub(r"[^A-Za-z0-9._\-/>]", "_", layer).lstrip("_-/>") or "layer"

@@ -34,13 +34,24 @@ def _static_pads(size: int, window: Window) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
+def masked_batch_major(x: tf.Tensor, lengths: tf.Tensor, fill: float) -> tf.Tensor:
+    """(T, B, S, C) -> (B, T, S, C), the frames past each sequence set to ``fill``."""
+    valid = tf.transpose(tf.sequence_mask(lengths, tf.shape(x)[0]))[:, :, None, None]
+    return tf.transpose(tf.where(valid, x, tf.cast(fill, x.dtype)), [1, 0, 2, 3])
+
+
+def same_as_tensorflow(time: Window, space: Window) -> bool:
+    """Whether TensorFlow's own "SAME" pads as ``padded_batch_major`` does: along time, where the stride is
+    1 (its left padding then does not depend on the number of frames), and along the static axis always."""
+    return time.padding == space.padding == "same" and time.stride == 1 and time.dilation == 1
+
+
 def padded_batch_major(x: tf.Tensor, lengths: tf.Tensor, time: Window, space: Window,
                        fill: float) -> tf.Tensor:
     """(T, B, S, C) -> (B, T_pad, S_pad, C), the frames past each sequence and the padding set to
     ``fill``, so that a "VALID" window op gives the layer's output frames."""
     n_time = tf.shape(x)[0]
-    valid = tf.transpose(tf.sequence_mask(lengths, n_time))[:, :, None, None]
-    x = tf.transpose(tf.where(valid, x, tf.cast(fill, x.dtype)), [1, 0, 2, 3])
+    x = masked_batch_major(x, lengths, fill)
     left = same_left_pad(time.size, time.stride, time.dilation) if time.padding == "same" else 0
     n_out = tf.maximum(out_length(n_time, time.size, time.stride, time.dilation, time.padding), 1)
     right = tf.maximum((n_out - 1) * time.stride + (time.size - 1) * time.dilation + 1 - n_time - left, 0)
@@ -81,6 +92,13 @@ class _Windowed2D(Layer):
     def _input(self, x: tf.Tensor) -> tf.Tensor:
         return x[..., None] if self.add_feature_axis and x.shape.rank == 3 else x
 
+    @property
+    def frame_by_frame(self) -> bool:
+        """A window of one frame, every frame: each output frame reads its own input frame only, so the op
+        runs on the time-major (T, B, S, C) as it is, the batch as the image's height (no transpose, and
+        the frames past a sequence need no masking: they reach no frame inside it)."""
+        return self.time.size == 1 and self.time.stride == 1
+
 
 class Conv2D(_Windowed2D):
     """``conv`` with ``filter_size`` (time, S): ``padding``, ``strides``, ``dilation_rate``, ``n_out``,
@@ -100,18 +118,26 @@ class Conv2D(_Windowed2D):
                                                   random_seed)
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
-        x = padded_batch_major(self._input(x), lengths, self.time, self.space, 0.0)
+        x = self._input(x)
         strides = [1, self.time.stride, self.space.stride, 1]
         weights = self.param("W")
+        if self.frame_by_frame and not self.depthwise:
+            y = tf.nn.conv2d(x, weights, strides, self.space.padding.upper())
+            y = y if "bias" not in self.params else tf.nn.bias_add(y, self.param("bias"))
+            return y if self.activation is None else self.activation(y)
         if self.depthwise:
+            x = padded_batch_major(x, lengths, self.time, self.space, 0.0)
             multiplier = self.n_out // self.in_dim
             weights = tf.reshape(weights, [self.time.size, self.space.size, self.in_dim, multiplier])
             y = tf.nn.depthwise_conv2d(x, weights, strides, "VALID")
-        else:
-            y = tf.nn.conv2d(x, weights, strides, "VALID")
+        elif same_as_tensorflow(self.time, self.space):  # a pad and its gradient cost a pass over x each
+            y = tf.nn.conv2d(masked_batch_major(x, lengths, 0.0), weights, strides, "SAME")
+        else:  # (explicit paddings would take TensorFlow's own kernels, not oneDNN's: 3x the time)
+            y = tf.nn.conv2d(padded_batch_major(x, lengths, self.time, self.space, 0.0), weights, strides,
+                             "VALID")
+        if "bias" in self.params:  # before the transpose: oneDNN fuses the convolution and its bias
+            y = tf.nn.bias_add(y, self.param("bias"))
         y = tf.transpose(y, [1, 0, 2, 3])
-        if "bias" in self.params:
-            y = y + self.param("bias")
         return y if self.activation is None else self.activation(y)
 
 
@@ -129,6 +155,8 @@ class Pool2D(_Windowed2D):
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
         x = self._input(x)
         size, strides = [self.time.size, self.space.size], [self.time.stride, self.space.stride]
+        if self.mode == "max" and self.frame_by_frame:  # a window never holds padding alone along S
+            return tf.nn.max_pool2d(x, size, strides, self.space.padding.upper())
         if self.mode == "max":
             lowest = x.dtype.min
             y = tf.nn.max_pool2d(padded_batch_major(x, lengths, self.time, self.space, lowest), size, strides,

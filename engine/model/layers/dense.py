@@ -115,12 +115,15 @@ class Linear(Layer):
         weights = self.param("W")
         if self.sparse_input:
             y = dense_gather(tf.transpose(weights) if self.transposed else tf.convert_to_tensor(weights), x)
+            if "b" in self.params:
+                y = tf.nn.bias_add(y, self.param("b"))
         else:
-            # One (T*B*..., in) x (in, out) matmul: a broadcast batched matmul would run T small ones.
-            y = tf.reshape(tf.matmul(tf.reshape(x, [-1, self.in_dim]), weights, transpose_b=self.transposed),
-                           tf.concat([tf.shape(x)[:-1], [self.n_out]], axis=0))
-        if "b" in self.params:
-            y = y + self.param("b")
+            # One (T*B*..., in) x (in, out) matmul: a broadcast batched matmul would run T small ones. Its
+            # bias added before the reshape: oneDNN fuses the two (and BiasAddGrad is 4x a Sum's speed).
+            y = tf.matmul(tf.reshape(x, [-1, self.in_dim]), weights, transpose_b=self.transposed)
+            if "b" in self.params:
+                y = tf.nn.bias_add(y, self.param("b"))
+            y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [self.n_out]], axis=0))
         return y if self.activation is None else self.activation(y)
 
 

@@ -74,5 +74,5 @@ class Combine(Layer):
         if self.kind == "average":
             y = y / float(len(xs))
         if "b" in self.params:
-            y = y + self.param("b")
+            y = tf.nn.bias_add(y, self.param("b"))
         return y if self.activation is None else self.activation(y)

@@ -7,7 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from engine.model.base import LossResult, masked_ce_sums
+from engine.model.base import LossResult, masked_ce_sums, packed_ce_sums
+from engine.model.layers.base import scope_name
 from engine.model.losses.regularization import darc1_term, l2_term
 from engine.model.rec.decide import Decide
 from engine.runtime.errors import ConfigError, DataError
@@ -35,21 +36,32 @@ def layer_loss_sums(model: Any, model_outputs: dict[str, tf.Tensor], targets: di
                 f"Network layer '{name}' needs target {layer.target!r}, but the batch has only "
                 f"{sorted(targets)}."
             )
-        target, target_length = targets[layer.target], target_lengths[layer.target]
-        output, lengths = model_outputs[name], model_outputs[f"{name}:lengths"]
-        if isinstance(layer, Decide):
-            sums[name] = layer.sums(output, lengths, target, target_length)
-        elif layer.loss == "edit_distance":
-            sums[name] = layer.criterion.sums(output, lengths, target, target_length, layer=name,
-                                              target=layer.target)
-        elif layer.loss == "ctc":
-            sums[name] = layer.criterion.sums(model_outputs[f"{name}:logits"], lengths, target,
-                                              target_length, layer=name, target=layer.target,
-                                              training=training)
-        else:
-            sums[name] = masked_ce_sums(model_outputs[f"{name}:logits"], target, target_length,
-                                        where=name, criterion=layer.criterion)
+        with tf.name_scope(f"{scope_name(name)}/loss/"):  # in the layer's scope: profiles name them so
+            sums[name] = _layer_sums(name, layer, model_outputs, targets[layer.target],
+                                     target_lengths[layer.target], training)
     return sums
+
+
+def _layer_sums(name: str, layer: Any, model_outputs: dict[str, tf.Tensor], target: tf.Tensor,
+                target_length: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    output, lengths = model_outputs[name], model_outputs[f"{name}:lengths"]
+    if isinstance(layer, Decide):
+        return layer.sums(output, lengths, target, target_length)
+    if layer.loss == "edit_distance":
+        return layer.criterion.sums(output, lengths, target, target_length, layer=name, target=layer.target)
+    if layer.loss == "ctc":
+        return layer.criterion.sums(model_outputs[f"{name}:logits"], lengths, target, target_length,
+                                    layer=name, target=layer.target, training=training)
+    if f"{name}:logits_input" in model_outputs:  # a softmax layer: logits of the scored frames only
+        return packed_ce_sums(model_outputs[f"{name}:logits_input"], _projection(layer), target,
+                              target_length, where=name, criterion=layer.criterion)
+    return masked_ce_sums(model_outputs[f"{name}:logits"], target, target_length, where=name,
+                          criterion=layer.criterion)
+
+
+def _projection(layer: Any):
+    """A softmax layer's logits of frames given as rows (its call maps the features of each position)."""
+    return lambda rows: tf.cast(layer(rows, None, False), tf.float32)  # tf_amp: float32 logits
 
 
 def network_losses(model: Any, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
