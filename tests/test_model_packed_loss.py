@@ -26,8 +26,8 @@ def test_sparse_cross_entropy_is_tensorflows_fused_op(scale):
         focal = [tf.reduce_sum(ce * (1.0 - tf.exp(-ce)) ** 2 * np.arange(7)) for ce in (ours, fused)]
     assert np.isfinite(ours.numpy()).all()
     np.testing.assert_allclose(ours.numpy(), fused.numpy(), rtol=1e-6, atol=1e-5)
-    np.testing.assert_allclose(tape.gradient(focal[0], logits).numpy(), tape.gradient(focal[1], logits).numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tape.gradient(focal[0], logits).numpy(),
+                               tape.gradient(focal[1], logits).numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("criterion", [CrossEntropy(), CrossEntropy(focal_loss_factor=2.0),
@@ -58,8 +58,8 @@ def test_packed_logits_score_what_the_padded_ones_score(criterion):
 
 def test_a_target_of_other_length_is_still_a_data_error():
     with pytest.raises(DataError, match="'out' is frame-wise"):
-        packed_ce_sums(tf.zeros([2, 5, 3]), lambda rows: rows, tf.zeros([2, 4], tf.int32), tf.constant([5, 4]),
-                       "out")
+        packed_ce_sums(tf.zeros([2, 5, 3]), lambda rows: rows, tf.zeros([2, 4], tf.int32),
+                       tf.constant([5, 4]), "out")
 
 
 def test_a_networks_softmax_loss_equals_the_loss_of_its_padded_logits():

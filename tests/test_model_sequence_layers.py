@@ -125,15 +125,18 @@ def test_conv_values_against_numpy_and_padding_invariance(size, stride, dilation
 
 
 @pytest.mark.parametrize("multiplier", [1, 2])
-@pytest.mark.parametrize("size,stride,dilation,padding", GEOMETRIES + [(8, 1, 1, "same"), (4, 3, 2, "same")])
-def test_depthwise_conv_values_against_numpy_and_padding_invariance(size, stride, dilation, padding, multiplier):
+@pytest.mark.parametrize("size,stride,dilation,padding",
+                         GEOMETRIES + [(8, 1, 1, "same"), (4, 3, 2, "same")])
+def test_depthwise_conv_values_against_numpy_and_padding_invariance(size, stride, dilation, padding,
+                                                                     multiplier):
     # groups = the input dim runs TensorFlow's depthwise kernel over (1, T, B, F): the same numbers as a
     # full convolution whose weights are zero off each output channel's own input channel
     rng = np.random.RandomState(size * 100 + stride * 10 + dilation + multiplier)
     lengths = [9, 4, 1, 7]
     x, alone = padded(rng, lengths, 3)
-    conv = Conv("c", {"filter_size": (size,), "strides": stride, "dilation_rate": dilation, "padding": padding,
-                      "n_out": 3 * multiplier, "groups": 3, "with_bias": True}, 3, random_seed=7)
+    conv = Conv("c", {"filter_size": (size,), "strides": stride, "dilation_rate": dilation,
+                      "padding": padding, "n_out": 3 * multiplier, "groups": 3, "with_bias": True}, 3,
+                random_seed=7)
     conv.params["bias"].assign(rng.randn(3 * multiplier).astype("float32"))
     w_depthwise, b = conv.params["W"].numpy(), conv.params["bias"].numpy()  # (size, 1, 3 * multiplier)
     w = np.zeros((size, 3, 3 * multiplier), np.float32)

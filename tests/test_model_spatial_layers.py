@@ -124,9 +124,11 @@ def _windows_2d(seed: int):
 def test_2d_conv_with_tensorflows_same_equals_the_explicit_padding():
     x, lengths, layers = _windows_2d(5)
     conv = layers[4]
-    assert same_as_tensorflow(conv.time, conv.space) and not same_as_tensorflow(layers[0].time, layers[0].space)
+    assert same_as_tensorflow(conv.time, conv.space)
+    assert not same_as_tensorflow(layers[0].time, layers[0].space)
     padded = padded_batch_major(tf.constant(x), tf.constant(lengths), conv.time, conv.space, 0.0)
-    expected = tf.nn.bias_add(tf.nn.conv2d(padded, conv.params["W"], [1, 1, 1, 1], "VALID"), conv.params["bias"])
+    expected = tf.nn.bias_add(tf.nn.conv2d(padded, conv.params["W"], [1, 1, 1, 1], "VALID"),
+                              conv.params["bias"])
     np.testing.assert_allclose(conv(tf.constant(x), tf.constant(lengths), False).numpy(),
                                tf.transpose(expected, [1, 0, 2, 3]).numpy(), rtol=1e-6, atol=1e-6)
 

@@ -26,7 +26,8 @@ def write_config(tmp_path, extra: str) -> str:
 
 
 def test_each_epoch_is_profiled_and_the_tool_reads_it(tmp_path):
-    r = run_rnn([write_config(tmp_path, f"store_tf_profile = True\ntf_log_dir = {str(tmp_path / 'prof')!r}\n")])
+    profiles = str(tmp_path / "prof")
+    r = run_rnn([write_config(tmp_path, f"store_tf_profile = True\ntf_log_dir = {profiles!r}\n")])
     assert r.returncode == 0, r.stdout + r.stderr
     epochs = sorted(glob.glob(str(tmp_path / "prof" / "train-ep00*")))
     assert [os.path.basename(p)[:11] for p in epochs] == ["train-ep001", "train-ep002"]
@@ -50,7 +51,8 @@ def test_the_profiles_go_beside_the_model_by_default(tmp_path):
 
 def test_tf_log_dir_without_the_profile_is_refused_and_a_non_profile_is_named(tmp_path):
     r = run_rnn([write_config(tmp_path, f"tf_log_dir = {str(tmp_path)!r}\n")])
-    assert r.returncode != 0 and "'tf_log_dir'" in r.stdout + r.stderr and "store_tf_profile" in r.stdout + r.stderr
+    output = r.stdout + r.stderr
+    assert r.returncode != 0 and "'tf_log_dir'" in output and "store_tf_profile" in output
     (tmp_path / "x.xplane.pb").write_bytes(b"\xff" * 50)
     bad = run([TOOL, str(tmp_path / "x.xplane.pb")])
     assert bad.returncode == 1 and "cannot read a TensorFlow profile" in bad.stderr
