@@ -128,7 +128,7 @@ def test_conv_values_against_numpy_and_padding_invariance(size, stride, dilation
 @pytest.mark.parametrize("size,stride,dilation,padding",
                          GEOMETRIES + [(8, 1, 1, "same"), (4, 3, 2, "same")])
 def test_depthwise_conv_values_against_numpy_and_padding_invariance(size, stride, dilation, padding,
-                                                                     multiplier):
+                                                                    multiplier):
     # groups = the input dim runs TensorFlow's depthwise kernel over (1, T, B, F): the same numbers as a
     # full convolution whose weights are zero off each output channel's own input channel
     rng = np.random.RandomState(size * 100 + stride * 10 + dilation + multiplier)
