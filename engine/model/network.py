@@ -22,7 +22,9 @@ from engine.model.base import LossResult, SeqModel
 from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer, scope_name
 from engine.model.layers.conv import window_options
+from engine.model.layers.conv2d import Conv2D, Pool2D
 from engine.model.layers.dense import Copy, Softmax
+from engine.model.layers.elementwise import Activation
 from engine.model.layers.eval import Eval
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
@@ -251,6 +253,7 @@ class NetworkModel(SeqModel):
             ids, seq_lengths[f"data:{stream}"] = _time_major_ids(streams[stream], stream_lengths[stream])
             outs[f"data:{stream}"] = ids
         time_steps = {}  # time_chunking layer -> the number of frames it cut into chunks
+        batch_major = {}  # a chain of 2-D windows and activations: their (B, T, S, C) outputs
         result = {}
         for index, (name, layer) in enumerate(self.layers.items()):
             with tf.name_scope(scope_name(name)):  # profiles and graphs name ops by their layer
@@ -295,6 +298,15 @@ class NetworkModel(SeqModel):
                         streams[self.specs[name].opts[REGISTER]] = result[name]
                         stream_lengths[self.specs[name].opts[REGISTER]] = seq_lengths[name]
                     continue
+                if self._runs_batch_major(name, batch_major):
+                    layer_lengths = seq_lengths[self.specs[name].sources[0]]
+                    y = self._checked(name, self._batch_major_call(name, outs, batch_major, training,
+                                                                   layer_seed, layer_lengths))
+                    batch_major[name] = y
+                    outs[name] = _batch_major(y)  # computed only where a time-major reader needs it
+                    seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
+                    result[name] = tf.cast(y, tf.float32)
+                    continue
                 x = self._layer_input(name, outs, training, layer_seed)
                 layer_lengths = seq_lengths[self.specs[name].sources[0]]
                 refs = {key: outs[ref] for key, ref in self.specs[name].references.items()}  # e.g. key_shift
@@ -336,6 +348,28 @@ class NetworkModel(SeqModel):
                 result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major
                 result[f"{name}:lengths"] = layer_lengths
         return result
+
+    def _runs_batch_major(self, name: str, batch_major: dict[str, tf.Tensor]) -> bool:
+        """Whether the layer runs on batch-major (B, T, S, C) and keeps its output so: a window over time
+        and a static axis (TensorFlow's window ops are batch-major; one of a frame at a time runs on either
+        layout, so it does where its sources are), or an activation of such outputs. A chain of them (a VGG
+        front-end) then transposes once into it and once out, not around every layer."""
+        layer, sources = self.layers[name], self.specs[name].sources
+        from_chain = bool(sources) and all(src in batch_major for src in sources)
+        if isinstance(layer, (Conv2D, Pool2D)):
+            return from_chain or not layer.frame_by_frame
+        return isinstance(layer, Activation) and from_chain
+
+    def _batch_major_call(self, name: str, outs: dict[str, tf.Tensor], batch_major: dict[str, tf.Tensor],
+                          training: bool, seed: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+        """The layer's (B, T, S, C) output; ``outs`` with the chain's sources batch-major."""
+        layer = self.layers[name]
+        from_chain = all(src in batch_major for src in self.specs[name].sources)
+        x = self._layer_input(name, {**outs, **batch_major}, training, seed)  # dropout: a mask per feature
+        if not isinstance(layer, (Conv2D, Pool2D)):
+            return layer(x, lengths, training)
+        x = layer.with_channels(x)
+        return layer.on_batch_major(x if from_chain else tf.transpose(x, [1, 0, 2, 3]), lengths)
 
     def _checked(self, name: str, y: tf.Tensor) -> tf.Tensor:
         """RETURNN's ``debug_add_check_numerics_on_output``: a NaN or Inf in the output stops the step."""

@@ -34,10 +34,10 @@ def _static_pads(size: int, window: Window) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def masked_batch_major(x: tf.Tensor, lengths: tf.Tensor, fill: float) -> tf.Tensor:
-    """(T, B, S, C) -> (B, T, S, C), the frames past each sequence set to ``fill``."""
-    valid = tf.transpose(tf.sequence_mask(lengths, tf.shape(x)[0]))[:, :, None, None]
-    return tf.transpose(tf.where(valid, x, tf.cast(fill, x.dtype)), [1, 0, 2, 3])
+def masked(x: tf.Tensor, lengths: tf.Tensor, fill: float) -> tf.Tensor:
+    """Batch-major (B, T, S, C) with the frames past each sequence set to ``fill``."""
+    valid = tf.sequence_mask(lengths, tf.shape(x)[1])[:, :, None, None]
+    return tf.where(valid, x, tf.cast(fill, x.dtype))
 
 
 def same_as_tensorflow(time: Window, space: Window) -> bool:
@@ -46,17 +46,22 @@ def same_as_tensorflow(time: Window, space: Window) -> bool:
     return time.padding == space.padding == "same" and time.stride == 1 and time.dilation == 1
 
 
-def padded_batch_major(x: tf.Tensor, lengths: tf.Tensor, time: Window, space: Window,
-                       fill: float) -> tf.Tensor:
-    """(T, B, S, C) -> (B, T_pad, S_pad, C), the frames past each sequence and the padding set to
-    ``fill``, so that a "VALID" window op gives the layer's output frames."""
-    n_time = tf.shape(x)[0]
-    x = masked_batch_major(x, lengths, fill)
+def padded(x: tf.Tensor, lengths: tf.Tensor, time: Window, space: Window, fill: float) -> tf.Tensor:
+    """Batch-major (B, T, S, C) -> (B, T_pad, S_pad, C), the frames past each sequence and the padding set
+    to ``fill``, so that a "VALID" window op gives the layer's output frames."""
+    n_time = tf.shape(x)[1]
     left = same_left_pad(time.size, time.stride, time.dilation) if time.padding == "same" else 0
     n_out = tf.maximum(out_length(n_time, time.size, time.stride, time.dilation, time.padding), 1)
     right = tf.maximum((n_out - 1) * time.stride + (time.size - 1) * time.dilation + 1 - n_time - left, 0)
     s_left, s_right = _static_pads(x.shape[2], space)
-    return tf.pad(x, [[0, 0], [left, right], [s_left, s_right], [0, 0]], constant_values=fill)
+    return tf.pad(masked(x, lengths, fill), [[0, 0], [left, right], [s_left, s_right], [0, 0]],
+                  constant_values=fill)
+
+
+def padded_batch_major(x: tf.Tensor, lengths: tf.Tensor, time: Window, space: Window,
+                       fill: float) -> tf.Tensor:
+    """``padded`` of a time-major (T, B, S, C)."""
+    return padded(tf.transpose(x, [1, 0, 2, 3]), lengths, time, space, fill)
 
 
 class _Windowed2D(Layer):
@@ -89,7 +94,8 @@ class _Windowed2D(Layer):
     def out_lengths(self, lengths: tf.Tensor) -> tf.Tensor:
         return out_length(lengths, self.time.size, self.time.stride, self.time.dilation, self.time.padding)
 
-    def _input(self, x: tf.Tensor) -> tf.Tensor:
+    def with_channels(self, x: tf.Tensor) -> tf.Tensor:
+        """``input_add_feature_dim``: the features as the static axis, one channel."""
         return x[..., None] if self.add_feature_axis and x.shape.rank == 3 else x
 
     @property
@@ -117,28 +123,30 @@ class Conv2D(_Windowed2D):
             self.params["bias"] = option_variable(name, opts, "bias_init", f"{name}/bias", (self.n_out,),
                                                   random_seed)
 
-    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
-        x = self._input(x)
+    def on_batch_major(self, x: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+        """Batch-major (B, T, S, C) -> (B, T', S', n_out)."""
         strides = [1, self.time.stride, self.space.stride, 1]
         weights = self.param("W")
-        if self.frame_by_frame and not self.depthwise:
-            y = tf.nn.conv2d(x, weights, strides, self.space.padding.upper())
-            y = y if "bias" not in self.params else tf.nn.bias_add(y, self.param("bias"))
-            return y if self.activation is None else self.activation(y)
         if self.depthwise:
-            x = padded_batch_major(x, lengths, self.time, self.space, 0.0)
             multiplier = self.n_out // self.in_dim
             weights = tf.reshape(weights, [self.time.size, self.space.size, self.in_dim, multiplier])
-            y = tf.nn.depthwise_conv2d(x, weights, strides, "VALID")
+            y = tf.nn.depthwise_conv2d(padded(x, lengths, self.time, self.space, 0.0), weights, strides,
+                                       "VALID")
+        elif self.frame_by_frame:
+            y = tf.nn.conv2d(x, weights, strides, self.space.padding.upper())
         elif same_as_tensorflow(self.time, self.space):  # a pad and its gradient cost a pass over x each
-            y = tf.nn.conv2d(masked_batch_major(x, lengths, 0.0), weights, strides, "SAME")
+            y = tf.nn.conv2d(masked(x, lengths, 0.0), weights, strides, "SAME")
         else:  # (explicit paddings would take TensorFlow's own kernels, not oneDNN's: 3x the time)
-            y = tf.nn.conv2d(padded_batch_major(x, lengths, self.time, self.space, 0.0), weights, strides,
-                             "VALID")
-        if "bias" in self.params:  # before the transpose: oneDNN fuses the convolution and its bias
+            y = tf.nn.conv2d(padded(x, lengths, self.time, self.space, 0.0), weights, strides, "VALID")
+        if "bias" in self.params:  # oneDNN fuses the convolution and its bias
             y = tf.nn.bias_add(y, self.param("bias"))
-        y = tf.transpose(y, [1, 0, 2, 3])
         return y if self.activation is None else self.activation(y)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        x = self.with_channels(x)
+        if self.frame_by_frame and not self.depthwise:  # the same op on (T, B, S, C)
+            return self.on_batch_major(x, lengths)
+        return tf.transpose(self.on_batch_major(tf.transpose(x, [1, 0, 2, 3]), lengths), [1, 0, 2, 3])
 
 
 class Pool2D(_Windowed2D):
@@ -152,21 +160,25 @@ class Pool2D(_Windowed2D):
             raise ConfigError(f"Network layer '{name}': 'mode' is required ('max' or 'avg').")
         self.mode = one_of(name, opts, "mode", ("max", "avg"), None)
 
-    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
-        x = self._input(x)
+    def on_batch_major(self, x: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+        """Batch-major (B, T, S, C) -> (B, T', S', C)."""
         size, strides = [self.time.size, self.space.size], [self.time.stride, self.space.stride]
         if self.mode == "max" and self.frame_by_frame:  # a window never holds padding alone along S
             return tf.nn.max_pool2d(x, size, strides, self.space.padding.upper())
         if self.mode == "max":
             lowest = x.dtype.min
-            y = tf.nn.max_pool2d(padded_batch_major(x, lengths, self.time, self.space, lowest), size, strides,
-                                 "VALID")
-            y = tf.where(y > lowest, y, tf.zeros_like(y))  # a window without a frame of its sequence
-        else:
-            def window_sums(values: tf.Tensor) -> tf.Tensor:
-                padded = padded_batch_major(values, lengths, self.time, self.space, 0.0)
-                window = float(self.time.size * self.space.size)
-                return tf.nn.avg_pool2d(padded, size, strides, "VALID") * window
+            y = tf.nn.max_pool2d(padded(x, lengths, self.time, self.space, lowest), size, strides, "VALID")
+            return tf.where(y > lowest, y, tf.zeros_like(y))  # a window without a frame of its sequence
 
-            y = window_sums(x) / tf.maximum(window_sums(tf.ones_like(x[..., :1])), 1.0)
-        return tf.transpose(y, [1, 0, 2, 3])
+        def window_sums(values: tf.Tensor) -> tf.Tensor:
+            window = float(self.time.size * self.space.size)
+            return tf.nn.avg_pool2d(padded(values, lengths, self.time, self.space, 0.0), size, strides,
+                                    "VALID") * window
+
+        return window_sums(x) / tf.maximum(window_sums(tf.ones_like(x[..., :1])), 1.0)
+
+    def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
+        x = self.with_channels(x)
+        if self.mode == "max" and self.frame_by_frame:  # the same op on (T, B, S, C)
+            return self.on_batch_major(x, lengths)
+        return tf.transpose(self.on_batch_major(tf.transpose(x, [1, 0, 2, 3]), lengths), [1, 0, 2, 3])
