@@ -9,7 +9,7 @@ import tensorflow as tf
 from engine.model import build_model
 from engine.model.axes import Layout, resolve_axes
 from engine.model.layers.conv import Window
-from engine.model.layers.conv2d import Conv2D, Pool2D, padded_batch_major, same_as_tensorflow, static_out_size
+from engine.model.layers.conv2d import Conv2D, Pool2D, padded, same_as_tensorflow, static_out_size
 from engine.model.layers.reduce import Reduce
 from engine.model.layers.reshape import MergeDims, SplitDims
 from engine.runtime.errors import ConfigError
@@ -126,8 +126,8 @@ def test_2d_conv_with_tensorflows_same_equals_the_explicit_padding():
     conv = layers[4]
     assert same_as_tensorflow(conv.time, conv.space)
     assert not same_as_tensorflow(layers[0].time, layers[0].space)
-    padded = padded_batch_major(tf.constant(x), tf.constant(lengths), conv.time, conv.space, 0.0)
-    expected = tf.nn.bias_add(tf.nn.conv2d(padded, conv.params["W"], [1, 1, 1, 1], "VALID"),
+    batch_major = padded(tf.transpose(x, [1, 0, 2, 3]), tf.constant(lengths), conv.time, conv.space, 0.0)
+    expected = tf.nn.bias_add(tf.nn.conv2d(batch_major, conv.params["W"], [1, 1, 1, 1], "VALID"),
                               conv.params["bias"])
     np.testing.assert_allclose(conv(tf.constant(x), tf.constant(lengths), False).numpy(),
                                tf.transpose(expected, [1, 0, 2, 3]).numpy(), rtol=1e-6, atol=1e-6)
@@ -187,8 +187,45 @@ def test_one_frame_windows_run_time_major_and_equal_the_batch_major_ops(padding)
                                                                           "VALID"), conv.params["bias"])),
                              (pool, lambda v: tf.nn.max_pool2d(v, [1, 2], [1, 2], "VALID"))):
         fill = 0.0 if layer is conv else np.finfo(np.float32).min
-        expected = tf.transpose(reference(padded_batch_major(tf.constant(x), tf.constant(lengths), layer.time,
-                                                             layer.space, fill)), [1, 0, 2, 3]).numpy()
+        batch_major = padded(tf.transpose(x, [1, 0, 2, 3]), tf.constant(lengths), layer.time, layer.space,
+                             fill)
+        expected = tf.transpose(reference(batch_major), [1, 0, 2, 3]).numpy()
         got = layer(tf.constant(x), tf.constant(lengths), False).numpy()
         for b, n in enumerate(lengths):
             np.testing.assert_allclose(got[:n, b], expected[:n, b], rtol=1e-6, atol=1e-6)
+
+
+def test_a_chain_of_2d_windows_runs_batch_major_and_equals_the_layers_one_by_one():
+    # c1 -> act -> p (one-frame pool) -> c2 (strided), and c3 reading the chain and the time-major input
+    network = {
+        "split": {"class": "split_dims", "axis": "F", "dims": (4, 2), "from": "data"},
+        "c1": {"class": "conv", "filter_size": (3, 3), "padding": "same", "n_out": 3, "with_bias": True,
+               "from": "split"},
+        "act": {"class": "activation", "activation": "relu", "from": "c1"},
+        "p": {"class": "pool", "mode": "max", "pool_size": (1, 2), "padding": "same", "from": "act"},
+        "c2": {"class": "conv", "filter_size": (3, 2), "strides": (2, 1), "padding": "same", "n_out": 2,
+               "from": "p"},
+        "c3": {"class": "conv", "filter_size": (2, 1), "padding": "valid", "n_out": 2,
+               "from": ["split", "c1"]},
+        "merged": {"class": "merge_dims", "axes": "static", "from": "c2"},
+        "merged3": {"class": "merge_dims", "axes": "static", "from": "c3"},
+        "output": {"class": "copy", "from": "merged"},
+        "aux": {"class": "copy", "from": "merged3", "is_output_layer": True},
+    }
+    model = build_model(network, input_dim=8, input_sparse=False, target_dims={"classes": 3})
+    rng = np.random.RandomState(9)
+    lengths = tf.constant([9, 5, 2])
+    data = tf.constant(rng.randn(3, 9, 8).astype(np.float32))
+    outputs = model(data, lengths)
+    layers, x = model.layers, tf.transpose(tf.reshape(data, [3, 9, 4, 2]), [1, 0, 2, 3])
+    c1 = layers["c1"](x, lengths, False)
+    p = layers["p"](layers["act"](c1, lengths, False), lengths, False)
+    c2 = layers["c2"](p, lengths, False)
+    c3 = layers["c3"](tf.concat([x, c1], axis=-1), lengths, False)
+    out_lengths = layers["c2"].out_lengths(lengths).numpy()
+    c3_lengths = layers["c3"].out_lengths(lengths).numpy()
+    for name, expected, frames in (("c1", c1, lengths.numpy()), ("c2", c2, out_lengths),
+                                   ("c3", c3, c3_lengths)):
+        got = outputs[name].numpy()  # batch-major
+        for b, n in enumerate(frames):
+            np.testing.assert_allclose(got[b, :n], expected.numpy()[:n, b], rtol=1e-6, atol=1e-6)

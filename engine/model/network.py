@@ -365,7 +365,8 @@ class NetworkModel(SeqModel):
         """The layer's (B, T, S, C) output; ``outs`` with the chain's sources batch-major."""
         layer = self.layers[name]
         from_chain = all(src in batch_major for src in self.specs[name].sources)
-        x = self._layer_input(name, {**outs, **batch_major}, training, seed)  # dropout: a mask per feature
+        # (input dropout draws one mask per feature: the same on either layout)
+        x = self._layer_input(name, {**outs, **batch_major} if from_chain else outs, training, seed)
         if not isinstance(layer, (Conv2D, Pool2D)):
             return layer(x, lengths, training)
         x = layer.with_channels(x)

@@ -41,7 +41,7 @@ def masked(x: tf.Tensor, lengths: tf.Tensor, fill: float) -> tf.Tensor:
 
 
 def same_as_tensorflow(time: Window, space: Window) -> bool:
-    """Whether TensorFlow's own "SAME" pads as ``padded_batch_major`` does: along time, where the stride is
+    """Whether TensorFlow's own "SAME" pads as ``padded`` does: along time, where the stride is
     1 (its left padding then does not depend on the number of frames), and along the static axis always."""
     return time.padding == space.padding == "same" and time.stride == 1 and time.dilation == 1
 
@@ -56,12 +56,6 @@ def padded(x: tf.Tensor, lengths: tf.Tensor, time: Window, space: Window, fill: 
     s_left, s_right = _static_pads(x.shape[2], space)
     return tf.pad(masked(x, lengths, fill), [[0, 0], [left, right], [s_left, s_right], [0, 0]],
                   constant_values=fill)
-
-
-def padded_batch_major(x: tf.Tensor, lengths: tf.Tensor, time: Window, space: Window,
-                       fill: float) -> tf.Tensor:
-    """``padded`` of a time-major (T, B, S, C)."""
-    return padded(tf.transpose(x, [1, 0, 2, 3]), lengths, time, space, fill)
 
 
 class _Windowed2D(Layer):
