@@ -143,7 +143,8 @@ def test_console_commands_run_their_main_functions(capsys):
     """What pip installs as `rnn-engine`, `hdf-dump`, ...: each target imports and answers --help."""
     commands = console_commands()
     assert set(commands) == {"rnn-engine", "hdf-dump", "dump-dataset", "make-hostfile", "supervise",
-                             "plot-learning-curve", "merge-timeline", "gen-returnn-keys", "audio-to-hdf",
+                             "plot-learning-curve", "merge-timeline", "profile-ops", "gen-returnn-keys",
+                             "audio-to-hdf",
                              "export-returnn-checkpoint", "mpirun-guard"}
     for name, target in commands.items():
         module, function = target.split(":")

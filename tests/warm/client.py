@@ -81,20 +81,39 @@ def main() -> None:
     request = json.dumps({"argv": command, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
                           "cpus": sorted(os.sched_getaffinity(0))}).encode() + b"\n"
     sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
-    pid = receive_int(sock)
-    if pid is None or pid < 0:
-        sock.close()
-        run_cold(command)
-    note("warm")
 
-    def forward(number: int, _frame) -> None:
+    early: list[int] = []  # signals received before the server said the rank runs
+    running = [False]
+
+    def send(number: int) -> None:
         try:
             sock.sendall(struct.pack("i", number))
         except OSError:
             pass  # the rank has ended already: its status follows
 
+    def forward(number: int, _frame) -> None:
+        if running[0]:
+            send(number)
+        else:
+            early.append(number)
+
+    # handled from here on: the rank may run (and print) before its pid reaches us, and a signal sent on
+    # what it printed would otherwise kill this client and leave the rank running; the numbers go to the
+    # server once it has forked the rank (before, they would run into the request it is still reading)
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    pid = receive_int(sock)
+    if pid is None or pid < 0:
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        for number in early:  # what they would have done to this client
+            os.kill(os.getpid(), number)
+        sock.close()
+        run_cold(command)
+    note("warm")
+    running[0] = True
+    for number in early:
+        send(number)
     status = receive_int(sock)
     if status is None:
         print(f"warm start: the server that ran this rank (pid {pid}) went away", file=sys.stderr, flush=True)
