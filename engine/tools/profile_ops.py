@@ -19,8 +19,6 @@ import os
 import sys
 from dataclasses import dataclass
 
-from tensorflow.core.profiler.protobuf import xplane_pb2
-
 
 @dataclass
 class OpTimes:
@@ -55,6 +53,8 @@ def op_times(path: str, by: str = "type") -> OpTimes:
     """The kernels' times of every profile file under ``path`` by op ``type``, ``name`` or ``layer``:
     TensorFlow's op events carry the op's type as their display name (events without one are the
     executor's own)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow 2.15 and the newest alike
+
     times: collections.Counter = collections.Counter()
     span_ms = 0.0
     files = profile_files(path)
