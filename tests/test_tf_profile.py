@@ -14,6 +14,7 @@ network = {"hidden": {"class": "linear", "activation": "tanh", "n_out": 8},
            "output": {"class": "softmax", "loss": "ce", "from": "hidden"}}
 batch_size = 120
 num_epochs = 2
+device = "cpu"  # the tool reads the CPU kernels; a GPU machine would put them on its device plane
 model = %(model)r
 """
 TOOL = str(ROOT / "tools" / "profile_ops.py")
