@@ -3,7 +3,7 @@
 one training step for every network it accepts.
 
     .venv/bin/python benchmarks/bench_returnn_coverage.py CHECKOUT [--years 2018,...,2022] [--no-train]
-        [--top 30] [--folder DIR] [--show-accepted]
+        [--jobs 2] [--top 30] [--folder DIR] [--show-accepted]
 
 CHECKOUT is a checkout of ``rwth-i6/returnn-experiments`` (the project holds none of its files). Each
 ``*.config`` of the folders of ``--years`` is read as ``returnn_setups.py`` says (its top-level code run
@@ -12,7 +12,9 @@ its check config is that network, the config's ``extern_data`` / ``num_inputs`` 
 ``target`` as written, and a small HDF corpus of those dims as ``train`` and ``dev`` (its own datasets
 read the authors' corpora). The check is ``engine.tasks.check.collect``, what ``rnn.py CONFIG --check``
 prints. Each network it accepts then trains one epoch of 4 sequences (2 steps) with ``rnn.py`` on its
-corpus, unless ``--no-train``.
+corpus, unless ``--no-train``; ``--jobs`` of those runs at a time (default: one per core: building a
+network's graph is one Python thread, so a run mostly keeps one core busy), each reported on stderr as it
+ends.
 
 Prints: the counts (configs, networks read, accepted by the check, trained a step), the refusals by the
 number of networks they stop (each network's every refusal counted once; a layer class that the check
@@ -28,6 +30,7 @@ import argparse
 import ast
 import importlib.util
 import collections
+import concurrent.futures
 import copy
 import os
 import re
@@ -326,6 +329,8 @@ def main() -> int:
     parser.add_argument("checkout", help="a checkout of rwth-i6/returnn-experiments")
     parser.add_argument("--years", default=",".join(SETUP_YEARS))
     parser.add_argument("--no-train", action="store_true", help="only the check, no training step")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="training runs at a time (default: one per core)")
     parser.add_argument("--top", type=int, default=30, help="rows of each table")
     parser.add_argument("--folder", help="corpora and training runs here (default: a temporary folder)")
     parser.add_argument("--show-accepted", action="store_true", help="list the accepted networks")
@@ -336,8 +341,9 @@ def main() -> int:
     paths = setup_paths(args.checkout, tuple(args.years.split(",")))
     refused_by: collections.Counter = collections.Counter()
     missing_classes: collections.Counter = collections.Counter()
-    networks, accepted, trained, failed_steps = 0, [], 0, []
+    networks, accepted, runs = 0, [], {}
     corpora: dict[tuple, str] = {}
+    pool = concurrent.futures.ThreadPoolExecutor(max(args.jobs, 1))
     for path in paths:
         setup = read_setup(args.checkout, path)
         if setup.network is None:
@@ -363,10 +369,12 @@ def main() -> int:
             continue
         accepted.append(path)
         if not args.no_train:
-            problem = train_step(setup, corpora[signature], folder, dims, args.checkout)
-            trained += not problem
-            if problem:
-                failed_steps.append((path, problem))
+            runs[path] = pool.submit(train_step, setup, corpora[signature], folder, dims, args.checkout)
+            runs[path].add_done_callback(lambda run, path=path: print(
+                f"trained {path}: {run.result() or 'OK'}", file=sys.stderr, flush=True))
+    pool.shutdown()
+    failed_steps = [(path, run.result()) for path, run in runs.items() if run.result()]
+    trained = len(runs) - len(failed_steps)
     print(f"{len(paths)} configs under {args.checkout} ({args.years}); {networks} leave a network dict")
     print(f"  --check accepts {len(accepted)} of {networks} ({100 * len(accepted) / max(networks, 1):.0f} %)")
     if not args.no_train:

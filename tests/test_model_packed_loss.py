@@ -48,7 +48,8 @@ def test_packed_logits_score_what_the_padded_ones_score(criterion):
         tape.watch(inputs)
         padded = masked_ce_sums(tf.reshape(project(inputs), [4, 6, 11]), tf.constant(labels), lengths, "out",
                                 criterion)
-        packed = packed_ce_sums(inputs, project, tf.constant(labels), lengths, "out", criterion)
+        packed = packed_ce_sums(tf.transpose(inputs, [1, 0, 2]), project, tf.constant(labels), lengths, "out",
+                                criterion)
     np.testing.assert_allclose([float(v) for v in packed], [float(v) for v in padded], rtol=1e-6)
     assert float(packed[2]) == 12.0
     for source in (inputs, weights, bias):
@@ -58,7 +59,7 @@ def test_packed_logits_score_what_the_padded_ones_score(criterion):
 
 def test_a_target_of_other_length_is_still_a_data_error():
     with pytest.raises(DataError, match="'out' is frame-wise"):
-        packed_ce_sums(tf.zeros([2, 5, 3]), lambda rows: rows, tf.zeros([2, 4], tf.int32),
+        packed_ce_sums(tf.zeros([5, 2, 3]), lambda rows: rows, tf.zeros([2, 4], tf.int32),
                        tf.constant([5, 4]), "out")
 
 

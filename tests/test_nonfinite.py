@@ -155,6 +155,19 @@ def test_no_checkpoint_with_inf_or_nan_is_written(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["net.001", "net.002"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_the_checkpoint_check_finds_each_kind_of_non_finite_value(dtype):
+    from engine.training.checkpoints.policy import _finite
+    values = np.full(1000, 3e4 if dtype == "float16" else 3e38, dtype=np.dtype(dtype) if dtype != "bfloat16"
+                     else tf.bfloat16.as_numpy_dtype)
+    assert _finite(values)  # a float32 sum would overflow: the check must not call these Inf
+    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):  # +Inf and -Inf would sum to NaN
+        broken = values.copy()
+        broken[[3, 700][:len(bad)]] = bad
+        assert not _finite(broken), (dtype, bad)
+    assert _finite(np.arange(5)) and _finite(np.array([True]))
+
+
 # ----- whole runs: one process, and 2 ranks under mpirun -----
 def run_config(folder, **overrides) -> dict:
     config = {"train": {"class": "DummyDataset", "input_dim": 5, "output_dim": 3, "num_seqs": 48,

@@ -89,15 +89,17 @@ def packed_ce_sums(
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """``masked_ce_sums`` of the logits ``project(inputs)``, projecting only the frames it scores.
 
-    ``inputs`` (B, T, F): what ``project`` maps row by row to logits (a softmax layer's input). The
-    frames ``t < lengths[b]`` are gathered first, so the padding gets neither logits nor a softmax: RETURNN
-    computes the logits of every frame and flattens them by this mask before its loss (the same values);
-    with thousands of classes and chunked batches a third of a step's time went to the padding.
+    ``inputs`` (T, B, F), time-major as the layers compute it: what ``project`` maps row by row to logits
+    (a softmax layer's input); ``labels`` (B, T). The frames ``t < lengths[b]`` are gathered first, so the
+    padding gets neither logits nor a softmax: RETURNN computes the logits of every frame and flattens them
+    by this mask before its loss (the same values); with thousands of classes and chunked batches a third
+    of a step's time went to the padding. Gathering time-major spares a transpose of the inputs and one of
+    their gradient.
     """
-    labels = _frame_labels(labels, tf.shape(inputs)[1], where)
-    frames = tf.where(tf.sequence_mask(lengths, tf.shape(inputs)[1]))  # (N, 2): (sequence, time)
+    labels = _frame_labels(labels, tf.shape(inputs)[0], where)
+    frames = tf.where(tf.transpose(tf.sequence_mask(lengths, tf.shape(inputs)[0])))  # (N, 2): (time, seq)
     logits = project(tf.gather_nd(inputs, frames))  # (N, C)
-    frame_labels = tf.gather_nd(labels, frames)
+    frame_labels = tf.gather_nd(labels, tf.reverse(frames, [1]))
     loss_sum = tf.reduce_sum((criterion or CrossEntropy()).frame_losses(logits, frame_labels))
     wrong = tf.not_equal(tf.argmax(logits, axis=-1, output_type=tf.int32), frame_labels)
     return loss_sum, tf.reduce_sum(tf.cast(wrong, tf.float32)), tf.cast(tf.shape(frames)[0], tf.float32)

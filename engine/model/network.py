@@ -322,12 +322,12 @@ class NetworkModel(SeqModel):
                     new_lengths = self._size_base_lengths(layer, seq_lengths, stream_lengths or {})
                     y, layer_lengths = layer.resize(x, layer_lengths, new_lengths), new_lengths
                 elif isinstance(layer, Softmax):
+                    if layer.loss == "ce":  # the ce loss projects only the frames it scores (packed_ce_sums)
+                        result[f"{name}:logits_input"] = x
                     # batch-major logits from a batch-major input: over thousands of classes, transposing the
                     # (T, B, classes) logits for the losses would cost more than the matmul's input transpose
                     x = _batch_major(x)
                     logits = tf.cast(layer(x, layer_lengths, training), tf.float32)  # tf_amp
-                    if layer.loss == "ce":  # the ce loss projects only the frames it scores (packed_ce_sums)
-                        result[f"{name}:logits_input"] = x
                     seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
                     result[f"{name}:logits"] = logits
                     result[name] = self._checked(name, tf.nn.softmax(logits))

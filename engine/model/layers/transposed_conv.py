@@ -61,17 +61,17 @@ class TransposedConv(Layer):
         return tf.maximum(grown - 2 * self.remove, 0)
 
     def __call__(self, x: tf.Tensor, lengths: tf.Tensor, training: bool) -> tf.Tensor:
-        # expand_dims and squeeze, not [:, :, None] and [:, :, 0]: their gradients are reshapes
-        x = tf.expand_dims(tf.transpose(time_mask(x, lengths), [1, 0, 2]), 2)  # (B, T, 1, in)
+        # time-major (T, B, in) as one image (1, T, B, in), the batch as its width: no transposes (their
+        # gradients took as long as the op's); expand_dims and squeeze: their gradients are reshapes
+        x = tf.expand_dims(time_mask(x, lengths), 0)
         shape = tf.shape(x)
         n_time = self.out_lengths(shape[1]) + 2 * self.remove
         y = tf.nn.conv2d_transpose(x, self.param("W_native_transposed_conv"),
-                                   tf.stack([shape[0], n_time, 1, self.n_out]), [1, self.stride, 1, 1],
+                                   tf.stack([1, n_time, shape[2], self.n_out]), [1, self.stride, 1, 1],
                                    self.padding.upper())
-        y = tf.squeeze(y, 2)
+        y = tf.squeeze(y, 0)
         if self.remove:
-            y = y[:, self.remove:-self.remove]
-        y = tf.transpose(y, [1, 0, 2])
+            y = y[self.remove:-self.remove]
         if "bias" in self.params:
             y = tf.nn.bias_add(y, self.param("bias"))
         return y if self.activation is None else self.activation(y)
