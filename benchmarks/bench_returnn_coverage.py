@@ -268,30 +268,64 @@ def stand_in_checkpoints(network: dict, extern: dict, target: Any, folder: str, 
 
 def train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]],
                root: str) -> str:
-    """'' when ``rnn.py`` trained the network one epoch; else the last line of its error. Its checkpoints
-    (a published LM's stand-in and the model: up to gigabytes each) are removed after the run; the
-    training config stays in ``folder``."""
+    """'' when ``rnn.py`` trained the network one epoch; else the last line of its error."""
+    prepared = prepare_training(setup, corpus, folder, dims, root)
+    return prepared if isinstance(prepared, str) else run_training(*prepared)
+
+
+def prepare_training(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]],
+                     root: str) -> tuple[str, str] | str:
+    """The training config of the network, written into a new folder under ``folder`` (with the stand-ins
+    of its ``load_on_init`` checkpoints): (that folder, the config), or why there is none. It builds
+    TensorFlow objects in this process, so it runs in the main thread (TensorFlow's imports and graph
+    building are not for two threads at once); ``run_training`` may run in another."""
     name = re.sub(r"[^\w.-]", "_", setup.path)
     work = tempfile.mkdtemp(prefix=f"{name}.", dir=folder)
     try:
-        return _train_step(setup, corpus, work, dims, root, name)
+        problem = _write_training_config(setup, corpus, work, dims, root, name)
+    except BaseException:
+        _clean(work)
+        raise
+    if problem:
+        _clean(work)
+        return problem
+    return work, os.path.join(work, f"{name}.py")
+
+
+def run_training(work: str, config: str) -> str:
+    """'' when ``rnn.py`` trained ``config`` one epoch; else the last line of its error. The run's
+    checkpoints (a published LM's stand-in and the model: up to gigabytes each) are removed afterwards;
+    the training config stays in ``work``."""
+    try:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "rnn.py"), config], env=child_env(),
+                              capture_output=True, text=True, timeout=TRAIN_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"no epoch within {TRAIN_SECONDS} s"
     finally:
-        for entry in os.listdir(work):
-            path = os.path.join(work, entry)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif not entry.endswith(".py"):
-                os.remove(path)
+        _clean(work)
+    if done.returncode == 0 and "finished after" in done.stdout + done.stderr:
+        return ""
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return f"exit {done.returncode}: {lines[-1][:200] if lines else ''}"
 
 
-def _train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]], root: str,
-                name: str) -> str:
+def _clean(work: str) -> None:
+    for entry in os.listdir(work):
+        path = os.path.join(work, entry)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif not entry.endswith(".py"):
+            os.remove(path)
+
+
+def _write_training_config(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[int, bool]],
+                           root: str, name: str) -> str:
+    """Writes ``<folder>/<name>.py``; '' or why it could not."""
     text = repr(setup.network)
     try:
         ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return "the network holds values that are not literals (functions, objects): not written to a file"
-    config = os.path.join(folder, f"{name}.py")
     extern = {k: {"dim": d, "sparse": s} for k, (d, s) in dims.items()}
     tags = time_tags(setup.namespace)
     tag_lines = [f"_time_tag{n} = DimensionTag(kind=DimensionTag.Types.Spatial, description='time{n}')"
@@ -311,17 +345,9 @@ def _train_step(setup: Setup, corpus: str, folder: str, dims: dict[str, tuple[in
         "num_epochs = 1", "batch_size = 100000", "max_seqs = 2", f"model = {os.path.join(folder, name)!r}"]
     if "target" in setup.namespace:
         lines.append(f"target = {setup.namespace['target']!r}")
-    with open(config, "w") as f:
+    with open(os.path.join(folder, f"{name}.py"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    try:
-        done = subprocess.run([sys.executable, os.path.join(ROOT, "rnn.py"), config], env=child_env(),
-                              capture_output=True, text=True, timeout=TRAIN_SECONDS)
-    except subprocess.TimeoutExpired:
-        return f"no epoch within {TRAIN_SECONDS} s"
-    if done.returncode == 0 and "finished after" in done.stdout + done.stderr:
-        return ""
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    return f"exit {done.returncode}: {lines[-1][:200] if lines else ''}"
+    return ""
 
 
 def main() -> int:
@@ -369,7 +395,8 @@ def main() -> int:
             continue
         accepted.append(path)
         if not args.no_train:
-            runs[path] = pool.submit(train_step, setup, corpora[signature], folder, dims, args.checkout)
+            prepared = prepare_training(setup, corpora[signature], folder, dims, args.checkout)
+            runs[path] = pool.submit(lambda p=prepared: p if isinstance(p, str) else run_training(*p))
             runs[path].add_done_callback(lambda run, path=path: print(
                 f"trained {path}: {run.result() or 'OK'}", file=sys.stderr, flush=True))
     pool.shutdown()

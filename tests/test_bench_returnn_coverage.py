@@ -135,3 +135,22 @@ def test_time_tags_one_frame_streams_and_cluster_imports_reach_the_training_conf
     kept = coverage.config_functions(str(tmp_path), "2022-x/base.config", setup.namespace)
     assert "from TFUtil import DimensionTag" in kept and not any("cachemanager" in k for k in kept)
     assert coverage.train_step(setup, corpus, str(tmp_path), dims, str(tmp_path)) == ""
+
+
+def test_the_benchmark_trains_its_accepted_networks_two_at_a_time_and_reports_each(tmp_path):
+    """``main`` with ``--jobs 2``: the training configs are prepared in the main thread (TensorFlow objects
+    for stand-ins), the runs go in parallel, each is reported as it ends, and the counts add up."""
+    import subprocess
+
+    write(tmp_path, "2019-asr-x/base.config", SETUP)
+    write(tmp_path, "2019-asr-x/other.config", SETUP.replace("LstmDim = 32", "LstmDim = 16"))
+    write(tmp_path, "2019-asr-x/refused.config", SETUP.replace('"loss": "ce"', '"loss": "sprint"'))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_returnn_coverage.py"),
+                           str(tmp_path), "--jobs", "2", "--folder", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--check accepts 2 of 3" in done.stdout, done.stdout
+    assert "trained one epoch (2 steps): 2 of the 2 accepted" in done.stdout, done.stdout
+    reported = sorted(line for line in done.stderr.splitlines() if line.startswith("trained "))
+    assert reported == ["trained 2019-asr-x/base.config: OK", "trained 2019-asr-x/other.config: OK"], \
+        done.stderr[-2000:]
