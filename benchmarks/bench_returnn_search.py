@@ -36,7 +36,10 @@ engine loads that checkpoint (as ``bench_returnn_attention.py`` does) and calls 
 batches (``search_batches``: longest first, as RETURNN's search with an output file orders them, cut by
 ``batch_size`` padded frames and ``max_seqs``). Compared: the share of sequences with the identical
 hypothesis (target ``TARGET_SAME``), both WERs against the references, and the score of each equal
-hypothesis (RETURNN's beam score of it, relative ``SCORE_TOLERANCE``). Differences are listed.
+hypothesis (RETURNN's beam score of it, relative ``SCORE_TOLERANCE``), and the search's closing line
+(``Search done. ... Final: score S error E``: the engine's ``task = "search"`` line for the same batches
+against RETURNN's log; the same layers, each value within relative ``LINE_TOLERANCE``). Differences are
+listed.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -59,6 +63,7 @@ from returnn_side import no_returnn, returnn_python
 DEFAULT_CONFIG = "2019-librispeech-system/attention/base2.config"
 TARGET_SAME = 0.99
 SCORE_TOLERANCE = 1e-4
+LINE_TOLERANCE = 1e-4  # the closing line's losses: float32 sums, added up in another order
 BEAM = 12
 HOLD = (12, 18)  # frames a label is held: multiples of the encoder's time reduction 6
 SEARCH_BATCH = {"batch_size": 4000, "max_seqs": 20}
@@ -207,28 +212,72 @@ def run_returnn(python: str, config: str, log_path: str) -> None:
             sys.exit(f"bench_returnn_search: RETURNN failed (exit {done.returncode}):\n{f.read()[-4000:]}")
 
 
-def engine_search(model, tags: list[str], features: list[np.ndarray], classes: int,
-                  layer: str = "decision") -> dict[str, tuple[str, float]]:
-    """The engine's decided hypothesis (text) and score per tag, batched as ``search_batches``."""
+def engine_search(model, tags: list[str], features: list[np.ndarray], labels: list[np.ndarray], classes: int,
+                  layer: str = "decision") -> tuple[dict[str, tuple[str, float]], str]:
+    """The engine's decided hypothesis (text) and score per tag, batched as ``search_batches``, and the
+    closing line its search task prints for them (RETURNN's format; ``labels`` are the references)."""
     import tensorflow as tf
 
+    from engine.tasks.search import scored_loss_layers, summary
+    from engine.tasks.search_output import SeqResult
+
+    scored = scored_loss_layers(model, layer)
+    ids = tf.TensorSpec([None, None], tf.int32)
+
     @tf.function(input_signature=[tf.TensorSpec([None, None, features[0].shape[1]], tf.float32),
-                                  tf.TensorSpec([None], tf.int32)], autograph=False)
-    def step(data, lengths):
-        found = model.search(data, lengths, layer)
-        return found["hyps"], found["hyp_lengths"], found["scores"]
+                                  tf.TensorSpec([None], tf.int32), ids, tf.TensorSpec([None], tf.int32)],
+                 autograph=False)
+    def step(data, lengths, targets, target_lengths):
+        found = model.search(data, lengths, layer, scored, {"classes": targets}, {"classes": target_lengths})
+        return found["hyps"], found["hyp_lengths"], found["scores"], found.get("sums", tf.zeros([0, 3]))
 
     names = label_names(classes)
     lengths = np.array([len(f) for f in features], np.int32)
-    results = {}
+    label_lengths = np.array([len(x) for x in labels], np.int32)
+    results, seq_results, sums, steps = {}, [], np.zeros((len(scored), 3)), 0
     for batch in search_batches(lengths, **SEARCH_BATCH):
         data = np.zeros((len(batch), lengths[batch].max(), features[0].shape[1]), np.float32)
+        targets = np.zeros((len(batch), label_lengths[batch].max()), np.int32)
         for row, i in enumerate(batch):
             data[row, :lengths[i]] = features[i]
-        hyps, hyp_lengths, scores = (t.numpy() for t in step(data, lengths[batch]))
+            targets[row, :label_lengths[i]] = labels[i]
+        hyps, hyp_lengths, scores, batch_sums = (t.numpy() for t in step(data, lengths[batch], targets,
+                                                                         label_lengths[batch]))
+        sums, steps = sums + batch_sums, steps + 1
         for row, i in enumerate(batch):
-            results[tags[i]] = (" ".join(names[k] for k in hyps[row, :hyp_lengths[row]]), float(scores[row]))
-    return results
+            hyp = hyps[row, :hyp_lengths[row]].tolist()
+            results[tags[i]] = (" ".join(names[k] for k in hyp), float(scores[row]))
+            errors = edit_distance(hyp, labels[i].tolist())
+            seq_results.append(SeqResult(tags[i], None, errors, len(labels[i])))
+    setup = SimpleNamespace(target="classes", layer=layer, text=None, scored=scored, model=model)
+    return results, summary(setup, seq_results, steps, sums)[0]
+
+
+def closing_scores(line: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The scores and errors of a search's closing line in RETURNN's format (one value alone: key "")."""
+    found = re.search(r"Final: score (.*?) error (.*)$", line.strip())
+    if not found:
+        raise ValueError(f"not a search's closing line: {line!r}")
+
+    def values(text: str) -> dict[str, float]:
+        parts = text.split()
+        if parts == ["None"]:
+            return {}
+        if len(parts) == 1:
+            return {"": float(parts[0])}
+        return {parts[i]: float(parts[i + 1]) for i in range(0, len(parts), 2)}
+
+    return values(found[1]), values(found[2])
+
+
+def compare_closing_lines(ours: str, theirs: str) -> float:
+    """The largest relative difference of the two lines' values (inf when they name different layers)."""
+    diffs = []
+    for mine, other in zip(closing_scores(ours), closing_scores(theirs)):
+        if set(mine) != set(other):
+            return float("inf")
+        diffs += [abs(mine[k] - other[k]) / max(abs(other[k]), 1e-12) for k in mine]
+    return max(diffs, default=0.0)
 
 
 def main() -> int:
@@ -296,11 +345,14 @@ def main() -> int:
         model, _ = engine_model(job, folder, network)
         names = label_names(args.classes)
         refs = {tag: " ".join(names[k] for k in labels if k != 0) for tag, _, labels in dev}
-        ours = engine_search(model, [t for t, _, _ in dev], [f for _, f, _ in dev], args.classes)
-    return report(compare(ours, theirs, refs), ours, theirs, refs)
+        ours, our_line = engine_search(model, [t for t, _, _ in dev], [f for _, f, _ in dev],
+                                       [x for _, _, x in dev], args.classes)
+        with open(os.path.join(folder, "returnn-search.log")) as f:
+            their_line = next(line for line in f if line.startswith("Search done."))
+    return report(compare(ours, theirs, refs), ours, theirs, refs, our_line, their_line)
 
 
-def report(result: dict, ours: dict, theirs: dict, refs: dict) -> int:
+def report(result: dict, ours: dict, theirs: dict, refs: dict, our_line: str, their_line: str) -> int:
     print(f"beam {BEAM}, {result['seqs']} dev sequences: identical hypotheses {result['same']} "
           f"({100 * result['share']:.1f} %, target >= {100 * TARGET_SAME:g} %)")
     print(f"WER (= label error rate, EOS excluded): RETURNN {100 * result['wer returnn']:.2f} %, engine "
@@ -313,8 +365,11 @@ def report(result: dict, ours: dict, theirs: dict, refs: dict) -> int:
         print(f"  {tag}: ref '{refs[tag]}'\n    RETURNN '{theirs[tag]['decision']}' "
               f"{beam.get(theirs[tag]['decision'], float('nan')):.5f}\n    engine  '{mine}' {score:.5f} "
               f"(RETURNN's beam: {beam.get(mine, 'not in it')})")
+    line_diff = compare_closing_lines(our_line, their_line)
+    print(f"closing line, RETURNN: {their_line.strip()}\nclosing line, engine:  {our_line.strip()}\n"
+          f"  largest relative difference {line_diff:.2e} (at most {LINE_TOLERANCE:g})")
     ok = result["share"] >= TARGET_SAME and result["score diff"] <= SCORE_TOLERANCE \
-        and result["wer engine"] == result["wer returnn"]
+        and result["wer engine"] == result["wer returnn"] and line_diff <= LINE_TOLERANCE
     print(f"{'PASS' if ok else 'FAIL'}: search equal to RETURNN's")
     return 0 if ok else 1
 

@@ -65,3 +65,15 @@ def test_search_rate_between_each_programs_lines():
     returnn = Output("", [(2.0, "Will write outputs to: x"), (5.0, "epoch 3 search, finished after 9 steps")])
     assert speed.search_rate(engine, "engine", 300) == pytest.approx(50.0)
     assert speed.search_rate(returnn, "returnn", 300) == pytest.approx(100.0)
+
+
+def test_closing_lines_are_read_and_compared_in_returnns_format():
+    theirs = "Search done. Num steps 3, Final: score 2.744618026785616 error ctc 0.84375 decision 0.953125\n"
+    assert bench.closing_scores(theirs) == ({"": 2.744618026785616}, {"ctc": 0.84375, "decision": 0.953125})
+    assert bench.closing_scores("Search done. Num steps 1, Final: score None error None") == ({}, {})
+    ours = "Search done. Num steps 3, Final: score 2.7446 error ctc 0.84375 decision 0.953125"
+    expected = (2.744618026785616 - 2.7446) / 2.744618026785616
+    assert bench.compare_closing_lines(ours, theirs) == pytest.approx(expected)
+    assert bench.compare_closing_lines("Final: score 2.7 error ctc 0.8", theirs) == float("inf")
+    with pytest.raises(ValueError):
+        bench.closing_scores("epoch 2 search, finished after 3 steps")

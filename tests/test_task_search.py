@@ -14,7 +14,7 @@ from engine.datasets import DataKeyInfo, HDFWriter
 from engine.model.rec.decide import Decide
 from engine.model.rec.subnet import RecSubnet
 from engine.runtime.errors import ConfigError, DataError
-from engine.tasks.search import output_layer
+from engine.tasks.search import output_layer, returnn_scores, summary
 from engine.tasks.search_output import (HypothesisText, SeqResult, check_format, edit_distance,
                                         score_sequence, vocabulary_from_labels, write_hypotheses)
 from helpers import ROOT, run_mpi, run_rnn
@@ -150,8 +150,19 @@ def test_one_and_two_ranks_write_the_same_file_and_print_its_scores(trained):
     ref_words = sum(len(words(refs[tag])) for tag in refs)
     label_errors = sum(levenshtein(ids[tag], refs[tag]) for tag in refs)
     ref_labels = sum(len(refs[tag]) for tag in refs)
+    # the ctc layer on the encoder is scored as the eval task scores it (the same numbers, printed there
+    # with 6 decimals), the decide layer by the label errors of the hypotheses
+    scored = run_rnn([config, "++task", "eval"], timeout=300)
+    assert scored.returncode == 0, scored.stdout + scored.stderr
+    ctc = re.search(r"eval: score_ctc (\S+) error_ctc (\S+)", scored.stdout)
+    assert ctc, scored.stdout
     for r in (r1, r2):
-        assert f"Final: score None error {label_errors / ref_labels}\n" in r.stdout
+        line = re.search(r"Search done\. Num steps \d+, Final: score (\S+) error ctc (\S+) decision (\S+)\n",
+                         r.stdout)
+        assert line, r.stdout
+        assert float(line[1]) == pytest.approx(float(ctc[1]), abs=2e-6)
+        assert float(line[2]) == pytest.approx(float(ctc[2]), abs=2e-6)
+        assert line[3] == str(label_errors / ref_labels)
         assert (f"search: WER {word_errors / ref_words:.6f} ({word_errors} word errors / {ref_words} "
                 f"reference words, {len(refs)} sequences)") in r.stdout, r.stdout
     assert "on 2 rank(s)" in r2.stdout
@@ -246,14 +257,34 @@ def test_refusals(tmp_path):
 def test_the_closing_line_reports_the_decide_error_unless_its_loss_is_dropped_in_search(flag, error):
     """RETURNN drops a layer's loss in a search where loss_only_on_non_search is set (published attention
     setups set it on their decide layer): its closing line then has no error."""
-    from types import SimpleNamespace
-
-    from engine.tasks.search import summary
-    from engine.tasks.search_output import SeqResult
-
     decide = {"class": "decide", "from": "output", "loss": "edit_distance", "target": "classes",
               "loss_only_on_non_search": flag}
-    setup = SimpleNamespace(target="classes", layer="decision", text=None,
-                            model=SimpleNamespace(specs={"decision": SimpleNamespace(opts=decide)}))
+    setup = _summary_setup({"decision": decide}, scored={})
     results = [SeqResult("a", None, label_errors=1, ref_labels=4)]
-    assert summary(setup, results, 3)[0] == f"Search done. Num steps 3, Final: score None error {error}"
+    assert summary(setup, results, 3, np.zeros((0, 3)))[0] == \
+        f"Search done. Num steps 3, Final: score None error {error}"
+
+
+def test_the_closing_line_has_returnns_scores_of_the_loss_layers_outside_the_loop():
+    """RETURNN's format: one value alone, several as "<layer> <value>" in order of the layers' names; a
+    loss layer's score and error are its sums divided by its count; an edit_distance loss has an error only.
+    """
+    decide = {"class": "decide", "from": "output", "loss": "edit_distance", "target": "classes"}
+    setup = _summary_setup({"decision": decide}, scored={"ctc": "ctc", "edit": "edit_distance"})
+    results = [SeqResult("a", None, label_errors=1, ref_labels=4), SeqResult("b", None, 2, 4)]
+    sums = np.array([[30.0, 3.0, 8.0], [0.0, 2.0, 8.0]])
+    assert summary(setup, results, 2, sums)[0] == \
+        "Search done. Num steps 2, Final: score 3.75 error ctc 0.375 decision 0.375 edit 0.25"
+    assert returnn_scores({}) == "None" and returnn_scores({"b": 0.5}) == "0.5"
+    assert returnn_scores({"b": 0.5, "a": 1e-7}) == "a 1e-07 b 0.5"
+
+
+def _summary_setup(specs: dict, scored: dict):
+    """A search's setup as ``summary`` reads it: the decide layer's spec, the scored layers' losses."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        target="classes", layer="decision", text=None, scored=list(scored),
+        model=SimpleNamespace(specs={name: SimpleNamespace(opts=opts) for name, opts in specs.items()},
+                              loss_objects={name: SimpleNamespace(loss=loss)
+                                            for name, loss in scored.items()}))

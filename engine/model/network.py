@@ -2,15 +2,16 @@
 
 Only the layers that ``output``, a loss layer or an ``is_output_layer`` layer depend on are built (as in
 RETURNN), in dependency order; every layer of the dict is still checked, so a typo in an unused layer is
-reported too. Internally the network runs time-major (T, B, F): the fused LSTM kernel wants that, and
-returned outputs are transposed back to (B, T, F) only where someone reads them (``tf.function`` prunes
-the rest). Each layer's sequence lengths travel with it (``Layer.out_lengths``; conv and pool may change
-them) and come back as ``"<layer>:lengths"`` (B,), int32, e.g. for a CTC loss on a downsampled output.
+reported too. Internally the network runs time-major (T, B, F) (the fused LSTM kernel wants that),
+chains of 2-D windows batch-major (``layouts.py``); returned outputs are transposed to (B, T, F) only
+where someone reads them (``tf.function`` prunes the rest). Each layer's sequence lengths travel with it
+(``Layer.out_lengths``; conv and pool may change them) and come back as ``"<layer>:lengths"`` (B,),
+int32, e.g. for a CTC loss on a downsampled output.
 """
 
 from __future__ import annotations
 
-from typing import Collection
+from typing import Collection, Sequence
 
 import tensorflow as tf
 
@@ -22,10 +23,9 @@ from engine.model.base import LossResult, SeqModel
 from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer, scope_name
 from engine.model.layers.conv import window_options
-from engine.model.layers.conv2d import Conv2D, Pool2D
 from engine.model.layers.dense import Copy, Softmax
-from engine.model.layers.elementwise import Activation
 from engine.model.layers.eval import Eval
+from engine.model.layouts import call_batch_major, runs_batch_major, time_major_ids, to_batch_major
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
 from engine.model.layers.window_pad import changes_time
@@ -236,7 +236,7 @@ class NetworkModel(SeqModel):
         streams themselves (B, L) (the targets), which a rec layer's decoder loop runs over. ``search``:
         rec layers with a subnetwork search with their choice's beam (``engine/model/rec/search.py``)."""
         if self.input_sparse:
-            x, lengths = _time_major_ids(data, lengths)
+            x, lengths = time_major_ids(data, lengths)
         else:
             lengths = tf.cast(lengths, tf.int32)
             mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(data)[1]))  # (T, B)
@@ -250,7 +250,7 @@ class NetworkModel(SeqModel):
         for stream in sorted(self.input_streams):
             if stream not in streams:
                 self._refuse_without_streams()
-            ids, seq_lengths[f"data:{stream}"] = _time_major_ids(streams[stream], stream_lengths[stream])
+            ids, seq_lengths[f"data:{stream}"] = time_major_ids(streams[stream], stream_lengths[stream])
             outs[f"data:{stream}"] = ids
         time_steps = {}  # time_chunking layer -> the number of frames it cut into chunks
         batch_major = {}  # a chain of 2-D windows and activations: their (B, T, S, C) outputs
@@ -271,7 +271,7 @@ class NetworkModel(SeqModel):
                         decide_by_length=any(d.length_normalization for d in deciders), source=source)
                     outs[name] = y
                     result.update(unit_outputs)
-                    result[name], result[f"{name}:lengths"] = _batch_major(y), seq_lengths[name]
+                    result[name], result[f"{name}:lengths"] = to_batch_major(y), seq_lengths[name]
                     continue
                 if isinstance(layer, UnitOutput):  # "<rec>/<unit layer>": its steps, (L, B, F)
                     if search and self.layers[layer.rec_name].choice:
@@ -298,12 +298,16 @@ class NetworkModel(SeqModel):
                         streams[self.specs[name].opts[REGISTER]] = result[name]
                         stream_lengths[self.specs[name].opts[REGISTER]] = seq_lengths[name]
                     continue
-                if self._runs_batch_major(name, batch_major):
+                if runs_batch_major(layer, self.specs[name].sources, batch_major):
                     layer_lengths = seq_lengths[self.specs[name].sources[0]]
-                    y = self._checked(name, self._batch_major_call(name, outs, batch_major, training,
-                                                                   layer_seed, layer_lengths))
+                    from_chain = all(src in batch_major for src in self.specs[name].sources)
+                    # (input dropout draws one mask per feature: the same on either layout)
+                    x = self._layer_input(name, {**outs, **batch_major} if from_chain else outs, training,
+                                          layer_seed)
+                    y = self._checked(name, call_batch_major(layer, x, from_chain, layer_lengths,
+                                                             training))
                     batch_major[name] = y
-                    outs[name] = _batch_major(y)  # computed only where a time-major reader needs it
+                    outs[name] = to_batch_major(y)  # computed only where a time-major reader needs it
                     seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
                     result[name] = tf.cast(y, tf.float32)
                     continue
@@ -326,12 +330,12 @@ class NetworkModel(SeqModel):
                         result[f"{name}:logits_input"] = x
                     # batch-major logits from a batch-major input: over thousands of classes, transposing the
                     # (T, B, classes) logits for the losses would cost more than the matmul's input transpose
-                    x = _batch_major(x)
+                    x = to_batch_major(x)
                     logits = tf.cast(layer(x, layer_lengths, training), tf.float32)  # tf_amp
                     seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
                     result[f"{name}:logits"] = logits
                     result[name] = self._checked(name, tf.nn.softmax(logits))
-                    outs[name] = _batch_major(result[name])  # later layers see the probabilities (RETURNN)
+                    outs[name] = to_batch_major(result[name])  # later layers see the probabilities (RETURNN)
                     continue
                 elif isinstance(layer, Eval):  # RETURNN's global_train_step for config code
                     y = layer(x, layer_lengths, training, train_step=train_step)
@@ -345,32 +349,10 @@ class NetworkModel(SeqModel):
                 y = self._checked(name, y)
                 outs[name], seq_lengths[name] = y, layer_lengths
                 y = tf.cast(y, tf.float32)
-                result[name] = _batch_major(y) if layer.has_batch_axis else y  # RETURNN's copy_as_batch_major
+                # RETURNN's copy_as_batch_major
+                result[name] = to_batch_major(y) if layer.has_batch_axis else y
                 result[f"{name}:lengths"] = layer_lengths
         return result
-
-    def _runs_batch_major(self, name: str, batch_major: dict[str, tf.Tensor]) -> bool:
-        """Whether the layer runs on batch-major (B, T, S, C) and keeps its output so: a window over time
-        and a static axis (TensorFlow's window ops are batch-major; one of a frame at a time runs on either
-        layout, so it does where its sources are), or an activation of such outputs. A chain of them (a VGG
-        front-end) then transposes once into it and once out, not around every layer."""
-        layer, sources = self.layers[name], self.specs[name].sources
-        from_chain = bool(sources) and all(src in batch_major for src in sources)
-        if isinstance(layer, (Conv2D, Pool2D)):
-            return from_chain or not layer.frame_by_frame
-        return isinstance(layer, Activation) and from_chain
-
-    def _batch_major_call(self, name: str, outs: dict[str, tf.Tensor], batch_major: dict[str, tf.Tensor],
-                          training: bool, seed: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
-        """The layer's (B, T, S, C) output; ``outs`` with the chain's sources batch-major."""
-        layer = self.layers[name]
-        from_chain = all(src in batch_major for src in self.specs[name].sources)
-        # (input dropout draws one mask per feature: the same on either layout)
-        x = self._layer_input(name, {**outs, **batch_major} if from_chain else outs, training, seed)
-        if not isinstance(layer, (Conv2D, Pool2D)):
-            return layer(x, lengths, training)
-        x = layer.with_channels(x)
-        return layer.on_batch_major(x if from_chain else tf.transpose(x, [1, 0, 2, 3]), lengths)
 
     def _checked(self, name: str, y: tf.Tensor) -> tf.Tensor:
         """RETURNN's ``debug_add_check_numerics_on_output``: a NaN or Inf in the output stops the step."""
@@ -379,18 +361,25 @@ class NetworkModel(SeqModel):
         return tf.debugging.check_numerics(y, f"Network layer '{name}': its output has a NaN or Inf "
                                               "(debug_add_check_numerics_on_output)")
 
-    def search(self, data: tf.Tensor, lengths: tf.Tensor, layer: str) -> dict[str, tf.Tensor]:
+    def search(self, data: tf.Tensor, lengths: tf.Tensor, layer: str, scored: Sequence[str] = (),
+               targets: dict[str, tf.Tensor] | None = None,
+               target_lengths: dict[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
         """RETURNN's search: the hypotheses of ``layer`` (a decide layer or a rec layer with a subnetwork
         unit): "hyps" (B, L) class ids, "hyp_lengths" (B,), "scores" (B,) (the decided hypothesis' score as
         RETURNN gives it: its log probability, end label included, divided by its length + 1 with the
-        choice's ``length_normalization``)."""
+        choice's ``length_normalization``). With ``scored`` loss layers (outside the searched loop), also
+        "sums" (len(scored), 3): each one's loss sum, error sum and count on ``targets``."""
         source = self.specs[layer].sources[0] if isinstance(self.layers.get(layer), Decide) else layer
         if not (isinstance(self.layers.get(source), RecSubnet) and self.layers[source].choice):
             raise ConfigError(f"search_output_layer {layer!r} must be a decide layer or a rec layer with a "
                               f"subnetwork unit; the network's are {self._searchable()}.")
         result = self(data, lengths, training=False, search=True)
-        return {"hyps": result[layer], "hyp_lengths": result[f"{layer}:lengths"],
-                "scores": result[f"{source}:scores"]}
+        found = {"hyps": result[layer], "hyp_lengths": result[f"{layer}:lengths"],
+                 "scores": result[f"{source}:scores"]}
+        if scored:
+            sums = self.layer_loss_sums(result, targets or {}, target_lengths or {}, layers=scored)
+            found["sums"] = tf.stack([tf.stack(sums[name]) for name in scored])
+        return found
 
     def _searchable(self) -> list[str]:
         return [n for n, layer in self.layers.items()
@@ -420,24 +409,13 @@ class NetworkModel(SeqModel):
         return x
 
     def layer_loss_sums(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
-                        target_lengths: dict[str, tf.Tensor],
-                        training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
-        """Per loss layer: its loss sum, error sum and count (``losses/network_sums.py``)."""
-        return layer_loss_sums(self, model_outputs, targets, target_lengths, training)
+                        target_lengths: dict[str, tf.Tensor], training: bool = False,
+                        layers: Sequence[str] | None = None
+                        ) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+        """Per loss layer (or those of ``layers``): its loss sum, error sum and count
+        (``losses/network_sums.py``)."""
+        return layer_loss_sums(self, model_outputs, targets, target_lengths, training, layers)
 
     def compute_losses(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
                        target_lengths: dict[str, tf.Tensor], training: bool = False) -> LossResult:
         return network_losses(self, model_outputs, targets, target_lengths, training)
-
-
-def _time_major_ids(ids: tf.Tensor, lengths: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """A sparse stream (B, L) as a layer reads it: (L, B), with 0 in the padding (padded ids may be out of
-    range), and its lengths."""
-    lengths = tf.cast(lengths, tf.int32)
-    ids = tf.transpose(tf.cast(ids, tf.int32))
-    mask = tf.transpose(tf.sequence_mask(lengths, tf.shape(ids)[0]))
-    return tf.where(mask, ids, tf.zeros_like(ids)), lengths
-
-
-def _batch_major(x: tf.Tensor) -> tf.Tensor:
-    return tf.transpose(x, [1, 0, *range(2, x.shape.rank)])

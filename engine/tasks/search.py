@@ -10,15 +10,17 @@ sequence first (``sorted_reverse``), the order RETURNN picks for that.
 Data-parallel (``mpirun -np N``): the batches are planned once, as on one rank, and rank r searches
 batches r, r + N, ... . A hypothesis can depend on the other sequences of its batch (a rec layer's
 ``max_seq_len`` from the longest input of the batch), so this keeps every rank count's file the same as
-one rank's. Rank 0 gathers the hypotheses and their error counts (each rank scores its own), and writes
-the file under a temporary name beside ``search_output_file``, renamed when complete; after an error on
-any rank it is removed, and every rank ends with the failing rank's message.
+one rank's. Rank 0 gathers the hypotheses, their error counts and the loss sums of the loss layers outside
+the loop (each rank scores its own batches), and writes the file under a temporary name beside
+``search_output_file``, renamed when complete; after an error on any rank it is removed, and every rank
+ends with the failing rank's message.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import tensorflow as tf
 
 from engine.config.loader import Config
 from engine.datasets import BatchOptions, Dataset, dataset_from_config, generate_batches
@@ -45,6 +47,8 @@ class SearchSetup:
     model: SeqModel
     layer: str
     target: str | None  # the reference stream, when scored (search_do_eval)
+    scored: list[str]  # the loss layers scored besides the decide layer (scored_loss_layers)
+    streams: list[str]  # the target streams a search step reads: the scored layers' targets
     text: HypothesisText | None
     batching: BatchOptions
     step: CompiledStep
@@ -101,6 +105,20 @@ def end_label(model: SeqModel, layer: str) -> int | None:
     return value
 
 
+def scored_loss_layers(model: SeqModel, layer: str) -> list[str]:
+    """The loss layers whose loss and error RETURNN's search reports beside the decide layer's: those of
+    the network outside the searched loop that do not read it (a ``ctc`` on the encoder), without
+    ``loss_only_on_non_search``. The loop's own (its ``output_prob``) RETURNN does not report."""
+    rec = model.specs[layer].sources[0] if isinstance(model.layers[layer], Decide) else layer
+    reads_search = {rec}
+    for name in model.order:  # dependency order: a layer's sources come first
+        if reads_search.intersection(model.specs[name].reads):
+            reads_search.add(name)
+    return [name for name in model.loss_layers
+            if model.loss_objects[name] is model.layers.get(name) and name not in reads_search
+            and not model.specs[name].opts.get("loss_only_on_non_search")]
+
+
 def _prepare(config: Config, comm: Communicator) -> SearchSetup:
     output_file = config.str("search_output_file") or ""
     output_format = config.str("search_output_file_format")
@@ -116,9 +134,13 @@ def _prepare(config: Config, comm: Communicator) -> SearchSetup:
     layer = output_layer(config, model)
     target = model.specs[layer].opts.get("target") or config.str("target")
     do_eval = config.bool("search_do_eval")
-    if do_eval and target not in dataset.data_keys:
-        raise ConfigError(f"search_do_eval scores the hypotheses against target {target!r}, which the search "
-                          f"data does not have (its keys: {dataset.data_keys}); set search_do_eval = False.")
+    scored = scored_loss_layers(model, layer) if do_eval else []
+    streams = sorted({model.loss_objects[name].target for name in scored})
+    for name, stream in [(layer, target)] + [(name, model.loss_objects[name].target) for name in scored]:
+        if do_eval and stream not in dataset.data_keys:
+            raise ConfigError(f"search_do_eval scores layer '{name}' against target {stream!r}, which the "
+                              f"search data does not have (its keys: {dataset.data_keys}); set "
+                              "search_do_eval = False.")
     extern = config.typed("extern_data") or {}
     entry = extern.get(target) if isinstance(extern, dict) else None
     text = HypothesisText.of(entry.get("vocab") if isinstance(entry, dict) else None,
@@ -137,28 +159,44 @@ def _prepare(config: Config, comm: Communicator) -> SearchSetup:
                           "for searching.")
     batching = BatchOptions(config.int("batch_size", 1), config.int("max_seqs"), 0)
     data_spec, lengths_spec = model.input_signature
+    target_specs = {k: tf.TensorSpec([None, None], tf.int32, name=k) for k in streams}
+    target_lengths_specs = {k: tf.TensorSpec([None], tf.int32, name=f"{k}_len") for k in streams}
 
-    def search_step(data, lengths):
-        found = model.search(data, lengths, layer)
-        return found["hyps"], found["hyp_lengths"], found["scores"]
+    def search_step(data, lengths, targets, target_lengths):
+        found = model.search(data, lengths, layer, scored, targets, target_lengths)
+        return found["hyps"], found["hyp_lengths"], found["scores"], found.get("sums", tf.zeros([0, 3]))
 
-    step = CompiledStep(search_step, [data_spec, lengths_spec])
+    step = CompiledStep(search_step, [data_spec, lengths_spec, target_specs, target_lengths_specs])
     step.trace()
-    return SearchSetup(dataset, model, layer, target if do_eval else None, text, batching, step,
-                       output_file, output_format)
+    return SearchSetup(dataset, model, layer, target if do_eval else None, scored, streams, text, batching,
+                       step, output_file, output_format)
 
 
-def search_shard(setup: SearchSetup, rank: int, size: int) -> tuple[dict[int, SeqResult], int]:
-    """This rank's batches: corpus index -> its result; and the number of batches."""
-    keys = ["data"] + ([setup.target] if setup.target and setup.target != "data" else [])
+@dataclass
+class ShardResult:
+    """What a rank's search found: corpus index -> its result; its batches; the scored loss layers' sums
+    (``SearchSetup.scored``: loss, error and count of each)."""
+
+    results: dict[int, SeqResult]
+    steps: int
+    sums: np.ndarray
+
+
+def search_shard(setup: SearchSetup, rank: int, size: int) -> ShardResult:
+    """This rank's batches, searched."""
+    keys = ["data"] + sorted({*setup.streams, *([setup.target] if setup.target else [])} - {"data"})
     dtype = setup.model.input_signature[0].dtype.as_numpy_dtype
     report = EpochReport(f"search '{setup.layer}'")
-    results = {}
+    results, sums = {}, np.zeros((len(setup.scored), 3))
     for batch in generate_batches(setup.dataset, setup.batching, shard_rank=rank, shard_size=size,
                                   shard_by="batches", keys=keys):
+        targets = {k: np.asarray(batch.data[k], np.int32) for k in setup.streams}
+        target_lengths = {k: np.asarray(batch.lengths[k], np.int32) for k in setup.streams}
         with report.computing():
-            hyps, hyp_lengths, scores = (t.numpy() for t in setup.step(
-                np.asarray(batch.data["data"], dtype), np.asarray(batch.lengths["data"], np.int32)))
+            hyps, hyp_lengths, scores, batch_sums = (t.numpy() for t in setup.step(
+                np.asarray(batch.data["data"], dtype), np.asarray(batch.lengths["data"], np.int32), targets,
+                target_lengths))
+        sums += batch_sums
         for i, corpus_idx in enumerate(batch.corpus_seq_idx.tolist()):
             tag = batch.seq_tags[i]
             if np.isnan(scores[i]):
@@ -173,7 +211,7 @@ def search_shard(setup: SearchSetup, rank: int, size: int) -> tuple[dict[int, Se
         report.steps += 1
         report.scores.frames += float(batch.lengths["data"].sum())
     report.finish()
-    return results, report.steps
+    return ShardResult(results, report.steps, sums)
 
 
 def _log_sequence(setup: SearchSetup, tag: str, hyp: np.ndarray, score: float,
@@ -185,18 +223,27 @@ def _log_sequence(setup: SearchSetup, tag: str, hyp: np.ndarray, score: float,
         log.debug(f"  hyp: {setup.text.text(hyp, tag)}")
 
 
-def summary(setup: SearchSetup, results: list[SeqResult], steps: int) -> list[str]:
-    """RETURNN's closing line of a search, then the word (or label) error rate of the hypotheses."""
+def summary(setup: SearchSetup, results: list[SeqResult], steps: int, sums: np.ndarray) -> list[str]:
+    """RETURNN's closing line of a search, then the word (or label) error rate of the hypotheses. The line
+    has RETURNN's scores: each scored loss layer's loss and error divided by its count (``sums``, rows in
+    the order of ``setup.scored``), and the decide layer's ``edit_distance`` error; an ``edit_distance``
+    loss has an error only."""
     if setup.target is None:
         return [f"Search done. Num steps {steps}, Final: score None error None"]
+    scores, errors = {}, {}
+    for name, (loss, error, count) in zip(setup.scored, sums):
+        if setup.model.loss_objects[name].loss != "edit_distance":
+            scores[name] = loss / count if count else float("nan")
+        errors[name] = error / count if count else float("nan")
     label_errors, ref_labels = sum(r.label_errors for r in results), sum(r.ref_labels for r in results)
     rate = label_errors / max(ref_labels, 1)
-    # RETURNN reports the decide layer's edit_distance loss: an error, no score (none where the layer drops
-    # its loss in a search: loss_only_on_non_search)
+    # the decide layer's edit_distance loss: none where the layer drops its loss in a search
+    # (loss_only_on_non_search)
     opts = setup.model.specs[setup.layer].opts
-    scored = opts.get("loss") == "edit_distance" and not opts.get("loss_only_on_non_search")
-    error = str(rate) if scored else "None"
-    lines = [f"Search done. Num steps {steps}, Final: score None error {error}"]
+    if opts.get("loss") == "edit_distance" and not opts.get("loss_only_on_non_search"):
+        errors[setup.layer] = rate
+    lines = [f"Search done. Num steps {steps}, Final: score {returnn_scores(scores)} error "
+             f"{returnn_scores(errors)}"]
     if setup.text is not None and setup.text.has_words:
         errors, words = sum(r.word_errors for r in results), sum(r.ref_words for r in results)
         lines.append(f"search: WER {errors / max(words, 1):.6f} ({errors} word errors / {words} reference "
@@ -205,6 +252,16 @@ def summary(setup: SearchSetup, results: list[SeqResult], steps: int) -> list[st
         lines.append(f"search: label error rate {rate:.6f} ({label_errors} label errors / {ref_labels} "
                      f"reference labels, {len(results)} sequences)")
     return lines
+
+
+def returnn_scores(values: dict[str, float]) -> str:
+    """Scores as RETURNN prints them (``Engine.format_score``): None, one value alone, or "<layer> <value>"
+    pairs in order of the layers' names."""
+    if not values:
+        return "None"
+    if len(values) == 1:
+        return str(next(iter(values.values())))
+    return " ".join(f"{name} {values[name]}" for name in sorted(values))
 
 
 def run_search(config: Config) -> None:
@@ -222,13 +279,13 @@ def run_search(config: Config) -> None:
         broadcast_initial(comm, list(setup.model.variables))
         log.info(f"search: {setup.dataset.num_seqs} sequences of {setup.dataset.name}, output layer "
                  f"'{setup.layer}', on {comm.size} rank(s)" + (f", into {setup.output_file}" if tmp else ""))
-        results, steps = {}, 0
+        part = None
         try:
-            results, steps = search_shard(setup, comm.rank, comm.size)
+            part = search_shard(setup, comm.rank, comm.size)
         except EngineError as exc:
             error = exc
         agree_on_failure(comm, error)
-        parts = comm.gather_object((results, steps), root=0)
+        parts = comm.gather_object(part, root=0)
         lines = None
         if comm.rank == 0:
             try:
@@ -250,10 +307,10 @@ def _create_temp(output_file: str) -> str:
         raise DataError(f"Cannot create the search output file '{output_file}': {exc.strerror}.") from None
 
 
-def _write_and_score(setup: SearchSetup, parts: list, tmp: str | None) -> list[str]:
+def _write_and_score(setup: SearchSetup, parts: list[ShardResult], tmp: str | None) -> list[str]:
     """On rank 0: every rank's results in corpus order into the file; the summary lines."""
-    merged = {idx: result for part, _ in parts for idx, result in part.items()}
-    if len(merged) != setup.dataset.num_seqs or len(merged) != sum(len(part) for part, _ in parts):
+    merged = {idx: result for part in parts for idx, result in part.results.items()}
+    if len(merged) != setup.dataset.num_seqs or len(merged) != sum(len(part.results) for part in parts):
         raise EngineError(f"search: {len(merged)} hypotheses for {setup.dataset.num_seqs} sequences.")
     ordered = [merged[idx] for idx in sorted(merged)]
     if tmp is not None:
@@ -262,4 +319,4 @@ def _write_and_score(setup: SearchSetup, parts: list, tmp: str | None) -> list[s
             commit(tmp, setup.output_file)
         except OSError as exc:
             raise DataError(f"Cannot write the search output file '{setup.output_file}': {exc}.") from None
-    return summary(setup, ordered, sum(n for _, n in parts))
+    return summary(setup, ordered, sum(part.steps for part in parts), sum(part.sums for part in parts))

@@ -62,8 +62,8 @@ def check_loss_opts(where: str, loss: object, loss_opts: object) -> None:
 
 
 def check_loss_only_on_non_search(where: str, opts: dict) -> None:
-    """RETURNN's ``loss_only_on_non_search``: True drops the layer's loss in a search. This engine's search
-    computes no loss of a softmax layer either way; a decide layer's error is then not reported."""
+    """RETURNN's ``loss_only_on_non_search``: True drops the layer's loss in a search: it is not in the
+    search's closing line (``engine/tasks/search.py``)."""
     if not isinstance(opts.get("loss_only_on_non_search", False), bool):
         raise ConfigError(f"{where}: loss_only_on_non_search must be True or False, got "
                           f"{opts['loss_only_on_non_search']!r}.")

@@ -3,7 +3,7 @@
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -18,16 +18,17 @@ from engine.runtime.errors import ConfigError, DataError
 
 
 def layer_loss_sums(model: Any, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
-                    target_lengths: dict[str, tf.Tensor],
-                    training: bool = False) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
-    """Per loss layer (in training without the ``only_on_eval`` ones): its loss sum (unscaled), its error
-    sum and its count, as RETURNN's ``LossHolder`` gives them; a rec unit's as ``<rec>/<layer>``."""
+                    target_lengths: dict[str, tf.Tensor], training: bool = False,
+                    layers: Sequence[str] | None = None) -> dict[str, tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+    """Per loss layer (in training without the ``only_on_eval`` ones; ``layers``: only these): its loss sum
+    (unscaled), its error sum and its count, as RETURNN's ``LossHolder`` gives them; a rec unit's as
+    ``<rec>/<layer>``."""
     targets, target_lengths = dict(targets), dict(target_lengths)
     for stream, layer_name in model.registered.items():  # register_as_extern_data: (B, T) and (B,)
         targets[stream] = model_outputs[layer_name]
         target_lengths[stream] = model_outputs[f"{layer_name}:lengths"]
     sums = {}
-    for name in model.loss_layers:
+    for name in model.loss_layers if layers is None else layers:
         layer = model.loss_objects[name]
         if training and layer.only_on_eval:
             continue
