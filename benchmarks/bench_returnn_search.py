@@ -32,14 +32,13 @@ label: the WER is the label error rate without the EOS.
 RETURNN trains ``--epochs`` epochs (its ``python -m returnn``, adam, constant learning rate) and searches the
 dev corpus with its last checkpoint: ``search_output_layer`` ["decision", "output"] in the ``py`` format
 gives per sequence the decided hypothesis and the rec layer's whole beam with RETURNN's beam scores. The
-engine loads that checkpoint (as ``bench_returnn_attention.py`` does) and calls ``model.search`` on the same
-batches (``search_batches``: longest first, as RETURNN's search with an output file orders them, cut by
-``batch_size`` padded frames and ``max_seqs``). Compared: the share of sequences with the identical
-hypothesis (target ``TARGET_SAME``), both WERs against the references, and the score of each equal
-hypothesis (RETURNN's beam score of it, relative ``SCORE_TOLERANCE``), and the search's closing line
-(``Search done. ... Final: score S error E``: the engine's ``task = "search"`` line for the same batches
-against RETURNN's log; the same layers, each value within relative ``LINE_TOLERANCE``). Differences are
-listed.
+engine's own ``task = "search"`` (``rnn.py``) runs the same search config with that checkpoint loaded
+(``load`` reads RETURNN's checkpoints), writing its file in the same format. Compared, file against file:
+the share of sequences with the identical decided hypothesis (target ``TARGET_SAME``), both WERs against
+the references, each equal decision's beam score (relative ``SCORE_TOLERANCE``), the final beams (the same
+hypotheses in the same order, their scores within ``SCORE_TOLERANCE``), how many lines of the two files
+are identical, and the search's closing lines (``Search done. ... Final: score S error E`` of both logs:
+the same layers, each value within relative ``LINE_TOLERANCE``). Differences are listed.
 """
 from __future__ import annotations
 
@@ -50,16 +49,15 @@ import re
 import subprocess
 import sys
 import tempfile
-from types import SimpleNamespace
 
 import numpy as np
 
-from bench_returnn_attention import engine_model
 from bench_returnn_ctc_demo import RETURNN_HEAD
 from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, add_size_arguments, trafo_network
 from returnn_attention_side import reduced
 from returnn_side import no_returnn, returnn_python
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = "2019-librispeech-system/attention/base2.config"
 TARGET_SAME = 0.99
 SCORE_TOLERANCE = 1e-4
@@ -112,23 +110,6 @@ def make_corpus(path: str, num_seqs: int, seed: int, classes: int,
     return seqs
 
 
-def search_batches(lengths: np.ndarray, batch_size: int, max_seqs: int) -> list[list[int]]:
-    """Sequence indices, longest first (ties by index), cut into batches whose padded frames (seqs *
-    longest) stay within ``batch_size`` and whose sequences within ``max_seqs`` (a longer sequence alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = max([int(lengths[j]) for j in current] + [int(lengths[i])])
-        if current and ((len(current) + 1) * longest > batch_size or len(current) >= max_seqs):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
 def edit_distance(a: list, b: list) -> int:
     row = list(range(len(b) + 1))
     for i, x in enumerate(a, 1):
@@ -149,24 +130,31 @@ def parse_search_output(text: str) -> dict[str, dict]:
     return ast.literal_eval(re.sub(r"(?:np|numpy)\.float\d+\(([^()]*)\)", r"\1", text))
 
 
-def compare(ours: dict[str, tuple[str, float]], theirs: dict[str, dict],
-            refs: dict[str, str]) -> dict:
-    """Per tag the engine's (hypothesis, score) against RETURNN's decided hypothesis and the beam score
-    RETURNN gave that hypothesis: the share of equal hypotheses, both WERs, the largest relative score
-    difference over the equal ones, and the differing tags."""
+def compare(ours: dict[str, dict], theirs: dict[str, dict], refs: dict[str, str]) -> dict:
+    """Both programs' search files (``parse_search_output``: per tag the decided hypothesis and the final
+    beam): the share of equal decisions, both WERs, the largest relative difference of an equal decision's
+    beam score; the sequences whose beams hold the same hypotheses in the same order and the largest
+    relative difference of their scores; the differing tags."""
     tags = sorted(theirs)
-    same = [t for t in tags if t in ours and ours[t][0] == theirs[t]["decision"]]
+    same = [t for t in tags if t in ours and ours[t]["decision"] == theirs[t]["decision"]]
     score_diffs = []
     for tag in same:
-        beam = {text: score for score, text in theirs[tag]["output"]}
-        if ours[tag][0] in beam:
-            theirs_score = beam[ours[tag][0]]
-            score_diffs.append(abs(ours[tag][1] - theirs_score) / max(abs(theirs_score), 1e-12))
+        mine = {text: score for score, text in ours[tag]["output"]}
+        other = {text: score for score, text in theirs[tag]["output"]}
+        decided = theirs[tag]["decision"]
+        if decided in mine and decided in other:
+            score_diffs.append(abs(mine[decided] - other[decided]) / max(abs(other[decided]), 1e-12))
+    beams_same = [t for t in tags if t in ours
+                  and [h for _, h in ours[t]["output"]] == [h for _, h in theirs[t]["output"]]]
+    beam_diffs = [abs(a - b) / max(abs(b), 1e-12) for t in beams_same
+                  for (a, _), (b, _) in zip(ours[t]["output"], theirs[t]["output"])]
     ref_words = [refs[t].split() for t in tags]
     return {"seqs": len(tags), "same": len(same), "share": len(same) / max(len(tags), 1),
-            "wer engine": error_rate([ours.get(t, ("", 0.0))[0].split() for t in tags], ref_words),
+            "wer engine": error_rate([ours[t]["decision"].split() if t in ours else [] for t in tags],
+                                     ref_words),
             "wer returnn": error_rate([theirs[t]["decision"].split() for t in tags], ref_words),
             "score diff": max(score_diffs, default=float("nan")), "scored": len(score_diffs),
+            "beams same": len(beams_same), "beam score diff": max(beam_diffs, default=float("nan")),
             "differing": [t for t in tags if t not in same]}
 
 
@@ -210,47 +198,6 @@ def run_returnn(python: str, config: str, log_path: str) -> None:
     if done.returncode:
         with open(log_path) as f:
             sys.exit(f"bench_returnn_search: RETURNN failed (exit {done.returncode}):\n{f.read()[-4000:]}")
-
-
-def engine_search(model, tags: list[str], features: list[np.ndarray], labels: list[np.ndarray], classes: int,
-                  layer: str = "decision") -> tuple[dict[str, tuple[str, float]], str]:
-    """The engine's decided hypothesis (text) and score per tag, batched as ``search_batches``, and the
-    closing line its search task prints for them (RETURNN's format; ``labels`` are the references)."""
-    import tensorflow as tf
-
-    from engine.tasks.search import scored_loss_layers, summary
-    from engine.tasks.search_output import SeqResult
-
-    scored = scored_loss_layers(model, layer)
-    ids = tf.TensorSpec([None, None], tf.int32)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, None, features[0].shape[1]], tf.float32),
-                                  tf.TensorSpec([None], tf.int32), ids, tf.TensorSpec([None], tf.int32)],
-                 autograph=False)
-    def step(data, lengths, targets, target_lengths):
-        found = model.search(data, lengths, layer, scored, {"classes": targets}, {"classes": target_lengths})
-        return found["hyps"], found["hyp_lengths"], found["scores"], found.get("sums", tf.zeros([0, 3]))
-
-    names = label_names(classes)
-    lengths = np.array([len(f) for f in features], np.int32)
-    label_lengths = np.array([len(x) for x in labels], np.int32)
-    results, seq_results, sums, steps = {}, [], np.zeros((len(scored), 3)), 0
-    for batch in search_batches(lengths, **SEARCH_BATCH):
-        data = np.zeros((len(batch), lengths[batch].max(), features[0].shape[1]), np.float32)
-        targets = np.zeros((len(batch), label_lengths[batch].max()), np.int32)
-        for row, i in enumerate(batch):
-            data[row, :lengths[i]] = features[i]
-            targets[row, :label_lengths[i]] = labels[i]
-        hyps, hyp_lengths, scores, batch_sums = (t.numpy() for t in step(data, lengths[batch], targets,
-                                                                         label_lengths[batch]))
-        sums, steps = sums + batch_sums, steps + 1
-        for row, i in enumerate(batch):
-            hyp = hyps[row, :hyp_lengths[row]].tolist()
-            results[tags[i]] = (" ".join(names[k] for k in hyp), float(scores[row]))
-            errors = edit_distance(hyp, labels[i].tolist())
-            seq_results.append(SeqResult(tags[i], None, errors, len(labels[i])))
-    setup = SimpleNamespace(target="classes", layer=layer, text=None, scored=scored, model=model)
-    return results, summary(setup, seq_results, steps, sums)[0]
 
 
 def closing_scores(line: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -337,19 +284,42 @@ def main() -> int:
         run_returnn(python, write_config(os.path.join(folder, "search.config"), search_lines(
             network, extern_data, dev_hdf, checkpoint, output, ["decision", "output"]), RETURNN_HEAD),
             os.path.join(folder, "returnn-search.log"))
+        # the engine's task = "search" on the same config, RETURNN's checkpoint loaded
+        ours_path = os.path.join(folder, "engine-search.py")
+        if os.path.exists(ours_path):
+            os.remove(ours_path)
+        engine_log = os.path.join(folder, "engine-search.log")
+        run_engine(write_config(os.path.join(folder, "engine-search.config"), search_lines(
+            network, extern_data, dev_hdf, checkpoint, ours_path, ["decision", "output"])), engine_log)
+        with open(ours_path) as f:
+            ours_text = f.read()
         with open(output) as f:
-            theirs = parse_search_output(f.read())
-        job = {"updater": OPTIMIZER, "learning_rate": args.learning_rate, "checkpoint": checkpoint,
-               "extern_data": {"data": {"dim": dim, "sparse": False},
-                               "classes": {"dim": args.classes, "sparse": True}}}
-        model, _ = engine_model(job, folder, network)
+            theirs_text = f.read()
         names = label_names(args.classes)
         refs = {tag: " ".join(names[k] for k in labels if k != 0) for tag, _, labels in dev}
-        ours, our_line = engine_search(model, [t for t, _, _ in dev], [f for _, f, _ in dev],
-                                       [x for _, _, x in dev], args.classes)
-        with open(os.path.join(folder, "returnn-search.log")) as f:
-            their_line = next(line for line in f if line.startswith("Search done."))
-    return report(compare(ours, theirs, refs), ours, theirs, refs, our_line, their_line)
+        result = compare(parse_search_output(ours_text), parse_search_output(theirs_text), refs)
+        result["lines same"], result["lines"] = same_lines(ours_text, theirs_text), theirs_text.count("\n")
+        lines = [closing_line(path) for path in (engine_log, os.path.join(folder, "returnn-search.log"))]
+    return report(result, parse_search_output(ours_text), parse_search_output(theirs_text), refs, *lines)
+
+
+def run_engine(config: str, log_path: str) -> None:
+    with open(log_path, "w") as log_file:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "rnn.py"), config], stdout=log_file,
+                              stderr=subprocess.STDOUT)
+    if done.returncode:
+        with open(log_path) as f:
+            sys.exit(f"bench_returnn_search: the engine failed (exit {done.returncode}):\n{f.read()[-4000:]}")
+
+
+def closing_line(log_path: str) -> str:
+    with open(log_path) as f:
+        return next(line for line in f if line.startswith("Search done."))
+
+
+def same_lines(ours: str, theirs: str) -> int:
+    """How many lines of the two files are identical, position by position."""
+    return sum(a == b for a, b in zip(ours.splitlines(), theirs.splitlines()))
 
 
 def report(result: dict, ours: dict, theirs: dict, refs: dict, our_line: str, their_line: str) -> int:
@@ -361,15 +331,21 @@ def report(result: dict, ours: dict, theirs: dict, refs: dict, our_line: str, th
           f"{result['score diff']:.2e} (at most {SCORE_TOLERANCE:g})")
     for tag in result["differing"][:20]:
         beam = {text: score for score, text in theirs[tag]["output"]}
-        mine, score = ours.get(tag, ("(none)", float("nan")))
+        mine = ours[tag]["decision"] if tag in ours else "(none)"
+        score = {text: score for score, text in ours.get(tag, {}).get("output", [])}.get(mine, float("nan"))
         print(f"  {tag}: ref '{refs[tag]}'\n    RETURNN '{theirs[tag]['decision']}' "
               f"{beam.get(theirs[tag]['decision'], float('nan')):.5f}\n    engine  '{mine}' {score:.5f} "
               f"(RETURNN's beam: {beam.get(mine, 'not in it')})")
+    print(f"final beams ({BEAM} entries, best first): identical in {result['beams same']} of "
+          f"{result['seqs']} sequences, their scores within {result['beam score diff']:.2e}; the files' "
+          f"lines identical: {result['lines same']} of {result['lines']} (the rest: scores' last digits)")
     line_diff = compare_closing_lines(our_line, their_line)
     print(f"closing line, RETURNN: {their_line.strip()}\nclosing line, engine:  {our_line.strip()}\n"
           f"  largest relative difference {line_diff:.2e} (at most {LINE_TOLERANCE:g})")
     ok = result["share"] >= TARGET_SAME and result["score diff"] <= SCORE_TOLERANCE \
-        and result["wer engine"] == result["wer returnn"] and line_diff <= LINE_TOLERANCE
+        and result["wer engine"] == result["wer returnn"] and line_diff <= LINE_TOLERANCE \
+        and result["beams same"] >= TARGET_SAME * result["seqs"] \
+        and result["beam score diff"] <= SCORE_TOLERANCE
     print(f"{'PASS' if ok else 'FAIL'}: search equal to RETURNN's")
     return 0 if ok else 1
 

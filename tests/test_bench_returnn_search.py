@@ -29,13 +29,6 @@ def test_synthetic_sequence_holds_each_label_and_ends_in_eos():
     np.testing.assert_allclose(features[starts], prototypes[labels[:-1]], rtol=1e-6)
 
 
-def test_search_batches_longest_first_within_the_limits():
-    lengths = np.array([30, 60, 60, 10, 90, 20])
-    assert bench.search_batches(lengths, batch_size=180, max_seqs=2) == [[4, 1], [2, 0], [5, 3]]
-    assert bench.search_batches(lengths, batch_size=100, max_seqs=10) == [[4], [1], [2], [0, 5, 3]]
-    assert bench.search_batches(lengths, batch_size=50, max_seqs=10)[0] == [4]  # too long: alone
-
-
 def test_edit_distance_and_error_rate():
     assert bench.edit_distance(list("kitten"), list("sitting")) == 3
     assert bench.edit_distance([], [1, 2]) == 2
@@ -49,14 +42,17 @@ def test_parse_search_output_reads_numpy_scalars():
                                                          "output": [(-1.5, "w1 w2"), (-2.25, "w1")]}}
 
 
-def test_compare_counts_equal_hypotheses_scores_and_wers():
+def test_compare_counts_equal_decisions_beams_scores_and_wers():
     theirs = {"a": {"decision": "w1 w2", "output": [(-1.0, "w1 w2"), (-2.0, "w1")]},
               "b": {"decision": "w3", "output": [(-0.5, "w3"), (-0.7, "w4")]}}
-    ours = {"a": ("w1 w2", -1.00005), "b": ("w4", -0.7)}
+    ours = {"a": {"decision": "w1 w2", "output": [(-1.00005, "w1 w2"), (-2.0002, "w1")]},
+            "b": {"decision": "w4", "output": [(-0.5, "w4"), (-0.7, "w3")]}}
     result = bench.compare(ours, theirs, {"a": "w1 w2", "b": "w3"})
     assert (result["same"], result["seqs"], result["differing"]) == (1, 2, ["b"])
     assert result["score diff"] == pytest.approx(5e-5)
+    assert result["beams same"] == 1 and result["beam score diff"] == pytest.approx(1e-4)
     assert result["wer returnn"] == 0.0 and result["wer engine"] == pytest.approx(1 / 3)
+    assert bench.same_lines("a\nb\nc\n", "a\nx\nc") == 2
 
 
 def test_search_rate_between_each_programs_lines():

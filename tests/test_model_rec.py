@@ -159,6 +159,20 @@ def test_a_searched_hypothesis_scores_its_log_probability(beam, base):
             continue
         expected = sequence_log_prob(net, data[b, :lengths[b]], lengths[b], found["hyps"][b], length)
         np.testing.assert_allclose(found["scores"][b], expected, rtol=1e-4)
+    # the final beam (what search_output_layer writes for the rec layer): best first, the decided one
+    # first (no length normalisation), each entry scoring its own log probability
+    assert found["beam"].shape[:2] == found["beam_scores"].shape == (3, beam)
+    for b in range(3):
+        assert list(found["beam_scores"][b]) == sorted(found["beam_scores"][b], reverse=True)
+        assert found["beam_lengths"][b, 0] == found["hyp_lengths"][b]
+        np.testing.assert_array_equal(found["beam"][b, 0, :found["hyp_lengths"][b]],
+                                      found["hyps"][b, :found["hyp_lengths"][b]])
+        for k in range(beam):
+            length = int(found["beam_lengths"][b, k])
+            if length < 2 * 5:
+                hyp = found["beam"][b, k]
+                expected = sequence_log_prob(net, data[b, :lengths[b]], lengths[b], hyp, length)
+                np.testing.assert_allclose(found["beam_scores"][b, k], expected, rtol=1e-4)
 
 
 def searched_scores_checked(net, per_label: bool = False) -> int:

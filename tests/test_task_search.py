@@ -4,6 +4,7 @@ from the file), and a rank that fails (a sequence with a NaN frame) ending the j
 import ast
 import gzip
 import re
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -14,9 +15,11 @@ from engine.datasets import DataKeyInfo, HDFWriter
 from engine.model.rec.decide import Decide
 from engine.model.rec.subnet import RecSubnet
 from engine.runtime.errors import ConfigError, DataError
-from engine.tasks.search import output_layer, returnn_scores, summary
-from engine.tasks.search_output import (HypothesisText, SeqResult, check_format, edit_distance,
-                                        score_sequence, vocabulary_from_labels, write_hypotheses)
+from engine.tasks.search import returnn_scores, summary
+from engine.tasks.search_layers import SearchLayers, search_layers
+from engine.tasks.search_output import (BeamScore, HypothesisText, SeqResult, check_format, edit_distance,
+                                        returnn_repr, score_sequence, vocabulary_from_labels,
+                                        write_hypotheses)
 from helpers import ROOT, run_mpi, run_rnn
 
 LABELS = ["</s>", "HE@@", "LLO", "WOR@@", "LD", "A", "B@@", "C", "THE", "CAT", "DOG", "SAT"]
@@ -132,19 +135,27 @@ def trained(tmp_path_factory):
 def test_one_and_two_ranks_write_the_same_file_and_print_its_scores(trained):
     folder, config, corpus = trained
     one, two = folder / "one.py", folder / "two.py"
+    # RETURNN's py output of the decision and the rec layer's whole beam, a dict per sequence
+    layers = ["++search_output_layer", "['decision', 'output']"]
     r1 = run_rnn([config, "++task", "search", "++search_output_file", str(one),
-                  "++search_output_file_format", "py"], timeout=300)
+                  "++search_output_file_format", "py", *layers], timeout=300)
     assert r1.returncode == 0, r1.stdout + r1.stderr
     r2 = run_mpi(2, [str(ROOT / "rnn.py"), config, "++use_horovod", "1", "++task", "search",
-                     "++search_output_file", str(two), "++search_output_file_format", "py"], timeout=300)
+                     "++search_output_file", str(two), "++search_output_file_format", "py", *layers],
+                 timeout=300)
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert one.read_bytes() == two.read_bytes()
     text = one.read_text()
     refs = references(corpus["dev"])
-    tags = re.findall(r"(?m)^'([^']*)': ", text)
+    tags = re.findall(r"(?m)^'([^']*)': [{]$", text)
     assert sorted(tags) == sorted(refs) and len(tags) == len(set(tags))
-    assert text.startswith("{\n") and text.endswith(",\n}\n")
-    hyps = ast.literal_eval(text)
+    assert text.startswith("{\n") and text.endswith("],\n},\n}\n")
+    entries = ast.literal_eval(text)
+    for entry in entries.values():  # the beam (4), best first; the decide layer took its best
+        scores = [score for score, _ in entry["output"]]
+        assert len(scores) == 4 and scores == sorted(scores, reverse=True)
+        assert entry["decision"] == entry["output"][0][1]
+    hyps = {tag: entry["decision"] for tag, entry in entries.items()}
     ids = {tag: [LABELS.index(label) for label in hyp.split()] for tag, hyp in hyps.items()}
     word_errors = sum(levenshtein(words(ids[tag]), words(refs[tag])) for tag in refs)
     ref_words = sum(len(words(refs[tag])) for tag in refs)
@@ -207,7 +218,7 @@ def test_text_and_words_of_each_kind_of_vocabulary():
         bpe.text(np.array([12]), "t")
     assert HypothesisText.of(None, [], "classes", 0) is None  # no labels: no text (a file is refused)
     result = score_sequence("t", np.array([1, 2, 7]), np.array([1, 2, 3, 4, 0]), bpe)
-    assert (result.text, result.label_errors, result.ref_labels, result.word_errors, result.ref_words) == \
+    assert (result.output, result.label_errors, result.ref_labels, result.word_errors, result.ref_words) == \
         ("HE@@ LLO C", 3, 5, 1, 2)
 
 
@@ -229,6 +240,24 @@ def test_the_file_formats_are_returnns(tmp_path, name):
         assert (tmp_path / "again").read_bytes() == data
 
 
+def test_beams_and_several_layers_are_written_as_returnn_writes_them(tmp_path):
+    """RETURNN's better_repr layout (its file of the bench's search, seq-0, cut to 2 beam entries) and str
+    of a beam in the txt format; scores print as numpy prints a float32."""
+    beam = [(BeamScore(np.float32(-0.9266699)), "w6 w7 w9 w9"), (BeamScore(np.float32(-1.5)), "w6")]
+    tmp = tmp_path / "tmp"
+    write_hypotheses(str(tmp), str(tmp_path / "out.py"), "py",
+                     [SeqResult("seq-0", {"output": beam, "decision": "w6 w7 w9 w9"})])
+    assert tmp.read_text() == ("{\n'seq-0': {\n'decision': 'w6 w7 w9 w9',\n'output': [\n"
+                               "(-0.9266699, 'w6 w7 w9 w9'),\n(-1.5, 'w6'),\n],\n},\n}\n")
+    write_hypotheses(str(tmp), str(tmp_path / "out.py"), "py", [SeqResult("s", beam[1:])])
+    assert tmp.read_text() == "{\n's': [\n(-1.5, 'w6'),\n],\n}\n"
+    write_hypotheses(str(tmp), str(tmp_path / "out.txt"), "txt", [SeqResult("s", beam)])
+    assert tmp.read_text() == "[(-0.9266699, 'w6 w7 w9 w9'), (-1.5, 'w6')]\n"
+    assert returnn_repr({"b": 1, "a": (2,)}) == "{'a': (2,), 'b': 1}"  # short: on one line
+    assert returnn_repr([float("nan"), 1e-05]) == "[\nfloat('nan'),\n1e-05,\n]"
+    assert repr(BeamScore(np.float32(1e-5))) == "1e-05"
+
+
 def test_refusals(tmp_path):
     with pytest.raises(ConfigError, match="'json' is not one of txt, py"):
         check_format("", "json")
@@ -236,21 +265,31 @@ def test_refusals(tmp_path):
     with pytest.raises(ConfigError, match="exists already"):
         check_format(str(tmp_path / "old.txt"), "txt")
 
-    class Model:
-        layers = {"output": RecSubnet.__new__(RecSubnet), "ctc": object(),
-                  "decision": Decide("decision", {}, 12, {"classes": 12})}
-
+    rec, plain_rec = RecSubnet.__new__(RecSubnet), RecSubnet.__new__(RecSubnet)
+    rec.choice, plain_rec.choice = True, False
+    model = SimpleNamespace(
+        layers={"output": rec, "ctc": object(), "lstm": plain_rec,
+                "decision": Decide("decision", {}, 12, {"classes": 12}),
+                "decision2": Decide("decision2", {}, 12, {"classes": 12})},
+        specs={name: SimpleNamespace(sources=("output",)) for name in ("decision", "decision2")})
     config = Config()
-    for value, message in [(["decision", "output"], "lists several layers"),
-                           ("output", "is a rec layer, whose output keeps the whole beam"),
-                           ("ctc", "is not a decide layer; it must name a decide layer"),
-                           ("nope", "is not a layer of the network; it must name a decide layer .the "
-                                    "network's decide layers: \\['decision'\\]")]:
+    for value, message in [
+            (["decision", "decision2"], "the decide layers \\['decision', 'decision2'\\] of one rec layer"),
+            ("lstm", "is a rec layer without a searched subnetwork unit"),
+            ("ctc", "is neither a decide layer nor a rec layer with a choice"),
+            ([], "must name a layer or list layers"),
+            ("nope", "is not a layer of the network; it must name a decide layer or a searched rec layer "
+                     ".the network's: \\['output', 'decision', 'decision2'\\]")]:
         config.set("search_output_layer", value)
         with pytest.raises(ConfigError, match=message):
-            output_layer(config, Model())
+            search_layers(config, model)
     config.set("search_output_layer", "decision")
-    assert output_layer(config, Model()) == "decision"
+    assert search_layers(config, model) == SearchLayers(["decision"], False, "output", "decision")
+    config.set("search_output_layer", ["output", "decision2"])
+    assert search_layers(config, model) == SearchLayers(["output", "decision2"], True, "output", "decision2")
+    config.set("search_output_layer", "output")  # the network's decide layer is scored (RETURNN reports it)
+    layers = search_layers(config, model)
+    assert (layers.decide, layers.decided, layers.beam_outputs()) == ("decision", "decision", ["output"])
 
 
 @pytest.mark.parametrize("flag, error", [(False, "0.25"), (True, "None")])
@@ -281,10 +320,9 @@ def test_the_closing_line_has_returnns_scores_of_the_loss_layers_outside_the_loo
 
 def _summary_setup(specs: dict, scored: dict):
     """A search's setup as ``summary`` reads it: the decide layer's spec, the scored layers' losses."""
-    from types import SimpleNamespace
-
     return SimpleNamespace(
-        target="classes", layer="decision", text=None, scored=list(scored),
+        target="classes", layers=SearchLayers(["decision"], False, "output", "decision"), text=None,
+        scored=list(scored),
         model=SimpleNamespace(specs={name: SimpleNamespace(opts=opts) for name, opts in specs.items()},
                               loss_objects={name: SimpleNamespace(loss=loss)
                                             for name, loss in scored.items()}))

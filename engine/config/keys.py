@@ -48,11 +48,12 @@ _section(
     ("search_data", "any", "eval",
      "search task: 'train' | 'dev' | 'eval' (that dataset) or a dataset of its own"),
     ("search_output_layer", "any", "output",
-     "search task: the decide layer whose best hypotheses are written"),
+     "search task: the decide layer (best hypotheses) or searched rec layer (whole beams) written, or a list "
+     "of them (py format: a dict per sequence)"),
     ("search_output_file", "str", "",
      "search task: text file of the hypotheses, corpus order (.gz: gzipped)", "none"),
     ("search_output_file_format", "str", "txt",
-     "search task: txt (a hypothesis a line) | py (dict seq tag -> hypothesis)"),
+     "search task: txt (an entry a line) | py (dict seq tag -> entry)"),
     ("search_do_eval", "bool", True,
      "search task: score the hypotheses against the target (WER, label error rate)"),
 )

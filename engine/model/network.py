@@ -20,17 +20,18 @@ from engine.config.loader import Config
 from engine.datasets.streams import same_length_groups
 from engine.model.assembly import BuildOptions, build_layers, sparse_streams
 from engine.model.base import LossResult, SeqModel
-from engine.model.dropout import stateless_dropout
 from engine.model.layers.base import Layer, scope_name
 from engine.model.layers.conv import window_options
 from engine.model.layers.dense import Copy, Softmax
 from engine.model.layers.eval import Eval
-from engine.model.layouts import call_batch_major, runs_batch_major, time_major_ids, to_batch_major
+from engine.model.layouts import (call_batch_major, layer_input, runs_batch_major, time_major_ids,
+                                  to_batch_major)
 from engine.model.layers.reinterpret import ReinterpretData
 from engine.model.layers.time_chunking import TimeChunking, TimeUnchunking, check_time_axes
 from engine.model.layers.window_pad import changes_time
 from engine.model.rec.decide import Decide
 from engine.model.rec.outside import UnitOutput
+from engine.model.rec.search import BEAM_KEYS
 from engine.model.rec.subnet import RecSubnet
 from engine.model.losses.network_sums import layer_loss_sums, network_losses
 from engine.model.losses.regularization import darc1_factor, l2_factor
@@ -262,7 +263,7 @@ class NetworkModel(SeqModel):
                     base = {b: (outs[b], seq_lengths[b]) for b in layer.base_layers}
                     source = None
                     if self.specs[name].sources:  # a loop over its sources' frames
-                        source = (self._layer_input(name, outs, training, layer_seed),
+                        source = (self._input(name, outs, training, layer_seed),
                                   seq_lengths[self.specs[name].sources[0]])
                     deciders = [self.layers[n] for n in self.layers if self.specs[n].sources == (name,)
                                 and isinstance(self.layers[n], Decide)]
@@ -302,8 +303,8 @@ class NetworkModel(SeqModel):
                     layer_lengths = seq_lengths[self.specs[name].sources[0]]
                     from_chain = all(src in batch_major for src in self.specs[name].sources)
                     # (input dropout draws one mask per feature: the same on either layout)
-                    x = self._layer_input(name, {**outs, **batch_major} if from_chain else outs, training,
-                                          layer_seed)
+                    x = self._input(name, {**outs, **batch_major} if from_chain else outs, training,
+                                    layer_seed)
                     y = self._checked(name, call_batch_major(layer, x, from_chain, layer_lengths,
                                                              training))
                     batch_major[name] = y
@@ -311,7 +312,7 @@ class NetworkModel(SeqModel):
                     seq_lengths[name] = result[f"{name}:lengths"] = layer.out_lengths(layer_lengths)
                     result[name] = tf.cast(y, tf.float32)
                     continue
-                x = self._layer_input(name, outs, training, layer_seed)
+                x = self._input(name, outs, training, layer_seed)
                 layer_lengths = seq_lengths[self.specs[name].sources[0]]
                 refs = {key: outs[ref] for key, ref in self.specs[name].references.items()}  # e.g. key_shift
                 if layer.running_keys:
@@ -367,8 +368,9 @@ class NetworkModel(SeqModel):
         """RETURNN's search: the hypotheses of ``layer`` (a decide layer or a rec layer with a subnetwork
         unit): "hyps" (B, L) class ids, "hyp_lengths" (B,), "scores" (B,) (the decided hypothesis' score as
         RETURNN gives it: its log probability, end label included, divided by its length + 1 with the
-        choice's ``length_normalization``). With ``scored`` loss layers (outside the searched loop), also
-        "sums" (len(scored), 3): each one's loss sum, error sum and count on ``targets``."""
+        choice's ``length_normalization``); the searched rec layer's final beam, best first: "beam" (B, K, L),
+        "beam_lengths" and "beam_scores" (B, K). With ``scored`` loss layers (outside the searched loop),
+        also "sums" (len(scored), 3): each one's loss sum, error sum and count on ``targets``."""
         source = self.specs[layer].sources[0] if isinstance(self.layers.get(layer), Decide) else layer
         if not (isinstance(self.layers.get(source), RecSubnet) and self.layers[source].choice):
             raise ConfigError(f"search_output_layer {layer!r} must be a decide layer or a rec layer with a "
@@ -376,6 +378,7 @@ class NetworkModel(SeqModel):
         result = self(data, lengths, training=False, search=True)
         found = {"hyps": result[layer], "hyp_lengths": result[f"{layer}:lengths"],
                  "scores": result[f"{source}:scores"]}
+        found.update({key: result[f"{source}:{key}"] for key in BEAM_KEYS})
         if scored:
             sums = self.layer_loss_sums(result, targets or {}, target_lengths or {}, layers=scored)
             found["sums"] = tf.stack([tf.stack(sums[name]) for name in scored])
@@ -385,28 +388,9 @@ class NetworkModel(SeqModel):
         return [n for n, layer in self.layers.items()
                 if isinstance(layer, Decide) or (isinstance(layer, RecSubnet) and layer.choice)]
 
-    def _layer_input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
-                     seed: tf.Tensor) -> tf.Tensor | list[tf.Tensor]:
-        """The layer's sources concatenated (or as a list, for a layer with ``separate_sources``), with
-        one-hot sparse data and input dropout."""
-        spec = self.specs[name]
-        if self.layers[name].sparse_input:
-            return outs[spec.sources[0]]
-        parts = []
-        for src in spec.sources:
-            part = outs[src]
-            if src in self.sparse_dims:
-                part = tf.one_hot(part, self.sparse_dims[src], dtype=tf.float32)
-            parts.append(tf.cast(part, self.layers[name].compute_dtype))  # tf_amp; no op in float32
-        if self.layers[name].separate_sources:
-            return parts  # such a layer takes no input dropout (``Combine`` refuses the option)
-        x = parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
-        rate = float(spec.opts.get("dropout", 0.0))
-        if training and rate > 0.0:
-            # RETURNN's default mask (Data.get_bc_shape): one per feature, shared by the batch and time
-            noise_shape = tf.concat([tf.ones([tf.rank(x) - 1], tf.int32), tf.shape(x)[-1:]], axis=0)
-            x = stateless_dropout(x, rate, seed, noise_shape)
-        return x
+    def _input(self, name: str, outs: dict[str, tf.Tensor], training: bool,
+               seed: tf.Tensor) -> tf.Tensor | list[tf.Tensor]:
+        return layer_input(self.specs[name], self.layers[name], outs, self.sparse_dims, training, seed)
 
     def layer_loss_sums(self, model_outputs: dict[str, tf.Tensor], targets: dict[str, tf.Tensor],
                         target_lengths: dict[str, tf.Tensor], training: bool = False,

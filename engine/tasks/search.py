@@ -1,7 +1,8 @@
 """``task = "search"``: beam search over the ``search_data``, the best hypotheses into one text file.
 
-The model searches with its rec layers' ``choice`` beams; ``search_output_layer`` names the ``decide``
-layer whose best hypothesis per sequence is written (``search_output.py``: formats and scores). As in
+The model searches with its rec layers' ``choice`` beams; ``search_output_layer`` names what is written per
+sequence: a ``decide`` layer's best hypothesis, a rec layer's whole final beam, or several of them
+(``search_layers.py``; ``search_output.py``: formats and scores). As in
 RETURNN: ``search_data`` is ``"eval"`` by default (or ``"train"``/``"dev"``, or a dataset of its own),
 ``batch_size`` defaults to 1, ``max_seq_length`` must be 0 (every sequence gets a hypothesis), an
 existing output file is not overwritten, and when a file is written the data is searched longest
@@ -17,7 +18,8 @@ ends with the failing rank's message.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -27,25 +29,27 @@ from engine.datasets import BatchOptions, Dataset, dataset_from_config, generate
 from engine.datasets.ordering import parse_seq_ordering
 from engine.distributed import Communicator, agree_on_failure, broadcast_initial, start
 from engine.model.base import SeqModel
-from engine.model.rec.decide import Decide
-from engine.model.rec.subnet import RecSubnet
 from engine.runtime import log
 from engine.runtime.atomic_file import commit, create_temp_beside, discard
 from engine.runtime.errors import ConfigError, DataError, EngineError
 from engine.tasks.evaluate import load_model_for_inference
-from engine.tasks.search_output import (HypothesisText, SeqResult, check_format, score_sequence,
+from engine.tasks.search_layers import SearchLayers, end_label, scored_loss_layers, search_layers
+from engine.tasks.search_output import (BeamScore, HypothesisText, SeqResult, check_format, score_sequence,
                                         write_hypotheses)
 from engine.training.compiled_step import CompiledStep
 from engine.training.report import EpochReport
 
 NAMED_DATASETS = ("train", "dev", "eval")
+# what a search step returns (NetworkModel.search): the decided hypotheses, the rec layer's final beam, the
+# scored loss layers' sums
+STEP_OUTPUTS = ("hyps", "hyp_lengths", "scores", "beam", "beam_lengths", "beam_scores", "sums")
 
 
 @dataclass
 class SearchSetup:
     dataset: Dataset
     model: SeqModel
-    layer: str
+    layers: SearchLayers
     target: str | None  # the reference stream, when scored (search_do_eval)
     scored: list[str]  # the loss layers scored besides the decide layer (scored_loss_layers)
     streams: list[str]  # the target streams a search step reads: the scored layers' targets
@@ -70,55 +74,6 @@ def search_dataset(config: Config) -> Dataset:
     return dataset
 
 
-def output_layer(config: Config, model: SeqModel) -> str:
-    layer = config.typed("search_output_layer")
-    layers = getattr(model, "layers", {})
-    decides = [name for name, obj in layers.items() if isinstance(obj, Decide)]
-    if isinstance(layer, (list, tuple)):
-        raise ConfigError(f"search_output_layer {list(layer)} lists several layers (RETURNN's py format "
-                          "with a dict per sequence); this engine writes one decide layer's hypotheses: "
-                          "name one.")
-    if not isinstance(layer, str) or not isinstance(layers.get(layer), Decide):
-        what = "not a layer of the network" if layer not in layers else "not a decide layer"
-        if isinstance(layers.get(layer), RecSubnet):
-            what = "a rec layer, whose output keeps the whole beam (RETURNN writes a list of (score, " \
-                   "hypothesis) pairs per sequence for it; not implemented)"
-        raise ConfigError(f"search_output_layer {layer!r} is {what}; it must name a decide layer (the "
-                          f"network's decide layers: {decides or 'none'}).")
-    return layer
-
-
-def end_label(model: SeqModel, layer: str) -> int | None:
-    """The class id that ends a hypothesis: the value the rec unit's ``end`` layer compares the choice
-    with (None when it is not such a comparison)."""
-    specs = model.specs
-    unit = specs[specs[layer].sources[0]].opts.get("unit")
-    end = unit.get("end") if isinstance(unit, dict) else None
-    if not isinstance(end, dict) or end.get("class") != "compare" or end.get("kind", "equal") != "equal":
-        return None
-    sources = end.get("from", ["data"])
-    sources = [sources] if isinstance(sources, str) else list(sources)
-    choice = unit.get(sources[0]) if len(sources) == 1 else None
-    value = end.get("value")
-    if not isinstance(choice, dict) or choice.get("class") != "choice" or not isinstance(value, int):
-        return None
-    return value
-
-
-def scored_loss_layers(model: SeqModel, layer: str) -> list[str]:
-    """The loss layers whose loss and error RETURNN's search reports beside the decide layer's: those of
-    the network outside the searched loop that do not read it (a ``ctc`` on the encoder), without
-    ``loss_only_on_non_search``. The loop's own (its ``output_prob``) RETURNN does not report."""
-    rec = model.specs[layer].sources[0] if isinstance(model.layers[layer], Decide) else layer
-    reads_search = {rec}
-    for name in model.order:  # dependency order: a layer's sources come first
-        if reads_search.intersection(model.specs[name].reads):
-            reads_search.add(name)
-    return [name for name in model.loss_layers
-            if model.loss_objects[name] is model.layers.get(name) and name not in reads_search
-            and not model.specs[name].opts.get("loss_only_on_non_search")]
-
-
 def _prepare(config: Config, comm: Communicator) -> SearchSetup:
     output_file = config.str("search_output_file") or ""
     output_format = config.str("search_output_file_format")
@@ -131,12 +86,16 @@ def _prepare(config: Config, comm: Communicator) -> SearchSetup:
     if not hasattr(model, "search"):
         raise ConfigError("Task 'search' needs a model from a 'network' dict with a decide layer; the "
                           "config's get_model model has no beam search.")
-    layer = output_layer(config, model)
-    target = model.specs[layer].opts.get("target") or config.str("target")
+    layers = search_layers(config, model)
+    if layers.as_dict and output_file and output_format != "py":
+        raise ConfigError(f"search_output_layer {layers.outputs} lists several layers, written as a dict per "
+                          "sequence: that needs search_output_file_format 'py' (RETURNN refuses 'txt' too).")
+    opts = model.specs[layers.decided].opts
+    target = opts.get("target") or config.str("target")
     do_eval = config.bool("search_do_eval")
-    scored = scored_loss_layers(model, layer) if do_eval else []
+    scored = scored_loss_layers(model, layers.rec) if do_eval else []
     streams = sorted({model.loss_objects[name].target for name in scored})
-    for name, stream in [(layer, target)] + [(name, model.loss_objects[name].target) for name in scored]:
+    for name, stream in [(layers.decided, target)] + [(n, model.loss_objects[n].target) for n in scored]:
         if do_eval and stream not in dataset.data_keys:
             raise ConfigError(f"search_do_eval scores layer '{name}' against target {stream!r}, which the "
                               f"search data does not have (its keys: {dataset.data_keys}); set "
@@ -144,7 +103,7 @@ def _prepare(config: Config, comm: Communicator) -> SearchSetup:
     extern = config.typed("extern_data") or {}
     entry = extern.get(target) if isinstance(extern, dict) else None
     text = HypothesisText.of(entry.get("vocab") if isinstance(entry, dict) else None,
-                             dataset.labels.get(target, []), target, end_label(model, layer))
+                             dataset.labels.get(target, []), target, end_label(model, layers.rec))
     if output_file and text is None:
         raise ConfigError(f"search_output_file: the hypotheses are class ids of {target!r}, but neither its "
                           "extern_data entry has a 'vocab' nor the search data label names for it, so they "
@@ -163,12 +122,13 @@ def _prepare(config: Config, comm: Communicator) -> SearchSetup:
     target_lengths_specs = {k: tf.TensorSpec([None], tf.int32, name=f"{k}_len") for k in streams}
 
     def search_step(data, lengths, targets, target_lengths):
-        found = model.search(data, lengths, layer, scored, targets, target_lengths)
-        return found["hyps"], found["hyp_lengths"], found["scores"], found.get("sums", tf.zeros([0, 3]))
+        found = model.search(data, lengths, layers.decided, scored, targets, target_lengths)
+        found.setdefault("sums", tf.zeros([0, 3]))
+        return {key: found[key] for key in STEP_OUTPUTS}
 
     step = CompiledStep(search_step, [data_spec, lengths_spec, target_specs, target_lengths_specs])
     step.trace()
-    return SearchSetup(dataset, model, layer, target if do_eval else None, scored, streams, text, batching,
+    return SearchSetup(dataset, model, layers, target if do_eval else None, scored, streams, text, batching,
                        step, output_file, output_format)
 
 
@@ -186,37 +146,52 @@ def search_shard(setup: SearchSetup, rank: int, size: int) -> ShardResult:
     """This rank's batches, searched."""
     keys = ["data"] + sorted({*setup.streams, *([setup.target] if setup.target else [])} - {"data"})
     dtype = setup.model.input_signature[0].dtype.as_numpy_dtype
-    report = EpochReport(f"search '{setup.layer}'")
+    report = EpochReport(f"search '{setup.layers.decided}'")
     results, sums = {}, np.zeros((len(setup.scored), 3))
     for batch in generate_batches(setup.dataset, setup.batching, shard_rank=rank, shard_size=size,
                                   shard_by="batches", keys=keys):
         targets = {k: np.asarray(batch.data[k], np.int32) for k in setup.streams}
         target_lengths = {k: np.asarray(batch.lengths[k], np.int32) for k in setup.streams}
         with report.computing():
-            hyps, hyp_lengths, scores, batch_sums = (t.numpy() for t in setup.step(
+            found = {key: t.numpy() for key, t in setup.step(
                 np.asarray(batch.data["data"], dtype), np.asarray(batch.lengths["data"], np.int32), targets,
-                target_lengths))
-        sums += batch_sums
+                target_lengths).items()}
+        sums += found["sums"]
         for i, corpus_idx in enumerate(batch.corpus_seq_idx.tolist()):
             tag = batch.seq_tags[i]
-            if np.isnan(scores[i]):
+            hyp = found["hyps"][i, :found["hyp_lengths"][i]]
+            if np.isnan(found["scores"][i]):
                 raise DataError(f"search: the best hypothesis of sequence '{tag}' has score NaN: its input "
                                 "holds NaN or Inf values (or the model's outputs do); fix or drop it.")
             ref = None
             if setup.target:
                 ref = np.asarray(batch.data[setup.target][i, :batch.lengths[setup.target][i]])
-            results[corpus_idx] = score_sequence(tag, hyps[i, :hyp_lengths[i]], ref, setup.text)
+            result = score_sequence(tag, hyp, ref, setup.text)
+            results[corpus_idx] = replace(result, output=_entry(setup, found, i, tag, result.output))
             if log.verbosity() >= log.DEBUG:  # RETURNN's lines at log_verbosity 4
-                _log_sequence(setup, tag, hyps[i, :hyp_lengths[i]], scores[i], ref)
+                _log_sequence(setup, tag, hyp, found["scores"][i], ref)
         report.steps += 1
         report.scores.frames += float(batch.lengths["data"].sum())
     report.finish()
     return ShardResult(results, report.steps, sums)
 
 
+def _entry(setup: SearchSetup, found: dict[str, np.ndarray], i: int, tag: str, decided: str | None) -> Any:
+    """Sequence ``i``'s entry of the file: each output layer's value (the decided hypothesis' text, or the
+    rec layer's beam as (score, text) pairs), alone or as a dict."""
+    if setup.text is None:
+        return None
+    values = {name: decided for name in setup.layers.outputs}
+    for name in setup.layers.beam_outputs():
+        lengths = found["beam_lengths"][i]
+        values[name] = [(BeamScore(found["beam_scores"][i, k]),
+                         setup.text.text(found["beam"][i, k, :lengths[k]], tag)) for k in range(len(lengths))]
+    return values if setup.layers.as_dict else values[setup.layers.outputs[0]]
+
+
 def _log_sequence(setup: SearchSetup, tag: str, hyp: np.ndarray, score: float,
                   ref: np.ndarray | None) -> None:
-    log.debug(f"seq_tag: {tag!r}, output {setup.layer!r}: {hyp.tolist()!r}, score {score:f}")
+    log.debug(f"seq_tag: {tag!r}, output {setup.layers.decided!r}: {hyp.tolist()!r}, score {score:f}")
     if setup.text is not None:
         if ref is not None:
             log.debug(f"  ref: {setup.text.text(ref, tag)}")
@@ -239,9 +214,10 @@ def summary(setup: SearchSetup, results: list[SeqResult], steps: int, sums: np.n
     rate = label_errors / max(ref_labels, 1)
     # the decide layer's edit_distance loss: none where the layer drops its loss in a search
     # (loss_only_on_non_search)
-    opts = setup.model.specs[setup.layer].opts
+    decide = setup.layers.decide
+    opts = setup.model.specs[decide].opts if decide else {}
     if opts.get("loss") == "edit_distance" and not opts.get("loss_only_on_non_search"):
-        errors[setup.layer] = rate
+        errors[decide] = rate
     lines = [f"Search done. Num steps {steps}, Final: score {returnn_scores(scores)} error "
              f"{returnn_scores(errors)}"]
     if setup.text is not None and setup.text.has_words:
@@ -277,8 +253,9 @@ def run_search(config: Config) -> None:
             error = exc
         agree_on_failure(comm, error)
         broadcast_initial(comm, list(setup.model.variables))
-        log.info(f"search: {setup.dataset.num_seqs} sequences of {setup.dataset.name}, output layer "
-                 f"'{setup.layer}', on {comm.size} rank(s)" + (f", into {setup.output_file}" if tmp else ""))
+        log.info(f"search: {setup.dataset.num_seqs} sequences of {setup.dataset.name}, output layer(s) "
+                 f"{', '.join(setup.layers.outputs)}, on {comm.size} rank(s)"
+                 + (f", into {setup.output_file}" if tmp else ""))
         part = None
         try:
             part = search_shard(setup, comm.rank, comm.size)

@@ -7,10 +7,13 @@ as they are, and 256 of them in byte order are the bytes of UTF-8 text; other la
 space, so a BPE hypothesis reads ``hel@@ lo world``. Without labels there is no text, and RETURNN refuses
 to write a file.
 
-Output files, one entry per sequence in corpus order (RETURNN's formats): ``txt`` has one hypothesis a
-line; ``py`` is a Python dict literal, ``{`` on the first line, then ``'<seq tag>': '<hypothesis>',`` per
-sequence (both written as Python's ``repr``), and ``}`` on the last. A name ending in ``.gz`` is written
-gzip-compressed (with a zero time stamp, so that equal hypotheses give equal bytes).
+Output files, one entry per sequence in corpus order (RETURNN's formats): ``txt`` has one entry a line
+(``str`` of it: a hypothesis as it is); ``py`` is a Python dict literal, ``{`` on the first line, then
+``'<seq tag>': <entry>,`` per sequence, and ``}`` on the last. An entry is a hypothesis, a beam (a list of
+(score, hypothesis) pairs, best first) or a dict of several layers' entries; ``py`` writes it as RETURNN's
+``better_repr`` does (``returnn_repr``), a score as numpy writes a float32 (its shortest digits). A name
+ending in ``.gz`` is written gzip-compressed (with a zero time stamp, so that equal hypotheses give equal
+bytes).
 
 Scores: RETURNN's ``decide`` layer with an ``edit_distance`` loss counts the label edit distance of the
 hypothesis to the reference sequence as the data holds it, summed over the sequences and divided by the
@@ -23,10 +26,11 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -98,12 +102,40 @@ class HypothesisText:
         return (_BPE_JOIN.sub("", text) if self._join_pieces else text).split()
 
 
+class BeamScore(float):
+    """A float32 score that prints as numpy prints a float32 (``-0.9266699``), as in RETURNN's files."""
+
+    def __repr__(self) -> str:
+        return str(np.float32(self))
+
+    __str__ = __repr__
+
+
+def returnn_repr(value: Any) -> str:
+    """RETURNN's ``better_repr``: a list one item a line (each with a comma), a dict by sorted keys (one
+    item a line once its items are 40 characters or longer), a tuple on one line, NaN and Inf as
+    ``float('nan')``, anything else as ``repr``."""
+    if isinstance(value, list):
+        return "[\n" + "".join(f"{returnn_repr(item)},\n" for item in value) + "]"
+    if isinstance(value, tuple):
+        return f"({value[0]},)" if len(value) == 1 else "(" + ", ".join(map(returnn_repr, value)) + ")"
+    if isinstance(value, dict):
+        items = [f"{returnn_repr(k)}: {returnn_repr(v)}" for k, v in sorted(value.items())]
+        if sum(len(item) for item in items) >= 40:
+            return "{\n" + "".join(f"{item},\n" for item in items) + "}"
+        return "{" + ", ".join(items) + "}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float('{value!r}')"
+    return repr(value)
+
+
 @dataclass(frozen=True)
 class SeqResult:
-    """One sequence's hypothesis and, with a reference, its error counts."""
+    """One sequence's entry of the output file and, with a reference, the error counts of its decided
+    hypothesis."""
 
     tag: str
-    text: str | None
+    output: Any  # str (a hypothesis), list (a beam), dict (several layers) or None (no text)
     label_errors: int = 0
     ref_labels: int = 0
     word_errors: int = 0
@@ -146,11 +178,11 @@ def _write_text(binary, output_format: str, results: Iterable[SeqResult]) -> Non
     out = io.TextIOWrapper(binary, encoding="utf-8", newline="\n")
     if output_format == "txt":
         for result in results:
-            out.write(f"{result.text}\n")
+            out.write(f"{result.output}\n")
     else:
         out.write("{\n")
         for result in results:
-            out.write(f"{result.tag!r}: {result.text!r},\n")
+            out.write(f"{result.tag!r}: {returnn_repr(result.output)},\n")
         out.write("}\n")
     out.flush()
     out.detach()  # the caller closes the file below it

@@ -30,6 +30,7 @@ from engine.model.rec.unit import Ref
 from engine.runtime.errors import ConfigError
 
 LOW_SCORE = -1.0e30  # RETURNN's score of the labels an ended hypothesis may not take
+BEAM_KEYS = ("beam", "beam_lengths", "beam_scores")  # the final beam in the outputs: "<rec>:<key>"
 
 
 def choice_options(where: str, opts: dict) -> tuple[int, str, float]:
@@ -85,8 +86,10 @@ class BeamSearch:
         self.frame_moved = reads(after, "cur") | set(self.read_prev) | {"end"}
         self.prev_moved = reads(after, "prev")
 
-    def search(self, decide_by_length: bool) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """The decided hypotheses: labels (B, T), lengths (B,), scores (B,)."""
+    def search(self, decide_by_length: bool) -> tuple[tuple[tf.Tensor, tf.Tensor, tf.Tensor],
+                                                      tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+        """The decided hypotheses: labels (B, T), lengths (B,), scores (B,); and the final beam, best
+        first (as RETURNN's rec layer keeps it): labels (B, K, T), lengths (B, K), scores (B, K)."""
         run, net, rows = self.run, self.run.net, self.batch * self.beam
         prev0 = {n: run._initial(n, rows) for n in self.read_prev}
         cells0 = {n: net.units[n].initial_state(rows) for n in self.cells}
@@ -144,7 +147,8 @@ class BeamSearch:
         final = scores / tf.cast(tf.maximum(lengths, 1), tf.float32) if decide_by_length else scores
         best = tf.argmax(final, axis=1, output_type=tf.int32)
         pick = tf.stack([tf.range(self.batch), best], axis=1)
-        return tf.gather_nd(hyps, pick), tf.gather_nd(lengths, pick), tf.gather_nd(scores, pick)
+        decided = tf.gather_nd(hyps, pick), tf.gather_nd(lengths, pick), tf.gather_nd(scores, pick)
+        return decided, (hyps, lengths, scores)
 
     def _choose(self, probs: tf.Tensor, scores: tf.Tensor, t: tf.Tensor,
                 ended: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

@@ -20,7 +20,7 @@ from engine.model.layers.base import Layer
 from engine.model.losses.regularization import l2_factor
 from engine.model.rec.frames import Template, Value
 from engine.model.rec.loop_run import LoopRun, topological
-from engine.model.rec.search import BeamSearch, choice_options
+from engine.model.rec.search import BEAM_KEYS, BeamSearch, choice_options
 from engine.model.rec.step_layers import GenericAttention, LinearUnit, UnitContext, UnitLayer
 from engine.model.rec.step_select import STEP, Switch
 from engine.model.rec.step_state import LastHiddenState
@@ -186,7 +186,8 @@ class RecSubnet(Layer):
         """``base``: layer -> (its time-major output, its lengths). Returns the output's (L, B) ids, their
         lengths (B,), and the unit layers' outputs (batch-major, ``<rec>/<layer>``; loss layers also
         ``:logits`` and ``:lengths``). With ``search``: the beam search's decided hypotheses (by score,
-        divided by length with ``decide_by_length``) and their scores (``<rec>:scores``). ``source``: the
+        divided by length with ``decide_by_length``) and their scores (``<rec>:scores``), and the final beam
+        (``<rec>:beam`` (B, K, L), ``<rec>:beam_lengths``, ``<rec>:beam_scores`` (B, K)). ``source``: the
         rec layer's input (time-major, its lengths) for a loop over its frames: then the output is the unit's
         ``output`` on every frame, (T, B, F), with the input's lengths."""
         if search and self.choice:
@@ -224,8 +225,9 @@ class RecSubnet(Layer):
         run = LoopRun(self, tiled, False, tf.constant([0, 0], tf.int64))
         run.rows = batch * beam
         loop = topological(self.spec, plan.in_loop + plan.inputs_moved_out)
-        hyps, lengths, scores = BeamSearch(run, loop, batch, beam, max_len).search(decide_by_length)
-        return tf.transpose(hyps), lengths, {f"{self.layer_name}:scores": scores}
+        (hyps, lengths, scores), beam = BeamSearch(run, loop, batch, beam, max_len).search(decide_by_length)
+        extras = {f"{self.layer_name}:{key}": value for key, value in zip(BEAM_KEYS, beam)}
+        return tf.transpose(hyps), lengths, {f"{self.layer_name}:scores": scores, **extras}
 
     def _max_len(self, base: dict[str, tuple[tf.Tensor, tf.Tensor]]) -> tf.Tensor:
         """``max_seq_len``: an int, or RETURNN's string such as "max_len_from('base:encoder') * 2"."""
