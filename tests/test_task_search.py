@@ -179,6 +179,25 @@ def test_one_and_two_ranks_write_the_same_file_and_print_its_scores(trained):
     assert "on 2 rank(s)" in r2.stdout
 
 
+@pytest.mark.slow
+def test_the_rec_layer_alone_writes_its_beams_one_a_line_in_txt(trained):
+    """search_output_layer "output" (the rec layer; 19 published configs name it): each line is the beam as
+    Python prints the list, best first; the decision of the network's decide layer is still scored."""
+    folder, config, corpus = trained
+    out = folder / "beams.txt"
+    r = run_rnn([config, "++task", "search", "++search_output_file", str(out), "++search_output_layer",
+                 "output"], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = out.read_text().splitlines()
+    assert len(lines) == len(references(corpus["dev"]))
+    for line in lines:
+        beam = ast.literal_eval(line)
+        assert len(beam) == 4
+        assert all(isinstance(score, float) and isinstance(text, str) for score, text in beam)
+        assert [score for score, _ in beam] == sorted((score for score, _ in beam), reverse=True)
+    assert re.search(r"Final: score \S+ error ctc \S+ decision \S+\n", r.stdout), r.stdout
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_message_and_leaves_no_file(trained):
