@@ -5,8 +5,8 @@ side: training frames/s and beam-12 search sequences/s.
     RETURNN_PYTHON=/tmp/returnn-venv/bin/python \\
         .venv/bin/python benchmarks/bench_returnn_attention_speed.py CHECKOUT
         [--config 2019-librispeech-system/attention/base2.config] [--train-seqs 1200] [--dev-seqs 1000]
-        [--epochs 3] [--runs 3] [--classes 20] [--scale 0.0625] [--ranks 2] [--no-search]
-        [--network trafo]
+        [--epochs 3] [--runs 3] [--classes 20] [--scale 0.0625] [--ranks 2 [--param-sync K]]
+        [--no-search] [--network trafo]
 
 The network, the corpus and the training keys are ``bench_returnn_search.py``'s (the config's network with
 every width times ``--scale``, dropout as written, ``pretrain`` not run; adam at a constant learning rate,
@@ -33,7 +33,10 @@ machine). Reported beside them: each program's N ranks over its ceiling, the eng
 RETURNN's (verdict at ``TRAIN_TARGET``), and the share of the engine's epochs 2..E its ranks spent in
 collectives (its epoch lines: mostly waiting in the gradient allreduce for the slower rank). RETURNN +
 Horovod ends an epoch when its first rank runs out of batches, so with an odd number of batches it trains
-one batch fewer than the frames counted (under 1 % here).
+one batch fewer than the frames counted (under 1 % here). ``--param-sync K`` adds both programs' N ranks
+with ``horovod_reduce_type = "param"`` and ``horovod_param_sync_step = K`` (each rank updates alone and
+the parameters are averaged every K steps: the ranks meet every K steps instead of every step), each over
+its ceiling.
 
 ``--network trafo``: RETURNN's Transformer setup instead (``--config`` default
 ``bench_returnn_trafo.DEFAULT_CONFIG``), the network its own ``TransformerNetwork`` builds with
@@ -146,10 +149,14 @@ def main() -> int:
                         help="with --ranks: measure both programs' ceilings or the engine's only")
     parser.add_argument("--ranks", type=int, default=1, help="above 1: add the rows of both programs on this "
                         "many ranks and their ceilings (that many single processes at once), 1 thread each")
+    parser.add_argument("--param-sync", type=int, metavar="K",
+                        help="with --ranks: add both programs' ranks averaging the parameters every K steps")
     parser.add_argument("--checkpoint", help="search with this RETURNN checkpoint of the same network (e.g. "
                         "DIR/returnn/epoch.020 of bench_returnn_search.py --keep DIR) instead of the last "
                         "training row's")
     args = parser.parse_args()
+    if args.param_sync is not None and (args.ranks < 2 or args.param_sync < 1):
+        parser.error("--param-sync K takes a K >= 1 and --ranks N with N >= 2")
     python = returnn_python()
     if python is None:
         return no_returnn("bench_returnn_attention_speed", "nothing is compared")
@@ -199,18 +206,22 @@ def main() -> int:
                                    PATH=os.path.dirname(python) + os.pathsep + one_env["PATH"])
             returnn_one_env.pop("PYTHONPATH", None)
 
-            def config_of(program: str, name: str, horovod: bool) -> str:
+            def config_of(program: str, name: str, horovod: bool, param_sync: int = 0) -> str:
                 models[name] = os.path.join(tmp, name)
                 head = RETURNN_HEAD + ONE_THREAD if program == "returnn" else ""
+                keys = ["use_horovod = True"] if horovod else []
+                if param_sync:
+                    keys += ["horovod_reduce_type = 'param'", f"horovod_param_sync_step = {param_sync}"]
                 return write_config(os.path.join(tmp, f"{name}.config"), training_lines(
                     network, extern_data, train_hdf, os.path.join(models[name], "epoch"), args.epochs,
-                    args.learning_rate) + (["use_horovod = True"] if horovod else []), head)
+                    args.learning_rate) + keys, head)
 
-            def ranks_row(program: str, name: str, command: list[str], program_env: dict) -> Row:
+            def ranks_row(program: str, name: str, command: list[str], program_env: dict,
+                          model: str = "-ranks") -> Row:
                 def run() -> float:
-                    shutil.rmtree(models[program + "-ranks"], ignore_errors=True)
+                    shutil.rmtree(models[program + model], ignore_errors=True)
                     output = run_stamped(command, program_env, timeout=3600)
-                    if program == "engine":
+                    if program == "engine" and model == "-ranks":
                         shares.extend(collective_shares(output.text))
                     return rate(output, frames, args.epochs)
                 return Row(name, run)
@@ -235,6 +246,15 @@ def main() -> int:
                 parallel.append(ceiling_row("returnn", f"RETURNN, {n} processes at once", [returnn_command(
                     python, config_of("returnn", f"returnn-ceiling{i}", False), 1) for i in range(n)],
                     returnn_one_env))
+            if args.param_sync:
+                k = args.param_sync
+                parallel += [
+                    ranks_row("engine", f"engine, {n} ranks, param every {k}", rnn_command(
+                        config_of("engine", "engine-param", True, k), n, ["++use_horovod", "1"], one_env),
+                        one_env, "-param"),
+                    ranks_row("returnn", f"RETURNN + Horovod, param every {k}", returnn_command(
+                        python, config_of("returnn", "returnn-param", True, k), n), returnn_one_env,
+                        "-param")]
         print(f"{args.config} {reduction}, {args.classes} classes, dropout as written; corpus "
               f"{args.train_seqs} seqs, {frames} frames; dev {args.dev_seqs} seqs; "
               f"{returnn_version(python, returnn_env)}; epochs 2..{args.epochs} timed, {args.runs} runs per "
@@ -278,11 +298,18 @@ def main() -> int:
                                 f"{ours.median / other.median:.2f}x RETURNN + Horovod, frames/s (target >= "
                                 f"{TRAIN_TARGET}x)", better="higher", factor=TRAIN_TARGET, fmt="{:.1f}",
                                 failed=parallel))
-        their_ceiling = parallel[3] if len(parallel) > 3 else our_ceiling
+        their_ceiling = parallel[3] if args.ceilings == "both" else our_ceiling
         verdicts.append(f"info: {args.ranks} ranks / the program's ceiling: engine "
                         f"{ours.median / our_ceiling.median:.2f}x, RETURNN + Horovod "
                         f"{other.median / their_ceiling.median:.2f}x ('{their_ceiling.name}'); the engine's "
                         f"ceiling = {our_ceiling.median / their_ceiling.median:.2f}x that")
+        if args.param_sync:
+            our_param, their_param = parallel[-2:]
+            verdicts.append(f"info: {args.ranks} ranks averaging the parameters every {args.param_sync} "
+                            f"steps / the program's ceiling: engine "
+                            f"{our_param.median / our_ceiling.median:.2f}x, RETURNN + Horovod "
+                            f"{their_param.median / their_ceiling.median:.2f}x; engine = "
+                            f"{our_param.median / their_param.median:.2f}x RETURNN + Horovod")
         if shares:
             verdicts.append(f"info: the engine's {args.ranks}-rank epochs 2..{args.epochs}, % in collectives "
                             f"(every rank's epoch line, every run): {min(shares):.1f}-{max(shares):.1f}, "

@@ -7,7 +7,8 @@ the same checkpoint: the hypotheses, their label error rates and their scores co
         .venv/bin/python benchmarks/bench_returnn_search.py CHECKOUT [--network attention|trafo]
         [--config CONFIG] [--epochs E] [--train-seqs 400] [--dev-seqs 200] [--classes 20]
         [--learning-rate LR] [--batch-size 1000] [--keep DIR]
-        [--scale 0.0625]  (attention)  [--blocks 2] [--dim 32] [--heads 4] [--ff-dim 64] [--lstm-dim 32]
+        [--scale 0.0625] [--score-combine]  (attention)
+        [--blocks 2] [--dim 32] [--heads 4] [--ff-dim 64] [--lstm-dim 32]  (trafo)
 
 CHECKOUT is a checkout of ``rwth-i6/returnn-experiments``. ``--network attention`` (the default): the config
 (default ``2019-librispeech-system/attention/base2.config``) has its network reduced as
@@ -18,6 +19,12 @@ own ``TransformerNetwork`` with ``bench_returnn_trafo.py``'s reduced sizes (``--
 decoder blocks, model dim ``--dim``, ``--heads``, feed-forward ``--ff-dim``, front-end LSTMs
 ``--lstm-dim``); 40 epochs (20 leave a WER near 20 %, 40 near 11 %) at learning rate 0.001 (the config's
 warm-up to 0.0008 is not used: the rate is constant).
+``--score-combine`` (attention): the search's choice also scores the attention's coverage, as RETURNN's
+coverage-penalty setups do (2019-asr-e2e-trafo-vs-lstm/tedlium2's base2 ... eos config has it commented
+out): its ``custom_score_combine`` (``COVERAGE_COMBINE``, this benchmark's own function) adds 1.5 times each
+hypothesis' coverage gain to the sum of the scores, reading the unit layers ``prev:coverage`` and
+``coverage`` (the encoder frames' accumulated attention, each capped at 0.5, summed over the frames) as its
+``explicit_search_sources``. Both programs write and read the same function in the config.
 Both have ``--classes`` labels, a ``decision`` layer deciding the rec layer ``output`` whose ``choice``
 is also named ``output``, the front end's time reduction 6 (max pooling 3 * 2) and 40 input dims
 (``num_inputs``); their ``pretrain`` is not run, their dropout and label smoothing are kept as written.
@@ -38,7 +45,9 @@ the share of sequences with the identical decided hypothesis (target ``TARGET_SA
 the references, each equal decision's beam score (relative ``SCORE_TOLERANCE``), the final beams (the same
 hypotheses in the same order, their scores within ``SCORE_TOLERANCE``), how many lines of the two files
 are identical, and the search's closing lines (``Search done. ... Final: score S error E`` of both logs:
-the same layers, each value within relative ``LINE_TOLERANCE``). Differences are listed.
+the same layers, each value within relative ``LINE_TOLERANCE``), and the rec layer's three lists in search
+as both logs print them (the same layers in each; their order is reported: RETURNN's follows its Python's
+hash seed). Differences are listed.
 """
 from __future__ import annotations
 
@@ -69,6 +78,31 @@ OPTIMIZER = {"adam": True, "optimizer_epsilon": 1e-8, "gradient_clip": 0}
 # per --network: its default config, epochs and (constant) learning rate
 NETWORKS = {"attention": {"config": DEFAULT_CONFIG, "epochs": 20, "learning_rate": 0.002},
             "trafo": {"config": TRAFO_CONFIG, "epochs": 40, "learning_rate": 0.001}}
+
+
+COVERAGE_MARK = "<coverage_score_combine>"
+COVERAGE_COMBINE = """
+def coverage_score_combine(layer, scores_in, scores_base, batch_dim, scores_beam_in, base_beam_in, t,
+                           end_flags, **kwargs):
+    import tensorflow as tf
+    from returnn.tf.util.basic import where_bc
+    before, now = [src.output.copy_as_batch_major().placeholder for src in layer.explicit_search_sources]
+    gain = tf.reshape(now - before, [batch_dim, scores_beam_in])[:, :base_beam_in]  # (batch, beam)
+    gain = where_bc(end_flags, 0.0, 1.5 * gain)
+    return scores_base + scores_in + gain[:, :, tf.newaxis]
+
+"""
+
+
+def with_coverage_combine(network: dict) -> dict:
+    """The attention network with its choice scoring the coverage (``--score-combine``)."""
+    unit = dict(network["output"]["unit"])
+    unit["coverage_in"] = {"class": "eval", "from": ["accum_att_weights"],
+                           "eval": "tf.minimum(source(0), 0.5)"}
+    unit["coverage"] = {"class": "reduce", "mode": "sum", "axes": "t", "from": ["coverage_in"]}
+    unit["output"] = {**unit["output"], "custom_score_combine": COVERAGE_MARK,
+                      "explicit_search_sources": ["prev:coverage", "coverage"]}
+    return {**network, "output": {**network["output"], "unit": unit}}
 
 
 def label_names(classes: int) -> list[str]:
@@ -180,8 +214,11 @@ def search_lines(network: dict, extern_data: dict, dev_hdf: str, load: str, outp
 
 
 def write_config(path: str, lines: list[str], head: str = "") -> str:
+    text = "\n".join(lines) + "\n"
+    if COVERAGE_MARK in text:  # the function, defined in the config, in place of its mark
+        text = COVERAGE_COMBINE + text.replace(repr(COVERAGE_MARK), "coverage_score_combine")
     with open(path, "w") as f:
-        f.write(head + "\n".join(lines) + "\n")
+        f.write(head + text)
     return path
 
 
@@ -239,10 +276,14 @@ def main() -> int:
     parser.add_argument("--classes", type=int, default=20, help="labels, EOS 0 included")
     parser.add_argument("--scale", type=float, default=0.0625, help="attention: factor of every width")
     add_size_arguments(parser)
+    parser.add_argument("--score-combine", action="store_true",
+                        help="attention: the choice scores the coverage too (custom_score_combine)")
     parser.add_argument("--learning-rate", type=float, help="default: 0.002 (attention), 0.001 (trafo)")
     parser.add_argument("--batch-size", type=int, default=1000, help="training batch size (frames)")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its files (default: a temp dir)")
     args = parser.parse_args()
+    if args.score_combine and args.network != "attention":
+        parser.error("--score-combine scores the attention's coverage: it takes --network attention")
     for key, value in NETWORKS[args.network].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -262,6 +303,8 @@ def main() -> int:
                  f"ff {args.ff_dim}, LSTMs {args.lstm_dim}")
     else:
         network, sizes = reduced(setup.network, args.scale), f"at scale {args.scale:g}"
+        if args.score_combine:
+            network, sizes = with_coverage_combine(network), sizes + ", coverage in the search's scores"
     extern_data = {"data": {"dim": dim}, "classes": {"dim": args.classes, "sparse": True}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or tmp
@@ -299,7 +342,9 @@ def main() -> int:
         refs = {tag: " ".join(names[k] for k in labels if k != 0) for tag, _, labels in dev}
         result = compare(parse_search_output(ours_text), parse_search_output(theirs_text), refs)
         result["lines same"], result["lines"] = same_lines(ours_text, theirs_text), theirs_text.count("\n")
-        lines = [closing_line(path) for path in (engine_log, os.path.join(folder, "returnn-search.log"))]
+        logs = (engine_log, os.path.join(folder, "returnn-search.log"))
+        lines = [closing_line(path) for path in logs]
+        result["plan"] = [search_plan(path) for path in logs]
     return report(result, parse_search_output(ours_text), parse_search_output(theirs_text), refs, *lines)
 
 
@@ -315,6 +360,27 @@ def run_engine(config: str, log_path: str) -> None:
 def closing_line(log_path: str) -> str:
     with open(log_path) as f:
         return next(line for line in f if line.startswith("Search done."))
+
+
+def search_plan(log_path: str) -> list[str]:
+    """The rec layer's three lists in search, as the log prints them (RETURNN's and the engine's alike)."""
+    with open(log_path) as f:
+        lines = f.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"Rec layer 'output' \(search True", line))
+    end = next(i for i in range(start + 1, len(lines)) if "Unused layers" in lines[i])
+    return [line.strip() for line in lines[start:end]]
+
+
+def plan_lists(plan: list[str]) -> list[set[str]]:
+    """The three lists of ``search_plan``'s lines, each as a set: RETURNN walks its loop's layers from a
+    Python set of the needed outputs ('output', 'end'), so their order follows the process' hash seed."""
+    lists: list[set[str]] = []
+    for line in plan[1:]:
+        if line.endswith(")") and "(#:" in line:
+            lists.append(set())
+        elif line != "None":
+            lists[-1].add(line)
+    return lists
 
 
 def same_lines(ours: str, theirs: str) -> int:
@@ -342,7 +408,14 @@ def report(result: dict, ours: dict, theirs: dict, refs: dict, our_line: str, th
     line_diff = compare_closing_lines(our_line, their_line)
     print(f"closing line, RETURNN: {their_line.strip()}\nclosing line, engine:  {our_line.strip()}\n"
           f"  largest relative difference {line_diff:.2e} (at most {LINE_TOLERANCE:g})")
-    ok = result["share"] >= TARGET_SAME and result["score diff"] <= SCORE_TOLERANCE \
+    plans_same = plan_lists(result["plan"][0]) == plan_lists(result["plan"][1])
+    in_loop = next(line for line in result["plan"][1] if line.startswith("Layers in"))
+    order = "also in order" if result["plan"][0] == result["plan"][1] else "in another order"
+    print(f"the search's loop lists (in front, behind, in the loop): "
+          f"{f'the same layers, {order}' if plans_same else 'DIFFER'} (RETURNN's: {in_loop})")
+    if not plans_same or result["plan"][0] != result["plan"][1]:
+        print(f"  RETURNN: {result['plan'][1]}\n  engine:  {result['plan'][0]}")
+    ok = plans_same and result["share"] >= TARGET_SAME and result["score diff"] <= SCORE_TOLERANCE \
         and result["wer engine"] == result["wer returnn"] and line_diff <= LINE_TOLERANCE \
         and result["beams same"] >= TARGET_SAME * result["seqs"] \
         and result["beam score diff"] <= SCORE_TOLERANCE

@@ -73,3 +73,36 @@ def test_closing_lines_are_read_and_compared_in_returnns_format():
     assert bench.compare_closing_lines("Final: score 2.7 error ctc 0.8", theirs) == float("inf")
     with pytest.raises(ValueError):
         bench.closing_scores("epoch 2 search, finished after 3 steps")
+
+
+def test_the_coverage_function_is_written_into_the_config(tmp_path):
+    choice = {"class": "choice", "target": "classes", "beam_size": 12, "from": "output_prob"}
+    network = {"output": {"class": "rec", "from": [], "unit": {"output": choice}}}
+    lines = [f"network = {bench.with_coverage_combine(network)!r}"]
+    path = bench.write_config(str(tmp_path / "c.config"), lines)
+    namespace: dict = {}
+    exec(compile(open(path).read(), path, "exec"), namespace)
+    choice = namespace["network"]["output"]["unit"]["output"]
+    assert choice["custom_score_combine"] is namespace["coverage_score_combine"]
+    assert choice["explicit_search_sources"] == ["prev:coverage", "coverage"]
+
+
+def test_search_plan_reads_the_lists_a_log_prints(tmp_path):
+    log = tmp_path / "search.log"
+    log.write_text("\n".join([
+        "Rec layer 'output' (search False, train True) sub net:", "  Layers in loop: (#: 1)", "    s",
+        "  Unused layers: (#: 0)", "Rec layer 'output' (search True, train False) sub net:",
+        "  Input layers moved out of loop: (#: 0)", "    None", "  Layers in loop: (#: 2)", "    end",
+        "    output", "  Unused layers: (#: 0)"]) + "\n")
+    assert bench.search_plan(str(log)) == ["Rec layer 'output' (search True, train False) sub net:",
+                                           "Input layers moved out of loop: (#: 0)", "None",
+                                           "Layers in loop: (#: 2)", "end", "output"]
+
+
+def test_plan_lists_are_compared_as_sets():
+    theirs = ["Rec layer 'output' (search True, train False) sub net:",
+              "Input layers moved out of loop: (#: 0)", "None", "Output layers moved out of loop: (#: 0)",
+              "None", "Layers in loop: (#: 2)", "output", "end"]
+    ours = theirs[:6] + ["end", "output"]
+    assert bench.plan_lists(theirs) == bench.plan_lists(ours) == [set(), set(), {"end", "output"}]
+    assert bench.plan_lists(ours[:6] + ["end", "s"]) != bench.plan_lists(theirs)

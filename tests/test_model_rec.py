@@ -259,15 +259,6 @@ def test_what_the_unit_refuses_is_named(change, message):
         model(network)
 
 
-def test_a_choice_with_explicit_search_sources_is_refused_with_the_reason():
-    from engine.model.rec.search import choice_options
-
-    sources = ["prev:out_str", "prev:output"]  # an RNN-transducer's, in search
-    with pytest.raises(ConfigError, match="explicit_search_sources is not implemented: RETURNN's setups use"):
-        choice_options("output", {"beam_size": 12, "explicit_search_sources": sources})
-    assert choice_options("output", {"beam_size": 12, "explicit_search_sources": None}) == (12, "prob", 1.0)
-
-
 def test_a_decide_layer_reads_a_searched_rec_layer():
     network = copy.deepcopy(NETWORK)
     network["decision"]["from"] = ["encoder"]

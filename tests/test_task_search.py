@@ -2,6 +2,7 @@
 2 ranks (the same file, byte for byte), RETURNN's output formats, the scores it prints (recomputed here
 from the file), and a rank that fails (a sequence with a NaN frame) ending the job without a file."""
 import ast
+import copy
 import gzip
 import re
 from types import SimpleNamespace
@@ -196,6 +197,33 @@ def test_the_rec_layer_alone_writes_its_beams_one_a_line_in_txt(trained):
         assert all(isinstance(score, float) and isinstance(text, str) for score, text in beam)
         assert [score for score, _ in beam] == sorted((score for score, _ in beam), reverse=True)
     assert re.search(r"Final: score \S+ error ctc \S+ decision \S+\n", r.stdout), r.stdout
+
+
+FAVOUR_A = """
+def favour_a(layer, scores_in, scores_base, end_flags, **kwargs):
+    import tensorflow as tf
+    from TFUtil import where_bc
+    bonus = tf.one_hot(5, layer.output.dim, on_value=50.0)  # label 'A'
+    return scores_base + scores_in + where_bc(end_flags[:, :, None], 0.0, bonus[None, None])
+"""
+
+
+@pytest.mark.slow
+def test_a_custom_score_combine_of_the_config_decides_the_search(trained):
+    """The config's function (importing RETURNN's where_bc when called) in place of the scores' sum: a
+    bonus for label 'A' on every step makes every decision 'A' up to max_seq_len."""
+    folder, config, corpus = trained
+    network = copy.deepcopy(ATTENTION)
+    network["output"]["unit"]["output"]["custom_score_combine"] = "<favour_a>"
+    combined = folder / "favour_a.py"
+    combined.write_text(FAVOUR_A + open(config).read().replace(f"network = {ATTENTION!r}", f"network = "
+                        f"{network!r}").replace("'<favour_a>'", "favour_a"))
+    out = folder / "favour_a.txt"
+    r = run_rnn([str(combined), "++task", "search", "++search_output_file", str(out)], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = out.read_text().splitlines()
+    assert len(lines) == len(references(corpus["dev"]))
+    assert all(line and set(line.split()) == {"A"} for line in lines), lines
 
 
 @pytest.mark.mpi

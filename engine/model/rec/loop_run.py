@@ -32,7 +32,7 @@ def topological(layers: dict, names: tuple[str, ...]) -> list[str]:
     def visit(name: str) -> None:
         if name in order or name not in names:
             return
-        for ref in layers[name].sources + list(layers[name].options.values()):
+        for ref in layers[name].refs(training=False):
             if ref.kind == "cur":
                 visit(ref.name)
         order.append(name)

@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from engine.model.rec.frames import Value, loose_batch
+from engine.model.rec.score_combine import ChoiceView, SourceView, combined_scores
 from engine.model.rec.step_select import step_value
 from engine.model.rec.unit import Ref
 from engine.runtime.errors import ConfigError
@@ -44,11 +45,6 @@ def choice_options(where: str, opts: dict) -> tuple[int, str, float]:
     normalization = opts.get("length_normalization", True)
     if not isinstance(normalization, bool):
         raise ConfigError(f"{where}: choice length_normalization must be True or False.")
-    if opts.get("explicit_search_sources"):
-        raise ConfigError(f"{where}: explicit_search_sources is not implemented: RETURNN's setups use it for "
-                          "a custom_score_combine function over other layers' beams (RNN-transducer search "
-                          "with string-valued layers), and this engine's choice scores its source's labels "
-                          "alone. Remove it to search by the label scores.")
     return beam, input_type, 1.0 if normalization else 0.0
 
 
@@ -71,10 +67,12 @@ class BeamSearch:
         choice = net.spec["output"]
         _, self.input_type, self.exponent = choice_options(net.ctx.where("output"), choice.opts)
         self.choice_source = choice.sources[0].name
+        self.combine = choice.opts.get("custom_score_combine")
+        opts = choice.opts
+        self.explicit = opts.get("explicit_search_sources") or opts.get("explicit_search_source")
 
         def reads(names: list[str], kind: str) -> set[str]:
-            return {r.name for n in names for r in net.spec[n].sources + list(net.spec[n].options.values())
-                    if r.kind == kind}
+            return {r.name for n in names for r in net.spec[n].refs(training=False) if r.kind == kind}
 
         self.read_prev = sorted(reads(loop, "prev"))
         self.cells = [n for n in loop if n in net.units and net.units[n].stateful]
@@ -120,7 +118,9 @@ class BeamSearch:
 
             for name in self.loop:
                 if name == "output":
-                    label, src, scores = self._choose(frame[self.choice_source].tensor, scores, t, ended)
+                    layer = self._choice_view(resolve) if self.combine else None
+                    probs = frame[self.choice_source].tensor
+                    label, src, scores = self._choose(probs, scores, t, ended, layer)
                     self._follow(src, frame, state, new_cells)
                     frame[name] = Value(label, net.templates[name], looped=False)
                     continue
@@ -150,8 +150,21 @@ class BeamSearch:
         decided = tf.gather_nd(hyps, pick), tf.gather_nd(lengths, pick), tf.gather_nd(scores, pick)
         return decided, (hyps, lengths, scores)
 
-    def _choose(self, probs: tf.Tensor, scores: tf.Tensor, t: tf.Tensor,
-                ended: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def _choice_view(self, resolve: Any) -> ChoiceView:
+        """The ``layer`` a custom_score_combine reads: the explicit search sources' values at this step."""
+        spec = self.run.net.spec["output"]
+        views = [SourceView(str(ref), resolve(ref).tensor, self.run.net.templates[ref.name].dim,
+                            self.run.net.templates[ref.name].sparse) for ref in spec.search_refs]
+        if isinstance(self.explicit, dict):  # the config's keys, in its order, as search_refs
+            sources: Any = dict(zip(self.explicit, views))
+        elif self.explicit:
+            sources = views
+        else:
+            sources = None
+        return ChoiceView("output", self.run.net.templates["output"].dim, sources)
+
+    def _choose(self, probs: tf.Tensor, scores: tf.Tensor, t: tf.Tensor, ended: tf.Tensor,
+                layer: ChoiceView | None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         classes = tf.shape(probs)[-1]
         log_probs = tf.math.log(probs) if self.input_type == "prob" else probs
         only_end = tf.one_hot(0, classes, on_value=0.0, off_value=LOW_SCORE)
@@ -159,7 +172,14 @@ class BeamSearch:
         if self.exponent:
             grown = tf.pow(tf.cast(t + 1, tf.float32) / tf.cast(t, tf.float32), self.exponent)
             scores = scores * tf.where(tf.reshape(ended, [self.batch, self.beam]), grown, 1.0)
-        combined = scores[:, :, None] + tf.reshape(log_probs, [self.batch, self.beam, classes])
+        log_probs = tf.reshape(log_probs, [self.batch, self.beam, classes])
+        if layer is None:
+            combined = scores[:, :, None] + log_probs
+        else:
+            where = self.run.net.ctx.where("output")
+            combined = combined_scores(self.combine, where, layer, log_probs, scores,
+                                       tf.reshape(ended, [self.batch, self.beam]), t, self.batch, self.beam,
+                                       LOW_SCORE)
         top, index = tf.math.top_k(tf.reshape(combined, [self.batch, -1]), k=self.beam)
         self._src = index // classes
         return tf.reshape(index % classes, [-1]), self._src, top

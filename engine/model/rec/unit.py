@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.model.losses import check_loss_name, check_loss_only_on_non_search, check_loss_opts
-from engine.model.rec.unit_options import STEP_READERS, SWITCH_OPTIONS, check_options
+from engine.model.rec.unit_options import STEP_READERS, SWITCH_OPTIONS, check_options, explicit_search_sources
 from engine.model.rec.unit_subnetwork import flatten_subnetworks
 from engine.runtime import log
 from engine.runtime.errors import ConfigError
@@ -27,7 +27,7 @@ from engine.runtime.errors import ConfigError
 # classes of the unit, with the options each takes beyond the common ones (engine/model/rec/step_layers.py)
 UNIT_CLASS_OPTIONS: dict[str, set[str]] = {
     "choice": {"target", "beam_size", "input_type", "initial_output", "length_normalization",
-               "explicit_search_sources", "cheating"},
+               "explicit_search_source", "explicit_search_sources", "custom_score_combine", "cheating"},
     "compare": {"kind", "value", "initial_output"},
     "linear": {"n_out", "activation", "with_bias", "forward_weights_init", "bias_init", "initial_output",
                "use_transposed_weights"},
@@ -105,13 +105,17 @@ class UnitLayerSpec:
     sources: list[Ref]
     opts: dict[str, Any]
     options: dict[str, Ref] = field(default_factory=dict)  # weights=..., base=...
+    # a choice's explicit_search_sources, in the config's order
+    search_refs: list[Ref] = field(default_factory=list)
 
     def refs(self, training: bool) -> list[Ref]:
         """What the layer reads; in training a choice is the target and reads nothing (RETURNN drops its
-        'from' then, so the optimisation can move it out)."""
+        'from' then, so the optimisation can move it out); in search it also reads its
+        explicit_search_sources (RETURNN resolves them in search only, before its 'from': its plan lists
+        them first)."""
         if self.cls == "choice" and training:
             return []
-        return self.sources + list(self.options.values())
+        return self.search_refs + self.sources + list(self.options.values())
 
 
 def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
@@ -156,12 +160,14 @@ def parse_unit(rec_name: str, unit: dict) -> dict[str, UnitLayerSpec]:
         if not isinstance(sources, (list, tuple)) or not all(isinstance(s, str) for s in sources):
             raise ConfigError(f"{where}: 'from' must be a layer name or a list of names, got {sources!r}.")
         options = {key: Ref.parse(opts[key]) for key in LAYER_OPTIONS.get(cls, ()) if key in opts}
-        layers[name] = UnitLayerSpec(name, cls, [Ref.parse(s) for s in sources], dict(opts), options)
+        search_refs = [Ref.parse(s) for s in explicit_search_sources(where, opts)] if cls == "choice" else []
+        layers[name] = UnitLayerSpec(name, cls, [Ref.parse(s) for s in sources], dict(opts), options,
+                                     search_refs)
     if "output" not in layers:
         raise ConfigError(f"Network layer '{rec_name}': the unit has no layer 'output' (RETURNN's rec layer "
                           "outputs it).")
     for layer in layers.values():
-        for ref in layer.sources + list(layer.options.values()):
+        for ref in layer.refs(training=False):
             if ref.kind in ("cur", "prev") and ref.name not in layers:
                 raise ConfigError(f"Network layer '{rec_name}', unit layer '{layer.name}' reads '{ref}', "
                                   f"which is not a layer of the unit; its layers: {', '.join(layers)}.")

@@ -71,8 +71,43 @@ def reduces_time(opts: dict) -> bool:
     return feature_axes(opts) in TIME_AXES
 
 
+def explicit_search_sources(where: str, opts: dict) -> list[str]:
+    """A choice's ``explicit_search_sources`` (a list, or a dict by key) or ``explicit_search_source`` (one
+    name): the names of the unit's layers, ``x`` or ``prev:x``, in RETURNN's order (a dict's by sorted key),
+    which its ``custom_score_combine`` reads at each step of a search."""
+    if opts.get("explicit_search_source") and opts.get("explicit_search_sources"):
+        raise ConfigError(f"{where}: choice takes explicit_search_source or explicit_search_sources, not "
+                          "both.")
+    sources = opts.get("explicit_search_sources") or opts.get("explicit_search_source") or []
+    if isinstance(sources, str):
+        sources = [sources] if opts.get("explicit_search_source") else sources
+    names = list(sources.values()) if isinstance(sources, dict) else sources
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{where}: explicit_search_sources must be a list of layer names (or a dict of "
+                          f"them), got {sources!r}.")
+    for name in names:
+        if name.startswith(("base:", "data:")) or name == ":i":
+            raise ConfigError(f"{where}: explicit_search_sources names {name!r}; here they are layers of the "
+                              "unit, 'x' or 'prev:x' (values per hypothesis that custom_score_combine "
+                              "reads).")
+    return list(names)
+
+
+def check_choice(where: str, opts: dict) -> None:
+    if opts.get("cheating"):
+        raise ConfigError(f"{where}: choice 'cheating' {opts['cheating']!r} (the target kept in the beam) is "
+                          "not implemented; False, RETURNN's default, is accepted.")
+    combine = opts.get("custom_score_combine")
+    if combine is not None and not callable(combine):
+        raise ConfigError(f"{where}: custom_score_combine must be a function of the config (RETURNN calls it "
+                          f"with layer, scores_in, scores_base, ...), got {combine!r}.")
+    explicit_search_sources(where, opts)
+
+
 def check_options(where: str, cls: str, opts: dict) -> None:
-    if cls == "switch":
+    if cls == "choice":
+        check_choice(where, opts)
+    elif cls == "switch":
         if opts.get("from") not in (None, [], ()):
             raise ConfigError(f"{where}: switch reads no 'from' here (its layers are condition, true_from "
                               f"and false_from), got {opts['from']!r}.")
