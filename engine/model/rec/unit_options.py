@@ -73,8 +73,8 @@ def reduces_time(opts: dict) -> bool:
 
 def explicit_search_sources(where: str, opts: dict) -> list[str]:
     """A choice's ``explicit_search_sources`` (a list, or a dict by key) or ``explicit_search_source`` (one
-    name): the names of the unit's layers, ``x`` or ``prev:x``, in RETURNN's order (a dict's by sorted key),
-    which its ``custom_score_combine`` reads at each step of a search."""
+    name): the names of the unit's layers, ``x`` or ``prev:x``, in the config's order (RETURNN builds them
+    so, before the choice's 'from'), which its ``custom_score_combine`` reads at each step of a search."""
     if opts.get("explicit_search_source") and opts.get("explicit_search_sources"):
         raise ConfigError(f"{where}: choice takes explicit_search_source or explicit_search_sources, not "
                           "both.")
