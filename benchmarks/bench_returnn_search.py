@@ -19,12 +19,8 @@ own ``TransformerNetwork`` with ``bench_returnn_trafo.py``'s reduced sizes (``--
 decoder blocks, model dim ``--dim``, ``--heads``, feed-forward ``--ff-dim``, front-end LSTMs
 ``--lstm-dim``); 40 epochs (20 leave a WER near 20 %, 40 near 11 %) at learning rate 0.001 (the config's
 warm-up to 0.0008 is not used: the rate is constant).
-``--score-combine`` (attention): the search's choice also scores the attention's coverage, as RETURNN's
-coverage-penalty setups do (2019-asr-e2e-trafo-vs-lstm/tedlium2's base2 ... eos config has it commented
-out): its ``custom_score_combine`` (``COVERAGE_COMBINE``, this benchmark's own function) adds 1.5 times each
-hypothesis' coverage gain to the sum of the scores, reading the unit layers ``prev:coverage`` and
-``coverage`` (the encoder frames' accumulated attention, each capped at 0.5, summed over the frames) as its
-``explicit_search_sources``. Both programs write and read the same function in the config.
+``--score-combine`` (attention): the search's choice also scores the attention's coverage through a
+``custom_score_combine`` with ``explicit_search_sources`` (``returnn_coverage_combine.py``), in both configs.
 Both have ``--classes`` labels, a ``decision`` layer deciding the rec layer ``output`` whose ``choice``
 is also named ``output``, the front end's time reduction 6 (max pooling 3 * 2) and 40 input dims
 (``num_inputs``); their ``pretrain`` is not run, their dropout and label smoothing are kept as written.
@@ -64,6 +60,7 @@ import numpy as np
 from bench_returnn_ctc_demo import RETURNN_HEAD
 from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, add_size_arguments, trafo_network
 from returnn_attention_side import reduced
+from returnn_coverage_combine import with_coverage_combine, with_functions_defined
 from returnn_side import no_returnn, returnn_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,31 +75,6 @@ OPTIMIZER = {"adam": True, "optimizer_epsilon": 1e-8, "gradient_clip": 0}
 # per --network: its default config, epochs and (constant) learning rate
 NETWORKS = {"attention": {"config": DEFAULT_CONFIG, "epochs": 20, "learning_rate": 0.002},
             "trafo": {"config": TRAFO_CONFIG, "epochs": 40, "learning_rate": 0.001}}
-
-
-COVERAGE_MARK = "<coverage_score_combine>"
-COVERAGE_COMBINE = """
-def coverage_score_combine(layer, scores_in, scores_base, batch_dim, scores_beam_in, base_beam_in, t,
-                           end_flags, **kwargs):
-    import tensorflow as tf
-    from returnn.tf.util.basic import where_bc
-    before, now = [src.output.copy_as_batch_major().placeholder for src in layer.explicit_search_sources]
-    gain = tf.reshape(now - before, [batch_dim, scores_beam_in])[:, :base_beam_in]  # (batch, beam)
-    gain = where_bc(end_flags, 0.0, 1.5 * gain)
-    return scores_base + scores_in + gain[:, :, tf.newaxis]
-
-"""
-
-
-def with_coverage_combine(network: dict) -> dict:
-    """The attention network with its choice scoring the coverage (``--score-combine``)."""
-    unit = dict(network["output"]["unit"])
-    unit["coverage_in"] = {"class": "eval", "from": ["accum_att_weights"],
-                           "eval": "tf.minimum(source(0), 0.5)"}
-    unit["coverage"] = {"class": "reduce", "mode": "sum", "axes": "t", "from": ["coverage_in"]}
-    unit["output"] = {**unit["output"], "custom_score_combine": COVERAGE_MARK,
-                      "explicit_search_sources": ["prev:coverage", "coverage"]}
-    return {**network, "output": {**network["output"], "unit": unit}}
 
 
 def label_names(classes: int) -> list[str]:
@@ -214,9 +186,7 @@ def search_lines(network: dict, extern_data: dict, dev_hdf: str, load: str, outp
 
 
 def write_config(path: str, lines: list[str], head: str = "") -> str:
-    text = "\n".join(lines) + "\n"
-    if COVERAGE_MARK in text:  # the function, defined in the config, in place of its mark
-        text = COVERAGE_COMBINE + text.replace(repr(COVERAGE_MARK), "coverage_score_combine")
+    text = with_functions_defined("\n".join(lines) + "\n")
     with open(path, "w") as f:
         f.write(head + text)
     return path
