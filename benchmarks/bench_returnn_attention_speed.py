@@ -5,14 +5,15 @@ side: training frames/s and beam-12 search sequences/s.
     RETURNN_PYTHON=/tmp/returnn-venv/bin/python \\
         .venv/bin/python benchmarks/bench_returnn_attention_speed.py CHECKOUT
         [--config 2019-librispeech-system/attention/base2.config] [--train-seqs 1200] [--dev-seqs 1000]
-        [--epochs 3] [--runs 3] [--classes 20] [--scale 0.0625] [--ranks 2 [--param-sync K]]
+        [--epochs E] [--runs 3] [--classes 20] [--scale 0.0625] [--ranks 2 [--param-sync K]]
         [--no-search] [--network trafo]
 
 The network, the corpus and the training keys are ``bench_returnn_search.py``'s (the config's network with
 every width times ``--scale``, dropout as written, ``pretrain`` not run; adam at a constant learning rate,
 ``batch_size`` 1000, ``max_seqs`` 40; the synthetic HDF corpus of label prototypes, here 1200 sequences by
 default, about 100k frames: epochs of a few seconds made the ratio swing with the machine's other load).
-Both programs train it from scratch for ``--epochs`` epochs; frames/s over epochs 2..E
+Both programs train it from scratch for ``--epochs`` epochs (3; the Transformer's 8: its epochs of 1-2 s
+timed over 2 epochs swung with the slow stretches of docs/decoder.md); frames/s over epochs 2..E
 (``bench_returnn.py``'s ``rate``: from the end of epoch 1, graph building and tracing done, to the end of
 the last). Then both search the dev
 corpus with beam 12 (``task = "search"``, ``search_output_layer`` "decision", an output file, so longest
@@ -31,7 +32,10 @@ on N ranks (``mpirun -np N`` of its venv, ``++use_horovod 1``), RETURNN + Horovo
 no MPI, each training the whole corpus (the sum of their frames/s: what N ranks could reach on this
 machine). Reported beside them: each program's N ranks over its ceiling, the engine's N ranks over
 RETURNN's (verdict at ``TRAIN_TARGET``), and the share of the engine's epochs 2..E its ranks spent in
-collectives (its epoch lines: mostly waiting in the gradient allreduce for the slower rank). RETURNN +
+collectives (its epoch lines: mostly waiting in the gradient allreduce for the slower rank), and the
+synchronous bound of the machine at the engine's step length: ``sync_probe.py`` (N ranks of fixed work
+meeting every step over the same ranks running free; its own row, taking turns with the others), beside
+the engine's N ranks over their ceiling, by round. RETURNN +
 Horovod ends an epoch when its first rank runs out of batches, so with an odd number of batches it trains
 one batch fewer than the frames counted (under 1 % here). ``--param-sync K`` adds both programs' N ranks
 with ``horovod_reduce_type = "param"``, ``horovod_param_sync_step = K`` and ``horovod_dataset_distribution
@@ -64,7 +68,8 @@ from bench_returnn_search import DEFAULT_CONFIG, make_corpus, search_lines, trai
 from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, add_size_arguments, trafo_network
 from returnn_attention_side import reduced
 from returnn_side import no_returnn, returnn_python
-from timing import Output, Row, RowFailed, Side, child_env, compare, interleaved, rnn_command, run_stamped
+from timing import (Output, Row, RowFailed, Side, child_env, compare, interleaved, mpirun_command,
+                    rnn_command, run_stamped)
 
 TRAIN_TARGET = 1.5
 SEARCH_TARGET = 1.0
@@ -73,6 +78,10 @@ SEARCH_SPAN = {"engine": (r"^search: \d+ sequences of", r"^search 'decision', fi
                "returnn": (r"^Will write outputs to", r" search, finished after")}
 # 1 thread per process wherever several train at once (2 cores)
 ONE_THREAD = 'tf_session_opts = {"intra_op_parallelism_threads": 1, "inter_op_parallelism_threads": 1}\n'
+SYNC_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sync_probe.py")
+LAUNCHER_FLAKE = "The PMIx server's listener thread failed to start"  # tests/helpers.py's
+PROBE_RATIO = re.compile(r"^sync-probe: .* sync ([\d.]+) of free", re.M)
+EPOCH_STEPS = re.compile(r"^train epoch (\d+), finished after (\d+) steps", re.M)
 COLLECTIVES = re.compile(r"^train epoch (\d+): [\d.]+ frames/sec .*?; ([\d.]+)% in collectives", re.M)
 
 
@@ -132,6 +141,31 @@ def collective_shares(text: str, first_epoch: int = 2) -> list[float]:
     return [float(share) for epoch, share in COLLECTIVES.findall(text) if int(epoch) >= first_epoch]
 
 
+def seconds_per_step(output: Output, epochs: int) -> float:
+    """Wall seconds per step over epochs 2..``epochs`` (``rate``'s span) of an engine run."""
+    steps = sum(int(count) for epoch, count in EPOCH_STEPS.findall(output.text) if int(epoch) > 1)
+    return output.seconds_between(r"^train epoch 1, finished after",
+                                  rf"^train epoch {epochs}, finished after") / max(steps, 1)
+
+
+def probe_row(ranks: int, step_seconds: list[float], env: dict) -> Row:
+    """``sync_probe.py`` on ``ranks`` ranks with steps as long as the engine's ranks' steps measured so
+    far (their median): the share of free-running work that meeting every step leaves on this machine."""
+    def run() -> float:
+        step_ms = 1000 * statistics.median(step_seconds)
+        command = mpirun_command([sys.executable, SYNC_PROBE, "--step-ms", f"{step_ms:.1f}"], ranks, env)
+        for _ in range(2):  # once more where Open MPI's launcher failed before starting any rank
+            output = run_stamped(command, env, timeout=600, check=False)
+            if LAUNCHER_FLAKE not in output.text:
+                break
+        found = PROBE_RATIO.search(output.text)
+        if output.returncode != 0 or found is None:
+            raise RowFailed(f"sync_probe.py (exit {output.returncode}) printed no ratio: "
+                            f"{output.text[-500:]}")
+        return float(found.group(1))
+    return Row(f"fixed work, {ranks} ranks, sync / free", run)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkout", help="a checkout of rwth-i6/returnn-experiments")
@@ -141,7 +175,7 @@ def main() -> int:
                         f"{DEFAULT_CONFIG} or bench_returnn_trafo.DEFAULT_CONFIG)")
     parser.add_argument("--train-seqs", type=int, default=1200)
     parser.add_argument("--dev-seqs", type=int, default=1000)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, help="default 3, the Transformer's 8 (its epochs last 1-2 s)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--classes", type=int, default=20, help="labels, EOS 0 included")
     parser.add_argument("--scale", type=float, default=0.0625, help="attention: factor of every width")
@@ -158,6 +192,7 @@ def main() -> int:
                         "DIR/returnn/epoch.020 of bench_returnn_search.py --keep DIR) instead of the last "
                         "training row's")
     args = parser.parse_args()
+    args.epochs = args.epochs or (8 if args.network == "trafo" else 3)
     if args.param_sync is not None and (args.ranks < 2 or args.param_sync < 1):
         parser.error("--param-sync K takes a K >= 1 and --ranks N with N >= 2")
     python = returnn_python()
@@ -207,7 +242,9 @@ def main() -> int:
         theirs = Row("RETURNN, 1 process", train("returnn", [python, "-m", "returnn", configs["returnn"]],
                                                  returnn_env))
         parallel: list[Row] = []
+        probe: Row | None = None
         shares: list[float] = []
+        step_seconds: list[float] = []  # the engine's N ranks, every run
         if args.ranks > 1:
             n = args.ranks
             one_env = child_env(1)
@@ -234,6 +271,7 @@ def main() -> int:
                     output = run_stamped(command, program_env, timeout=3600)
                     if program == "engine" and model == "-ranks":
                         shares.extend(collective_shares(output.text))
+                        step_seconds.append(seconds_per_step(output, args.epochs))
                     # random_seed_offset: every rank reads the whole corpus each epoch
                     return rate(output, frames * (n if model == "-param" else 1), args.epochs)
                 return Row(name, run)
@@ -254,6 +292,7 @@ def main() -> int:
                     python, returnn_config, n), returnn_one_env),
                 ceiling_row("engine", f"engine, {n} processes at once", [rnn_command(
                     config_of("engine", f"engine-ceiling{i}", False), 1) for i in range(n)], one_env)]
+            probe = probe_row(n, step_seconds, one_env)  # after the engine's ranks: the first round has them
             if args.ceilings == "both":
                 parallel.append(ceiling_row("returnn", f"RETURNN, {n} processes at once", [returnn_command(
                     python, config_of("returnn", f"returnn-ceiling{i}", False), 1) for i in range(n)],
@@ -271,7 +310,7 @@ def main() -> int:
               f"{args.train_seqs} seqs, {frames} frames; dev {args.dev_seqs} seqs; "
               f"{returnn_version(python, returnn_env)}; epochs 2..{args.epochs} timed, {args.runs} runs per "
               "row, taking turns", flush=True)
-        interleaved([engine, theirs, *parallel], args.runs)
+        interleaved([engine, theirs, *parallel, *([probe] if probe else [])], args.runs)
         rows = [("training", "frames/s", engine, theirs, TRAIN_TARGET)]
         if not args.no_search:
             checkpoint = args.checkpoint or os.path.join(models["returnn"], f"epoch.{args.epochs:03d}")
@@ -315,6 +354,18 @@ def main() -> int:
                         f"{ours.median / our_ceiling.median:.2f}x, RETURNN + Horovod "
                         f"{other.median / their_ceiling.median:.2f}x ('{their_ceiling.name}'); the engine's "
                         f"ceiling = {our_ceiling.median / their_ceiling.median:.2f}x that")
+        if probe is not None and not probe.failed:
+            by_round = ", ".join(f"{r / c:.2f} vs {p:.2f}" for r, c, p in zip(ours.values, our_ceiling.values,
+                                                                              probe.values))
+            step_ms = 1000 * statistics.median(step_seconds)
+            verdicts.append(f"info: the synchronous bound (sync_probe.py: fixed work in steps of "
+                            f"{step_ms:.0f} ms, the engine's {args.ranks}-rank steps; meeting every step"
+                            f" over running free): median {probe.median:.2f}, range "
+                            f"{probe.spread('{:.2f}')}; the engine's {args.ranks} ranks over their ceiling "
+                            f"= {ours.median / our_ceiling.median / probe.median:.2f}x that bound; by round, "
+                            f"the engine's ratio vs the bound: {by_round}")
+        elif probe is not None:
+            verdicts.append(f"info: the synchronous bound: FAIL: {probe.failure}")
         if args.param_sync:
             our_param, their_param = parallel[-2:]
             verdicts.append(f"info: {args.ranks} ranks averaging the parameters every {args.param_sync} "

@@ -56,6 +56,12 @@ def rnn_command(config: str, ranks: int, overrides: Sequence[str] = (), env: dic
     cmd = [sys.executable, program, config, *overrides]
     if not (ranks > 1 if mpirun is None else mpirun):
         return cmd
+    return mpirun_command(cmd, ranks, env)
+
+
+def mpirun_command(cmd: list[str], ranks: int, env: dict | None = None) -> list[str]:
+    """``cmd`` on ``ranks`` ranks of this venv's ``mpirun`` (no binding: the ranks share the cores as the
+    kernel places them), forwarding the thread variables that ``env`` sets."""
     forwarded = [arg for var in THREAD_VARS if var in (env or {}) for arg in ("-x", var)]
     return [os.path.join(BIN, "mpirun"), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
             "-np", str(ranks), *forwarded, *cmd]
@@ -138,7 +144,9 @@ def interleaved(rows: Sequence[Row], runs: int, progress: bool = True) -> None:
             except RowFailed as exc:
                 row.failure = str(exc)
             if progress:
-                result = f"FAIL: {row.failure}" if row.failed else f"{row.values[-1]:.0f}"
+                value = row.values[-1] if row.values else 0.0
+                result = (f"FAIL: {row.failure}" if row.failed
+                          else f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}")  # ratios too
                 print(f"  round {i + 1}/{runs}: {row.name}: {result}", file=sys.stderr, flush=True)
 
 

@@ -1,13 +1,16 @@
 """The pure helpers of ``benchmarks/bench_returnn_attention_speed.py``'s rows on several ranks: RETURNN's
 command under its own mpirun, the summed rate of processes run at once (a failed process fails the row),
-and the engine's '% in collectives' read from its epoch lines."""
+the engine's '% in collectives' and seconds per step read from its epoch lines, and the synchronous
+bound's probe (``sync_probe.py``) on 2 ranks."""
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, run_mpi
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -56,3 +59,30 @@ def test_collective_shares_from_epoch_2_on_of_every_rank():
         f"train epoch 3: 1100.5 frames/sec (10000 frames, 8.50s computing); 7.25% {waits}"])
     assert speed.collective_shares(text) == [12.5, 3.0, 7.25]
     assert speed.collective_shares(text, first_epoch=1)[0] == 30.0
+
+
+def test_seconds_per_step_over_epochs_2_on():
+    lines = [(1.0, "train epoch 1, finished after 10 steps, 0:00:01 elapsed"),
+             (3.0, "train epoch 2, finished after 20 steps, 0:00:02 elapsed"),
+             (5.5, "train epoch 3, finished after 30 steps, 0:00:02 elapsed")]
+    output = Output("\n".join(line for _, line in lines), lines)
+    assert speed.seconds_per_step(output, 3) == pytest.approx(4.5 / 50)
+
+
+@pytest.mark.mpi
+def test_the_sync_probe_compares_meeting_every_step_with_running_free_on_two_ranks():
+    result = run_mpi(2, [str(speed.SYNC_PROBE), "--step-ms", "4", "--blocks", "4", "--block-seconds", "0.3"],
+                     timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = speed.PROBE_RATIO.search(result.stdout)
+    assert found is not None, result.stdout
+    # meeting every step can only lose time; the blocks alternate, so drift is shared (a loose upper bound)
+    assert 0.2 < float(found.group(1)) < 1.3, result.stdout
+    line = result.stdout.strip()
+    assert re.search(r"2 ranks, steps of [\d.]+ ms: .*\(4 blocks\); slow steps \d+%, \d+%$", line), line
+
+
+def test_the_sync_probe_refuses_a_single_block():
+    result = subprocess.run([sys.executable, str(speed.SYNC_PROBE), "--blocks", "1"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "--blocks at least 2" in result.stderr
