@@ -68,8 +68,11 @@ from bench_returnn_search import DEFAULT_CONFIG, make_corpus, search_lines, trai
 from bench_returnn_trafo import DEFAULT_CONFIG as TRAFO_CONFIG, add_size_arguments, trafo_network
 from returnn_attention_side import reduced
 from returnn_side import no_returnn, returnn_python
-from timing import (Output, Row, RowFailed, Side, child_env, compare, interleaved, mpirun_command,
+from timing import (ROOT, Output, Row, RowFailed, Side, child_env, compare, interleaved, mpirun_command,
                     rnn_command, run_stamped)
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from helpers import LAUNCHER_FLAKE  # noqa: E402  (Open MPI's launcher failing before any rank started)
 
 TRAIN_TARGET = 1.5
 SEARCH_TARGET = 1.0
@@ -79,7 +82,6 @@ SEARCH_SPAN = {"engine": (r"^search: \d+ sequences of", r"^search 'decision', fi
 # 1 thread per process wherever several train at once (2 cores)
 ONE_THREAD = 'tf_session_opts = {"intra_op_parallelism_threads": 1, "inter_op_parallelism_threads": 1}\n'
 SYNC_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sync_probe.py")
-LAUNCHER_FLAKE = "The PMIx server's listener thread failed to start"  # tests/helpers.py's
 PROBE_RATIO = re.compile(r"^sync-probe: .* sync ([\d.]+) of free", re.M)
 EPOCH_STEPS = re.compile(r"^train epoch (\d+), finished after (\d+) steps", re.M)
 COLLECTIVES = re.compile(r"^train epoch (\d+): [\d.]+ frames/sec .*?; ([\d.]+)% in collectives", re.M)

@@ -144,8 +144,8 @@ def interleaved(rows: Sequence[Row], runs: int, progress: bool = True) -> None:
             except RowFailed as exc:
                 row.failure = str(exc)
             if progress:
-                value = row.values[-1] if row.values else 0.0
-                result = (f"FAIL: {row.failure}" if row.failed
+                value = None if row.failed else row.values[-1]
+                result = (f"FAIL: {row.failure}" if value is None
                           else f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}")  # ratios too
                 print(f"  round {i + 1}/{runs}: {row.name}: {result}", file=sys.stderr, flush=True)
 
