@@ -194,7 +194,10 @@ def main() -> int:
                         "DIR/returnn/epoch.020 of bench_returnn_search.py --keep DIR) instead of the last "
                         "training row's")
     args = parser.parse_args()
-    args.epochs = args.epochs or (8 if args.network == "trafo" else 3)
+    if args.epochs is None:
+        args.epochs = 8 if args.network == "trafo" else 3
+    if args.epochs < 2:
+        parser.error(f"--epochs {args.epochs}: at least 2 (the frames/s are timed over epochs 2..E)")
     if args.param_sync is not None and (args.ranks < 2 or args.param_sync < 1):
         parser.error("--param-sync K takes a K >= 1 and --ranks N with N >= 2")
     python = returnn_python()
